@@ -1,0 +1,441 @@
+"""
+A GPT whose input is each token id's fixed binary code: no trainable input embedding table.
+
+arXiv 2605.09751 (Bochkov, 2026) shows a decoder-only LM learns as well when the usual trainable
+V x d input table is replaced by the token id written in K = ceil(log2 V) bits, tiled to model width.
+A worked example, V = 65,536 (K = 16), n_embd = 1024:
+
+    token id 1234 = 0b0000_0100_1101_0010
+    its code, bit i = (1234 >> i) & 1, least significant bit first:
+        [0,1,0,0, 1,0,1,1, 0,0,1,0, 0,0,0,0]
+    tiled ("tile" layout, dim j carries bit j mod 16), 64 copies side by side:
+        [0,1,0,0,1,0,1,1,0,0,1,0,0,0,0,0, 0,1,0,0,1,0,1,1,0,0,1,0,0,0,0,0, ...]   (1024 values)
+    "interleave" layout (bit k fills dims 64k .. 64k+63):
+        [0]*64 + [1]*64 + [0]*64 + [0]*64 + [1]*64 + ...
+
+Those 1024 zeros and ones are the residual stream's input. Nothing about them is learned.
+
+Design choices, up front:
+- Three input interfaces feed the same decoder (config.input): "binary" (the paper's model: a frozen
+  V x K code table kept as a buffer named `weight`, as the released checkpoint stores it), "affine"
+  (table-free: bits computed from the ids, recoded as A c XOR b over GF(2)), "learned" (nn.Embedding).
+- Lifting K bits to n_embd dims is one index vector, `lift` (dim j reads bit lift[j]): both layouts
+  are a gather, so no parameters and no matmul.
+- Decoder: pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention) through
+  F.scaled_dot_product_attention, GELU MLP (4x), final LayerNorm, untied bias-free output head.
+- Generation uses a KV cache that is a ring buffer of block_size slots, so decoding goes on past
+  block_size as a sliding window; keys are cached already rotated at their absolute positions, and
+  rotary attention depends only on the distance between positions.
+"""
+
+import math
+import os
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def code_bits(vocab_size: int) -> int:
+    """K = ceil(log2 V): the fewest bits that give every token id its own code."""
+    return max(1, (vocab_size - 1).bit_length())
+
+
+def binary_code(ids: torch.Tensor, bits: int) -> torch.Tensor:
+    """The K-bit code of each id, least significant bit first: (...,) int -> (..., K) float 0/1."""
+    shifts = torch.arange(bits, device=ids.device)
+    return ((ids.unsqueeze(-1) >> shifts) & 1).float()
+
+
+def lift_index(n_embd: int, bits: int, layout: str) -> torch.Tensor:
+    """Which bit each of the n_embd model dims carries (the zero-parameter lift from K to n_embd).
+
+    tile:       dim j carries bit j mod K; when K does not divide n_embd the last copy is cut short.
+    interleave: bit k fills the contiguous dims [k*r, (k+1)*r) with r = ceil(n_embd / K),
+                i.e. code.repeat_interleave(r) cut to n_embd (the author's earlier models).
+    """
+    dims = torch.arange(n_embd)
+    if layout == "tile":
+        return dims % bits
+    return dims // math.ceil(n_embd / bits)
+
+
+class BinaryCodeInput(nn.Module):
+    """The paper's input: a frozen V x K table of token codes, lifted to n_embd. No parameters.
+
+    The table is a registered buffer called `weight`, so `model.get_input_embeddings().weight` is the
+    exact code table the released checkpoint's audit checks (row t = bits of t, the pad row zero).
+    """
+
+    def __init__(self, vocab_size, n_embd, layout="tile", pad_token_id=None):
+        super().__init__()
+        bits = code_bits(vocab_size)
+        table = binary_code(torch.arange(vocab_size), bits)  # (V, K)
+        if pad_token_id is not None:
+            table[pad_token_id] = 0.0
+        self.register_buffer("weight", table)
+        self.register_buffer("lift", lift_index(n_embd, bits, layout), persistent=False)
+
+    def forward(self, idx):
+        return self.weight[idx][..., self.lift]  # (B, T) -> (B, T, K) -> (B, T, n_embd)
+
+
+def gf2_rank(matrix: torch.Tensor) -> int:
+    """Rank over GF(2) of a 0/1 matrix, by Gaussian elimination with XOR."""
+    rows = [int("".join(str(int(b)) for b in row), 2) for row in matrix.tolist()]
+    rank = 0
+    for col in reversed(range(matrix.shape[1])):
+        pivot = next((r for r in rows if r >> col & 1), None)
+        if pivot is None:
+            continue
+        rows.remove(pivot)
+        rows = [r ^ pivot if r >> col & 1 else r for r in rows]
+        rank += 1
+    return rank
+
+
+class AffineCodeInput(nn.Module):
+    """Table-free recoded input: c'(t) = A c(t) XOR b over GF(2), then lifted like the plain code.
+
+    A (K x K, invertible over GF(2), so the map stays injective) and b (K bits) are drawn once from
+    `seed`. The bits are computed from the ids with shifts and masks: nothing V-sized is stored.
+    """
+
+    def __init__(self, vocab_size, n_embd, layout="tile", seed=0):
+        super().__init__()
+        bits = code_bits(vocab_size)
+        gen = torch.Generator("cpu").manual_seed(seed)  # CPU: A and b are the same on any device
+        while True:  # a random binary matrix is invertible with probability ~0.29, so this is quick
+            A = torch.randint(0, 2, (bits, bits), generator=gen, device="cpu")
+            if gf2_rank(A) == bits:
+                break
+        b = torch.randint(0, 2, (bits,), generator=gen, device="cpu")
+        self.bits = bits
+        self.register_buffer("A", A.float())
+        self.register_buffer("b", b.float())
+        self.register_buffer("lift", lift_index(n_embd, bits, layout), persistent=False)
+
+    def forward(self, idx):
+        c = binary_code(idx, self.bits)  # (B, T, K)
+        # c @ A^T counts the ones each output bit XORs together (exact in float up to 2^24); mod 2 is XOR
+        recoded = (c @ self.A.T + self.b) % 2
+        return recoded[..., self.lift]  # (B, T, K) -> (B, T, n_embd)
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50304
+    block_size: int = 256
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    input: str = "binary"  # binary | affine | learned
+    layout: str = "tile"  # tile | interleave: how K code bits are lifted to n_embd dims
+    affine_seed: int = 0  # draws A and b of the affine input
+    pad_token_id: int | None = None  # its code row is all zeros (binary input), as in the release
+    rope_base: float = 10000.0
+    bias: bool = False  # biases in Linear and LayerNorm layers (never in the output head)
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"head size n_embd/n_head = {self.n_embd // self.n_head} must be even for rotary")
+        if self.input not in ("binary", "affine", "learned"):
+            raise ValueError(f"unknown input {self.input!r}: choose binary, affine or learned")
+        if self.layout not in ("tile", "interleave"):
+            raise ValueError(f"unknown layout {self.layout!r}: choose tile or interleave")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"pad_token_id {self.pad_token_id} is outside [0, {self.vocab_size})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def code_bits(self):
+        return code_bits(self.vocab_size)
+
+
+PRESETS = {
+    # the released checkpoints' shape: 32 x 1024, 32 heads, context 1024, V = 65,536, <pad> = 57,344
+    "paper": GPTConfig(vocab_size=65536, block_size=1024, n_layer=32, n_head=32, n_embd=1024, pad_token_id=57344),
+    # the Shakespeare quickstart on a laptop CPU: GPT-2's tokenizer cut to 8,192 tokens (K = 13)
+    "small": GPTConfig(vocab_size=8192, block_size=256, n_layer=6, n_head=6, n_embd=384),
+    # for tests: a few milliseconds a step
+    "tiny": GPTConfig(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32),
+}
+
+
+def get_config(preset: str, **overrides) -> GPTConfig:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    return replace(PRESETS[preset], **overrides)
+
+
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
+    """cos and sin of the rotary angles, (T,) positions -> 2 x (T, head_dim); float64 math keeps long
+    positions accurate, and the same formula serves the precomputed table and positions past it."""
+    inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions.double()[:, None] * inv_freq[None, :]  # (T, head_dim/2)
+    angles = torch.cat([angles, angles], dim=-1)  # rotate-half layout: frequencies repeat
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate-half RoPE: x (B, H, T, D), cos/sin (T, D)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class KVCache:
+    """Keys and values of every layer for generation, a ring buffer of block_size positions."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        shape = (config.n_layer, batch_size, config.n_head, config.block_size, config.n_embd // config.n_head)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0  # tokens seen so far; token p lives in slot p % block_size
+
+    def update(self, layer, k, v):
+        """Store k, v (B, H, T, D) of the newest T tokens; return every cached key and value."""
+        size = self.k.shape[3]
+        T = k.shape[2]
+        if T == 1:
+            slot = self.pos % size
+            self.k[layer, :, :, slot] = k[:, :, 0]
+            self.v[layer, :, :, slot] = v[:, :, 0]
+        else:  # the prompt: only at the start, at most block_size tokens
+            self.k[layer, :, :, :T] = k
+            self.v[layer, :, :, :T] = v
+        n = min(self.pos + T, size)
+        return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, cos, sin, cache=None, layer=0):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        # (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        # a single new token attends to every cached one: no mask; a prompt is causal within itself
+        causal = T > 1
+        if cache is not None:
+            if T > 1 and cache.pos > 0:
+                raise ValueError("the KV cache takes a multi-token chunk only at the start")
+            k, v = cache.update(layer, k, v)
+        dropout = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, D) -> (B, T, C)
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), cos, sin, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        if config.input == "binary":
+            self.embed = BinaryCodeInput(config.vocab_size, config.n_embd, config.layout, config.pad_token_id)
+        elif config.input == "affine":
+            self.embed = AffineCodeInput(config.vocab_size, config.n_embd, config.layout, config.affine_seed)
+        else:
+            self.embed = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        cos, sin = rotary_cos_sin(torch.arange(config.block_size), config.n_embd // config.n_head, config.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):  # residual projections: keep the stream's variance flat in depth
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def rotary(self, start, T):
+        """cos/sin for positions start .. start+T-1 (computed afresh past the precomputed block)."""
+        if start + T <= self.config.block_size:
+            return self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+        cos, sin = rotary_cos_sin(torch.arange(start, start + T), self.rope_cos.shape[1], self.config.rope_base)
+        return cos.to(self.rope_cos.device), sin.to(self.rope_cos.device)
+
+    def forward(self, idx, targets=None, cache=None):
+        """idx (B, T) token ids -> (logits, loss). With a cache (generation), only the last position's
+        logits are computed, shape (B, 1, V); otherwise (B, T, V)."""
+        B, T = idx.shape
+        V = self.config.vocab_size
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        if not torch.compiler.is_compiling():  # a bad id would otherwise fail deep inside an index op
+            lo, hi = idx.min().item(), idx.max().item()
+            if lo < 0 or hi >= V:
+                raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {V})")
+        cos, sin = self.rotary(cache.pos if cache is not None else 0, T)
+        x = self.embed(idx)  # (B, T, n_embd)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cos, sin, cache, layer)
+        if cache is not None:
+            cache.pos += T
+            x = x[:, -1:]
+        logits = self.lm_head(self.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, V), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    def num_params(self):
+        """Trainable parameters, frozen stored values (code tables, A and b), and the trainable
+        parameters of the input interface: the paper's three columns."""
+        trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
+        frozen = sum(p.numel() for p in self.parameters() if not p.requires_grad)
+        frozen += sum(b.numel() for b in self.state_dict(keep_vars=True).values() if not isinstance(b, nn.Parameter))
+        embed = sum(p.numel() for p in self.embed.parameters() if p.requires_grad)
+        return {"trainable": trainable, "frozen": frozen, "input": embed}
+
+    def flops_per_token(self, seq_len=None):
+        """Training FLOPs per token: 6 per matmul weight (forward + backward) plus attention scores
+        and mixing, 12 * n_layer * T * n_embd, counted without the causal half (as PaLM/nanoGPT do).
+        The code input is a gather: it adds none; the learned table is a gather too."""
+        c = self.config
+        T = seq_len or c.block_size
+        matmul = sum(p.numel() for n, p in self.named_parameters() if p.dim() == 2 and not n.startswith("embed"))
+        return 6 * matmul + 12 * c.n_layer * T * c.n_embd
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW; weight decay on matrices only (not on biases and norm gains); fused kernel on CUDA."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda" or None)
+
+    @torch.no_grad()
+    def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None):
+        """Yield the next token of every sequence, (B, 1), one step at a time, with a KV cache.
+
+        temperature 0 is greedy. A prompt longer than block_size is cropped to its last block_size
+        tokens. Past block_size the cache slides: each new token sees the block_size tokens before
+        it (their keys were computed in their own windows, as in any sliding-window KV cache).
+        Once a sequence emits eos_token_id it keeps emitting it; all done ends the stream.
+        """
+        idx = idx[:, -self.config.block_size :]
+        p = next(self.parameters())
+        cache = KVCache(self.config, idx.shape[0], p.device, p.dtype)
+        done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx, cache=cache)
+            nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator)
+            if eos_token_id is not None:
+                nxt = torch.where(done[:, None], eos_token_id, nxt)
+                done |= nxt[:, 0] == eos_token_id
+            yield nxt
+            if eos_token_id is not None and done.all():
+                return
+            idx = nxt
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None):
+        """idx (B, T) -> (B, T + new): the prompt followed by what stream() yields."""
+        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_token_id, generator))
+        return torch.cat([idx, *new], dim=1)
+
+
+def load_checkpoint(path, device="cpu"):
+    """Read a checkpoint (a .pt file, or a folder holding ckpt.pt) and build its model.
+
+    A checkpoint is a dict of plain types: "model" (state dict), "model_config" (GPTConfig fields),
+    "tokenizer" (how to decode), plus training state where train.py wrote it. Returns (model, ckpt).
+    """
+    file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"no checkpoint at {file}")
+    ckpt = torch.load(file, map_location=device, weights_only=True)
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+        raise ValueError(f"{file} is not a checkpoint of this project (needs 'model' and 'model_config')")
+    model = GPT(GPTConfig(**ckpt["model_config"])).to(device)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise ValueError(f"{file} does not fit its own model_config: {e}") from None
+    return model, ckpt
+
+
+def checkpoint_dict(model, tokenizer, **extra):
+    """The plain-typed dict load_checkpoint reads: weights, config, tokenizer, and any training state."""
+    return {"model": model.state_dict(), "model_config": asdict(model.config), "tokenizer": tokenizer, **extra}
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """(B, V) logits -> (B, 1) token ids: greedy at temperature 0, else top-k / nucleus sampling."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -float("inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # drop a token once the tokens ranked above it already reach top_p (the first always stays)
+        drop = (cum - sorted_logits.softmax(dim=-1)) >= top_p
+        logits = logits.masked_fill(drop.scatter(1, order, drop), -float("inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Print the parameter accounting of a preset's three input variants.")
+    parser.add_argument("--preset", default="paper", choices=list(PRESETS))
+    args = parser.parse_args()
+    print("| input | trainable params | input-interface params | frozen stored values |\n|---|---:|---:|---:|")
+    for variant in ("learned", "binary", "affine"):
+        with torch.device("meta"):  # shapes only: the paper preset costs no memory
+            n = GPT(get_config(args.preset, input=variant)).num_params()
+        print(f"| {variant} | {n['trainable']:,} | {n['input']:,} | {n['frozen']:,} |")

@@ -1,0 +1,358 @@
+"""Tests of model.py: the exact codes, the audit of the released checkpoint, parameter counts, the KV cache."""
+
+import contextlib
+import io
+
+import pytest
+import torch
+
+from model import (
+    GPT,
+    AffineCodeInput,
+    BinaryCodeInput,
+    GPTConfig,
+    checkpoint_dict,
+    code_bits,
+    get_config,
+    gf2_rank,
+    lift_index,
+    load_checkpoint,
+)
+
+PAPER_V, PAPER_K, PAPER_PAD = 65536, 16, 57344
+
+
+def bits_by_string(t, k):
+    """An independent reference: Python's binary formatting, reversed to least significant bit first."""
+    return [int(c) for c in reversed(format(t, f"0{k}b"))]
+
+
+def tiny(**overrides):
+    torch.manual_seed(0)
+    return GPT(get_config("tiny", **overrides)).eval()
+
+
+# ----- the code itself ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("V, K", [(2, 1), (3, 2), (256, 8), (257, 9), (8192, 13), (50257, 16), (65536, 16)])
+def test_code_bits(V, K):
+    assert code_bits(V) == K == (V - 1).bit_length()
+
+
+def test_code_table_exact_on_all_rows():
+    table = BinaryCodeInput(PAPER_V, 1024, pad_token_id=PAPER_PAD).weight
+    assert table.shape == (PAPER_V, PAPER_K) and table.dtype == torch.float32
+    ids = torch.arange(PAPER_V)
+    # arithmetic reference, independent of shifts: bit i = floor(t / 2^i) mod 2
+    expected = torch.stack([(ids // 2**i) % 2 for i in range(PAPER_K)], dim=1).float()
+    expected[PAPER_PAD] = 0
+    assert torch.equal(table, expected)
+    for t in (0, 1, 2, 1234, 40000, 57343, 65535):
+        assert table[t].int().tolist() == bits_by_string(t, PAPER_K)
+    assert table[PAPER_PAD].sum() == 0 and BinaryCodeInput(PAPER_V, 16).weight[PAPER_PAD].sum() == 3  # 57344 = 2^15+2^14+2^13
+
+
+def test_worked_example_of_the_docstring():
+    embed = BinaryCodeInput(PAPER_V, 1024)
+    code = [0, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0]
+    assert bits_by_string(1234, 16) == code
+    x = embed(torch.tensor([[1234]]))[0, 0]
+    assert x.shape == (1024,) and x.tolist() == code * 64
+    x = BinaryCodeInput(PAPER_V, 1024, layout="interleave")(torch.tensor([[1234]]))[0, 0]
+    assert x.tolist() == [float(b) for b in code for _ in range(64)]
+
+
+@pytest.mark.parametrize("n_embd, K", [(1024, 16), (100, 13), (16, 16), (40, 16)])
+def test_layouts(n_embd, K):
+    V = 2**K
+    ids = torch.randint(0, V, (3, 5), generator=torch.Generator().manual_seed(1))
+    code = BinaryCodeInput(V, n_embd).weight[ids]  # (3, 5, K)
+    tile = BinaryCodeInput(V, n_embd, layout="tile")(ids)
+    inter = BinaryCodeInput(V, n_embd, layout="interleave")(ids)
+    assert tile.shape == inter.shape == (3, 5, n_embd)
+    r = -(-n_embd // K)  # ceil
+    for j in range(n_embd):
+        assert torch.equal(tile[..., j], code[..., j % K])  # the last copy is cut short
+        assert torch.equal(inter[..., j], code[..., j // r])
+    assert torch.equal(inter, code.repeat_interleave(r, dim=-1)[..., :n_embd])
+    if n_embd % K == 0:  # then both layouts carry each bit equally often: a fixed permutation of dims
+        assert torch.equal(tile.sort(dim=-1).values, inter.sort(dim=-1).values)
+
+
+def test_binary_input_has_no_parameters():
+    model = tiny()
+    assert list(model.embed.parameters()) == []
+    assert not model.embed.weight.requires_grad
+    assert "embed.weight" in model.state_dict()  # stored, like the release's frozen nn.Embedding
+
+
+def test_model_card_audit_runs_unchanged():
+    """Everything after the card's loading lines, verbatim, on a paper-preset binary model."""
+    model = GPT(get_config("paper")).cpu().eval()
+    audit = '''
+embedding = model.get_input_embeddings()
+weight = embedding.weight.detach()
+
+vocab_size, code_bits = weight.shape
+ids = torch.arange(vocab_size, dtype=torch.long)
+positions = torch.arange(code_bits, dtype=torch.long)
+
+expected = ((ids[:, None] >> positions[None, :]) & 1).float()
+expected[model.config.pad_token_id].zero_()
+
+print("shape:", tuple(weight.shape))
+print("unique values:", torch.unique(weight).tolist())
+print("all entries binary:", bool(torch.all((weight == 0) | (weight == 1))))
+print("exact canonical-code match:", bool(torch.equal(weight, expected)))
+print("mismatching entries:", int((weight != expected).sum().item()))
+
+assert tuple(weight.shape) == (65536, 16)
+assert torch.all((weight == 0) | (weight == 1))
+assert torch.equal(weight, expected)
+'''
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(audit, {"torch": torch, "model": model})
+    assert out.getvalue() == (
+        "shape: (65536, 16)\n"
+        "unique values: [0.0, 1.0]\n"
+        "all entries binary: True\n"
+        "exact canonical-code match: True\n"
+        "mismatching entries: 0\n"
+    )
+
+
+# ----- the affine, table-free code ---------------------------------------------------------------
+
+
+def pack(bits):
+    """(N, K) 0/1 -> (N,) integers."""
+    return (bits.long() << torch.arange(bits.shape[1])).sum(dim=1)
+
+
+def test_affine_code_is_injective_on_all_ids():
+    embed = AffineCodeInput(PAPER_V, PAPER_K, seed=0)  # n_embd = K, tile: the lifted vector IS the code
+    codes = embed(torch.arange(PAPER_V)[None])[0]  # (V, K)
+    assert set(codes.unique().tolist()) == {0.0, 1.0}
+    assert pack(codes).unique().numel() == PAPER_V  # a bijection of the 65,536 codes
+    # and it is the affine map it claims to be: c' = A c XOR b
+    c = BinaryCodeInput(PAPER_V, PAPER_K).weight
+    assert torch.equal(codes, ((c.long() @ embed.A.long().T + embed.b.long()) % 2).float())
+    assert not torch.equal(codes, c)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_affine_matrix_is_invertible_over_gf2(seed):
+    A = AffineCodeInput(PAPER_V, 64, seed=seed).A
+    assert A.shape == (PAPER_K, PAPER_K)
+    assert gf2_rank(A) == PAPER_K
+    assert round(torch.linalg.det(A.double()).item()) % 2 == 1  # det over Z is odd <=> invertible mod 2
+
+
+def test_gf2_rank():
+    assert gf2_rank(torch.eye(4)) == 4
+    assert gf2_rank(torch.tensor([[1, 1], [1, 1]])) == 1
+    assert gf2_rank(torch.tensor([[1, 1, 0], [0, 1, 1], [1, 0, 1]])) == 2  # rows sum to 0 mod 2, det 2 over R
+
+
+def test_affine_stores_nothing_vocab_sized_and_follows_its_seed():
+    a, b, c = (AffineCodeInput(PAPER_V, 1024, seed=s) for s in (0, 0, 1))
+    assert all(t.numel() <= PAPER_K * PAPER_K for t in a.state_dict().values())
+    assert torch.equal(a.A, b.A) and torch.equal(a.b, b.b)
+    assert not (torch.equal(a.A, c.A) and torch.equal(a.b, c.b))
+
+
+# ----- parameter accounting of the paper preset ----------------------------------------------------
+
+
+def paper_counts(variant):
+    with torch.device("meta"):
+        return GPT(get_config("paper", input=variant)).num_params()
+
+
+def test_paper_preset_parameter_counts():
+    binary, affine, learned = (paper_counts(v) for v in ("binary", "affine", "learned"))
+    d, L, V = 1024, 32, PAPER_V
+    decoder = L * (12 * d * d + 2 * d) + d + V * d  # blocks (weights + LayerNorm gains), final norm, head
+    assert binary == {"trainable": decoder, "frozen": V * PAPER_K, "input": 0}
+    assert binary["trainable"] == 469_828_608
+    assert affine == {"trainable": decoder, "frozen": PAPER_K * PAPER_K + PAPER_K, "input": 0}
+    assert learned == {"trainable": decoder + 67_108_864, "frozen": 0, "input": 67_108_864}
+    assert learned["trainable"] - binary["trainable"] == 65536 * 1024
+
+
+def test_flops_per_token_counts_matmuls_only():
+    with torch.device("meta"):
+        flops = {v: GPT(get_config("paper", input=v)).flops_per_token() for v in ("binary", "affine", "learned")}
+    d, L, V, T = 1024, 32, PAPER_V, 1024
+    assert flops["binary"] == flops["affine"] == flops["learned"] == 6 * (L * 12 * d * d + V * d) + 12 * L * T * d
+
+
+def test_optimizer_groups():
+    model = tiny(input="learned", bias=True)
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    assert model.embed.weight in decay["params"]
+
+
+# ----- forward and gradients -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["binary", "affine", "learned"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gradients_reach_every_trainable_parameter_and_never_the_code(variant, bias):
+    model = tiny(input=variant, bias=bias).train()
+    idx = torch.randint(0, 512, (2, 16))
+    _, loss = model(idx, targets=torch.roll(idx, -1, 1))
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    for name, buf in model.named_buffers():
+        assert not buf.requires_grad and buf.grad is None, name
+    if variant != "learned":
+        assert sum(p.numel() for p in model.embed.parameters()) == 0
+
+
+def test_loss_ignores_minus_one_and_starts_near_log_vocab():
+    model = tiny()
+    idx = torch.randint(0, 512, (4, 32))
+    targets = idx.clone()
+    _, full = model(idx, targets)
+    assert abs(full.item() - torch.log(torch.tensor(512.0)).item()) < 0.5
+    targets[:, 16:] = -1
+    logits, half = model(idx, targets)
+    expected = torch.nn.functional.cross_entropy(logits[:, :16].reshape(-1, 512), idx[:, :16].reshape(-1))
+    assert torch.allclose(half, expected)
+
+
+def test_checkpoint_round_trip_with_weights_only(tmp_path):
+    model = tiny(input="affine", layout="interleave")
+    torch.save(checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}), tmp_path / "ckpt.pt")
+    torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    loaded, ckpt = load_checkpoint(str(tmp_path))
+    idx = torch.randint(0, 512, (2, 10))
+    assert torch.equal(loaded(idx)[0], model(idx)[0])
+    assert loaded.config == model.config and ckpt["tokenizer"]["encoding"] == "gpt2"
+
+
+# ----- generation ----------------------------------------------------------------------------------
+
+
+def naive_step_logits(model, seq):
+    """The reference: recompute the whole (cropped) sequence at every step, no cache."""
+    return model(seq[:, -model.config.block_size :])[0][:, -1, :]
+
+
+@pytest.mark.parametrize("variant", ["binary", "affine", "learned"])
+def test_kv_cache_matches_recomputing_the_sequence(variant):
+    model = tiny(input=variant)
+    prompt = torch.randint(0, 512, (3, 7))
+    steps = model.config.block_size - 7  # fill the context exactly
+    cached = model.generate(prompt, steps, temperature=0)
+    seq = prompt
+    for _ in range(steps):
+        seq = torch.cat([seq, naive_step_logits(model, seq).argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(cached, seq)
+    # and the logits, step by step, to float tolerance
+    from model import KVCache
+
+    cache = KVCache(model.config, 3, "cpu", torch.float32)
+    step_logits = model(prompt, cache=cache)[0][:, -1]
+    for t in range(7, cached.shape[1]):
+        assert torch.allclose(step_logits, naive_step_logits(model, cached[:, :t]), atol=1e-5, rtol=0)
+        step_logits = model(cached[:, t : t + 1], cache=cache)[0][:, -1]
+
+
+def test_generation_continues_past_block_size():
+    model = tiny()
+    block = model.config.block_size
+    prompt = torch.randint(0, 512, (2, block + 5))  # longer than the context: cropped
+    out = model.generate(prompt, 3 * block, temperature=0)
+    assert out.shape == (2, block + 5 + 3 * block)
+    assert torch.equal(out[:, : block + 5], prompt)
+    # the first new token comes from the cropped prompt, exactly as a full recompute would
+    assert torch.equal(out[:, block + 5], naive_step_logits(model, prompt).argmax(-1))
+
+
+def test_greedy_and_seeded_sampling_are_deterministic():
+    model = tiny()
+    prompt = torch.randint(0, 512, (2, 5))
+    assert torch.equal(model.generate(prompt, 20, temperature=0), model.generate(prompt, 20, temperature=0))
+
+    def sample(seed, **kw):
+        return model.generate(prompt, 20, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw)
+
+    assert torch.equal(sample(1), sample(1))
+    assert not torch.equal(sample(1), sample(2))
+    greedy = model.generate(prompt, 20, temperature=0)
+    assert torch.equal(sample(3, top_k=1), greedy)
+    assert torch.equal(sample(4, top_p=1e-6), greedy)  # the nucleus keeps only the top token
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    from model import sample_next
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    gen = torch.Generator().manual_seed(0)
+    draws = {sample_next(logits, 1.0, top_k=2, generator=gen).item() for _ in range(200)}
+    assert draws == {0, 1}
+    draws = {sample_next(logits, 1.0, top_p=0.9, generator=gen).item() for _ in range(300)}
+    assert draws == {0, 1, 2}  # 0.5 + 0.3 < 0.9, so the third token is needed; the fourth is not
+
+
+def test_eos_stops_a_sequence():
+    model = tiny()
+    prompt = torch.randint(0, 512, (1, 5))
+    first = model.generate(prompt, 1, temperature=0)[0, -1].item()
+    out = model.generate(prompt, 10, temperature=0, eos_token_id=first)
+    assert out.shape == (1, 6) and out[0, -1] == first
+
+
+# ----- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad_id", [-1, 512, 10**6])
+def test_out_of_range_ids_name_the_id_and_the_vocabulary(bad_id):
+    model = tiny()
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    idx[0, 2] = bad_id
+    with pytest.raises(ValueError, match=rf"token id {bad_id} .*\[0, 512\)"):
+        model(idx)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"n_embd": 30, "n_head": 4}, "divisible by n_head"),
+        ({"n_layer": 0}, "n_layer must be a positive integer"),
+        ({"vocab_size": -5}, "vocab_size must be a positive integer"),
+        ({"block_size": 0}, "block_size must be a positive integer"),
+        ({"n_embd": 24, "n_head": 8}, "must be even"),
+        ({"input": "onehot"}, "unknown input 'onehot'"),
+        ({"layout": "spiral"}, "unknown layout 'spiral'"),
+        ({"pad_token_id": 512}, "pad_token_id 512 is outside"),
+    ],
+)
+def test_bad_config_is_refused_clearly(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        get_config("tiny", **overrides)
+
+
+def test_unknown_preset_and_too_long_sequence():
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        get_config("huge")
+    model = tiny()
+    with pytest.raises(ValueError, match="exceeds block_size 32"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_presets_are_valid_configs():
+    assert get_config("paper") == GPTConfig(
+        vocab_size=65536, block_size=1024, n_layer=32, n_head=32, n_embd=1024, pad_token_id=57344
+    )
+    assert get_config("paper").code_bits == 16 and get_config("small").code_bits == 13
+    assert torch.equal(lift_index(1024, 16, "interleave"), torch.arange(16).repeat_interleave(64))
