@@ -1,0 +1,351 @@
+"""Tests for prepare_data.py: shard format, tokenizer cut, splits, determinism, inputs, errors."""
+import json, os, struct, sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SHARED = Path(__file__).resolve().parent.parent / "shared"
+if (SHARED / "tiktoken-cache").is_dir():  # offline: use the checked-in BPE files unless CI already chose
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken-cache"))
+
+import prepare_data as P  # noqa: E402
+
+SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
+needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"corpus not found at {SHAKESPEARE}")
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return P.get_tokenizer("gpt2")
+
+
+@pytest.fixture(scope="module")
+def shakespeare():
+    if not SHAKESPEARE.is_file():
+        pytest.skip(f"corpus not found at {SHAKESPEARE}")
+    return SHAKESPEARE.read_text()
+
+
+def words(n, seed=0, vocab=("the", "king", "queen", "café", "naïve", "over", "hill", "42", "—", "a")):
+    """Generated text for tests where the real corpus isn't essential."""
+    rng = np.random.default_rng(seed)
+    lines = (" ".join(rng.choice(vocab, 8)) + rng.choice([".", ",", "", "  "]) for _ in range(n))
+    return "\n".join(lines) + "\n"
+
+
+def shard_tokens(out, meta, split):
+    return np.concatenate([P.read_shard(out / s) for s in meta["splits"][split]["shards"]] or [np.zeros(0, int)])
+
+
+def run_main(capsys, *argv):
+    rc = P.main([str(a) for a in argv])
+    return rc, capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- shard format
+@pytest.mark.parametrize("dtype,width", [(np.uint16, 2), (np.uint32, 4)])
+def test_shard_round_trip_and_header(tmp_path, dtype, width):
+    tokens = np.array([0, 1, 255, 50256, np.iinfo(dtype).max], dtype=dtype)
+    path = tmp_path / "s.bin"
+    P.write_shard(path, tokens)
+    raw = path.read_bytes()
+    assert raw[:8] == b"BCGPTTOK"
+    assert struct.unpack("<IIQ", raw[8:24]) == (1, width, 5) and raw[24:32] == bytes(8)
+    assert len(raw) == 32 + 5 * width
+    back = P.read_shard(path)
+    assert back.dtype == np.dtype(dtype) and np.array_equal(back, tokens)
+    assert not back.flags.writeable
+    assert not os.path.exists(f"{path}.tmp")
+
+
+def test_write_shard_narrows_wide_ints_and_empty(tmp_path):
+    P.write_shard(tmp_path / "a.bin", np.array([1, 2, 70000], dtype=np.int64))
+    assert P.read_shard(tmp_path / "a.bin").dtype == np.uint32
+    P.write_shard(tmp_path / "b.bin", np.array([1, 2, 3], dtype=np.int64))
+    assert P.read_shard(tmp_path / "b.bin").dtype == np.uint16
+    P.write_shard(tmp_path / "c.bin", np.zeros(0, np.uint16))
+    assert len(P.read_shard(tmp_path / "c.bin")) == 0
+    with pytest.raises(ValueError):
+        P.write_shard(tmp_path / "d.bin", np.array([-1]))
+
+
+@pytest.mark.parametrize("damage,msg", [
+    (lambda b: b[:-1], "truncated"),
+    (lambda b: b + b"\0\0", "longer"),
+    (lambda b: b"NOTMAGIC" + b[8:], "not a token shard"),
+    (lambda b: b[:8] + struct.pack("<I", 9) + b[12:], "version"),
+    (lambda b: b[:12] + struct.pack("<I", 3) + b[16:], "width"),
+    (lambda b: b[:20], "truncated header"),
+])
+def test_bad_shards_raise_shard_error_naming_file(tmp_path, damage, msg):
+    path = tmp_path / "bad.bin"
+    P.write_shard(path, np.arange(10, dtype=np.uint16))
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(P.ShardError, match=msg) as e:
+        P.read_shard(path)
+    assert str(path) in str(e.value) and isinstance(e.value, ValueError)
+
+
+def test_crash_mid_write_leaves_no_shard(tmp_path, monkeypatch):
+    path = tmp_path / "s.bin"
+    P.write_shard(path, np.arange(3, dtype=np.uint16))
+
+    def disk_full(fd):
+        raise OSError("disk full")
+    monkeypatch.setattr(P.os, "fsync", disk_full)
+    with pytest.raises(OSError):
+        P.write_shard(path, np.arange(100, dtype=np.uint16))  # old shard must survive intact
+    with pytest.raises(OSError):
+        P.write_shard(tmp_path / "new.bin", np.arange(100, dtype=np.uint16))
+    assert np.array_equal(P.read_shard(path), np.arange(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.bin"]
+
+
+# ---------------------------------------------------------------- tokenizer
+def test_cut_tokenizer(gpt2, shakespeare):
+    cut = P.get_tokenizer("gpt2", 8192)
+    assert cut.n_vocab == 8192 and cut.eot_token == 8191
+    low = " the king and the man of the house said that it is good"
+    ids = gpt2.encode_ordinary(low)
+    assert max(ids) < 8191 and cut.encode_ordinary(low) == ids  # low ranks are untouched
+    text = shakespeare[:20000]
+    ids = cut.encode_ordinary(text)
+    assert max(ids) < 8191 and cut.decode(ids) == text
+    assert len(ids) > len(gpt2.encode_ordinary(text))  # fewer merges -> more tokens
+    assert cut.decode([8191]) == "<|endoftext|>"
+    assert P.get_tokenizer("gpt2", 50257) is gpt2  # the full size is the encoding itself
+    smallest = P.get_tokenizer("gpt2", 257)
+    ids = smallest.encode_ordinary("héllo")  # bytes only: one token per UTF-8 byte
+    assert len(ids) == len("héllo".encode()) and max(ids) < 256 and smallest.decode(ids) == "héllo"
+
+
+@pytest.mark.parametrize("name,size,msg", [("gpt2", 256, "vocab_size"), ("gpt2", 50258, "vocab_size"),
+                                           ("gpt3", None, "cl100k_base")])
+def test_tokenizer_errors(name, size, msg):
+    with pytest.raises(ValueError, match=msg):
+        P.get_tokenizer(name, size)
+
+
+def test_pieces_tokenize_like_the_whole_text(gpt2):
+    # Tricky whitespace around the cut points: trailing spaces, blank lines, CRLF.
+    text = words(300) + "end  \nx\n\n\ny \r\nz\t\nw" + words(300, seed=1)
+    text += SHAKESPEARE.read_text()[:30000] if SHAKESPEARE.is_file() else ""
+    parts = list(P.pieces(text, 500))
+    assert len(parts) > 20 and "".join(parts) == text
+    assert [t for p in parts for t in gpt2.encode_ordinary(p)] == gpt2.encode_ordinary(text)
+
+
+# ---------------------------------------------------------------- prepare
+@needs_corpus
+def test_shakespeare_char_split_matches_reference(tmp_path, gpt2, shakespeare):
+    meta = P.prepare([str(SHAKESPEARE)], tmp_path, workers=1, progress=False)
+    train, val = meta["splits"]["train"], meta["splits"]["val"]
+    # data/README.md: a 90/10 character split is 301,966 / 36,059 GPT-2 tokens; +1 EOT each.
+    assert (train["tokens"], val["tokens"]) == (301_967, 36_060)
+    cut = int(len(shakespeare) * 0.9)
+    assert train["bytes"] == len(shakespeare[:cut].encode()) and val["bytes"] == len(shakespeare[cut:].encode())
+    tokens = shard_tokens(tmp_path, meta, "val")
+    assert gpt2.decode(tokens.tolist()) == shakespeare[cut:] + "<|endoftext|>"
+    assert meta["vocab_size"] == 50257 and meta["eot_token"] == 50256 and meta["dtype"] == "uint16"
+    assert P.load_meta(tmp_path) == meta
+
+
+def test_named_corpus_uses_the_cache(tmp_path):
+    (tmp_path / "tinyshakespeare.txt").write_text(words(50))  # present: nothing is downloaded
+    meta = P.prepare(["shakespeare"], tmp_path / "out", cache_dir=tmp_path, workers=1, progress=False)
+    assert meta["sources"] == [str(tmp_path / "tinyshakespeare.txt")]
+
+
+def test_meta_and_shards_agree(tmp_path, gpt2):
+    text = words(3000)
+    src = tmp_path / "in.txt"
+    src.write_text(text)
+    meta = P.prepare([str(src)], tmp_path / "out", shard_tokens=5000, workers=1, progress=False)
+    out = tmp_path / "out"
+    for split, part in [("train", text[:int(len(text) * 0.9)]), ("val", text[int(len(text) * 0.9):])]:
+        s = meta["splits"][split]
+        tokens = shard_tokens(out, meta, split)
+        assert len(tokens) == s["tokens"] == len(gpt2.encode_ordinary(part)) + 1
+        assert s["bytes"] == len(part.encode()) and s["documents"] == 1
+        assert all(len(P.read_shard(out / f)) == 5000 for f in s["shards"][:-1])  # fixed-size shards
+    assert meta["splits"]["train"]["shards"][:2] == ["train_000000.bin", "train_000001.bin"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["meta.json"] + meta["splits"]["train"]["shards"] + meta["splits"]["val"]["shards"])
+
+
+def test_document_split_and_cut_tokenizer(tmp_path, gpt2):
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    for i in range(20):  # nested folder, sorted by path
+        (docs / ("sub" if i % 2 else "") / f"d{i:02d}.txt").write_text(f"document {i}\n" + words(5, seed=i))
+    (docs / "ignored.md").write_text("not an input")
+    meta = P.prepare([str(docs)], tmp_path / "out", vocab_size=1000, workers=1, progress=False)
+    train, val = meta["splits"]["train"], meta["splits"]["val"]
+    assert (train["documents"], val["documents"]) == (18, 2)  # every 10th document is val
+    assert len(meta["sources"]) == 20 and meta["vocab_size"] == 1000 and meta["eot_token"] == 999
+    tokens = shard_tokens(tmp_path / "out", meta, "val")
+    assert tokens.max() == 999 and (tokens == 999).sum() == 2
+    cut = P.get_tokenizer("gpt2", 1000)
+    texts = [Path(s).read_text() for s in meta["sources"]]
+    assert cut.decode(tokens.tolist()) == "".join(t + "<|endoftext|>" for t in (texts[9], texts[19]))
+    assert val["bytes"] + train["bytes"] == sum(len(t.encode()) for t in texts)
+
+
+def test_few_documents_are_each_cut_by_characters(tmp_path):
+    for i in range(3):
+        (tmp_path / f"{i}.txt").write_text(words(50, seed=i))
+    meta = P.prepare([str(tmp_path / "*.txt")], tmp_path / "out", workers=1, progress=False)
+    assert meta["splits"]["train"]["documents"] == meta["splits"]["val"]["documents"] == 3
+
+
+def test_deterministic_across_runs_and_workers(tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "PIECE_CHARS", 2000)  # many batches, so two workers really share work
+    for i in range(25):
+        (tmp_path / f"{i:02d}.txt").write_text(words(60 + i, seed=i))
+    kw = dict(shard_tokens=3000, vocab_size=4096, progress=False)
+    runs = [P.prepare([str(tmp_path / "*.txt")], tmp_path / f"out{n}", workers=w, **kw) for n, w in enumerate([1, 2, 2])]
+    assert runs[0] == runs[1] == runs[2] and len(runs[0]["splits"]["train"]["shards"]) > 3
+    for name in os.listdir(tmp_path / "out0"):
+        assert len({(tmp_path / f"out{n}" / name).read_bytes() for n in range(3)}) == 1, name
+
+
+def test_jsonl_text_field(tmp_path, gpt2):
+    records = [{"content": f"record {i}: " + words(3, seed=i), "id": i} for i in range(30)] + [{"content": ""}]
+    src = tmp_path / "d.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
+    meta = P.prepare([str(src)], tmp_path / "out", text_field="content", workers=2, progress=False)
+    assert (meta["splits"]["train"]["documents"], meta["splits"]["val"]["documents"]) == (27, 3)
+    tokens = shard_tokens(tmp_path / "out", meta, "train")
+    assert gpt2.decode(tokens.tolist()).startswith(records[0]["content"] + "<|endoftext|>record 1: ")
+
+
+def test_parquet_input(tmp_path):
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"text": [f"row {i} " + words(2, seed=i) for i in range(10)]}), tmp_path / "d.parquet")
+    meta = P.prepare([str(tmp_path)], tmp_path / "out", workers=1, progress=False)
+    assert (meta["splits"]["train"]["documents"], meta["splits"]["val"]["documents"]) == (9, 1)
+    with pytest.raises(ValueError, match="d.parquet: no column 'body'"):
+        P.prepare([str(tmp_path / "d.parquet")], tmp_path / "out2", text_field="body", workers=1, progress=False)
+
+
+def test_max_tokens_keeps_whole_documents(tmp_path):
+    src = tmp_path / "d.jsonl"
+    src.write_text("".join(json.dumps({"text": words(5, seed=i)}) + "\n" for i in range(100)))
+    meta = P.prepare([str(src)], tmp_path / "out", max_tokens=1000, workers=2, progress=False)
+    total = sum(s["tokens"] for s in meta["splits"].values())
+    assert 900 < total <= 1000
+    assert sum(s["documents"] for s in meta["splits"].values()) == sum(
+        int((shard_tokens(tmp_path / "out", meta, s) == 50256).sum()) for s in ("train", "val"))
+
+
+# ---------------------------------------------------------------- mixtures (the Hub path, in memory)
+def records(prefix, n):
+    return [{"text": f"{prefix} {i} " + words(1, seed=i)} for i in range(n)]
+
+
+def test_mix_documents_ratio_and_determinism():
+    a, b = P.record_texts(records("A", 5000), "text", "a"), P.record_texts(records("B", 5000), "text", "b")
+    docs = list(P.mix_documents([a, b], [0.7, 0.3], seed=1))
+    share = sum(d.startswith("A") for d in docs[:2000]) / 2000
+    assert abs(share - 0.7) < 0.04
+    assert sum(d.startswith("A") for d in docs) == 5000  # stopped when A ran dry
+    again = list(P.mix_documents([(r["text"] for r in records(p, 5000)) for p in "AB"], [0.7, 0.3], seed=1))
+    assert again == docs
+    other = list(P.mix_documents([(r["text"] for r in records(p, 5000)) for p in "AB"], [0.7, 0.3], seed=2))
+    assert other != docs
+    with pytest.raises(ValueError, match="weight"):
+        list(P.mix_documents([[], []], [1.0]))
+
+
+def test_hub_mixture_with_budget(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    fake = {"HuggingFaceFW/fineweb-edu": records("FW", 3000), "HuggingFaceTB/cosmopedia": records("CO", 3000)}
+    calls = []
+
+    def load_dataset(repo, config, split, streaming):
+        calls.append((repo, config, split, streaming))
+        return datasets.Dataset.from_list(fake[repo]).to_iterable_dataset()
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    kw = dict(mix=[0.7], max_tokens=20_000, seed=3, workers=2, progress=False)
+    meta = P.prepare(["fineweb-edu", "cosmopedia"], tmp_path / "a", **kw)
+    assert calls[0] == ("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", True)
+    total = sum(s["tokens"] for s in meta["splits"].values())
+    assert 19_900 < total <= 20_000
+    text = P.get_tokenizer().decode(shard_tokens(tmp_path / "a", meta, "train").tolist())
+    docs = text.split("<|endoftext|>")[:-1]
+    assert abs(sum(d.startswith("FW") for d in docs) / len(docs) - 0.7) < 0.06
+    P.prepare(["fineweb-edu", "cosmopedia"], tmp_path / "b", **kw)
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in os.listdir(tmp_path / "a"))
+
+
+def test_optional_packages_missing_give_clear_errors(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(ValueError, match="pip install datasets"):
+        P.prepare(["cosmopedia"], tmp_path / "a", workers=1, progress=False)
+    (tmp_path / "d.parquet").write_bytes(b"PAR1")
+    with pytest.raises(ValueError, match="pip install pyarrow"):
+        P.prepare([str(tmp_path / "d.parquet")], tmp_path / "b", workers=1, progress=False)
+
+
+# ---------------------------------------------------------------- bad input
+def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "latin1.txt").write_bytes("ok so far ".encode() + "café".encode("latin-1"))
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"text": \n')
+    (tmp_path / "nofield.jsonl").write_text('{"text": "a"}\n{"body": "b"}\n')
+    (tmp_path / "ok.txt").write_text(words(20))
+    out = tmp_path / "out"
+    cases = [
+        ([tmp_path / "empty.txt"], "empty.txt: empty file"),
+        ([tmp_path / "latin1.txt"], "latin1.txt: not valid UTF-8 at byte offset 13"),
+        ([tmp_path / "bad.jsonl"], "bad.jsonl:2: invalid JSON"),
+        ([tmp_path / "nofield.jsonl"], "nofield.jsonl:2: record has no string field 'text'"),
+        ([tmp_path / "ok.txt", "--encoding", "gpt5"], "unknown encoding 'gpt5'"),
+        ([tmp_path / "ok.txt", "--vocab_size", "100"], "vocab_size must be in [257, 50257]"),
+        ([tmp_path / "missing.txt"], "missing.txt: no such file or folder"),
+        ([tmp_path / "*.nothing"], "no files match"),
+    ]
+    for args, msg in cases:
+        rc, err = run_main(capsys, *args, "--out", out, "--workers", "1", "--quiet")
+        assert rc == 2 and err.startswith("error: ") and msg in err and err.count("\n") == 1, (msg, err)
+    assert not (out / "meta.json").exists()
+
+
+def test_failure_halfway_leaves_no_shards(tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "PIECE_CHARS", 200)  # so shards are written before the bad file is read
+    for i in range(11):
+        (tmp_path / f"{i:02d}.txt").write_text(words(100, seed=i))
+    (tmp_path / "zz.txt").write_bytes(b"\xff")
+    written = []
+    monkeypatch.setattr(P, "write_shard", lambda path, t, w=P.write_shard: written.append(path) or w(path, t))
+    with pytest.raises(ValueError, match="zz.txt: not valid UTF-8 at byte offset 0"):
+        P.prepare([str(tmp_path / "*.txt")], tmp_path / "out", shard_tokens=100, workers=2, progress=False)
+    assert len(written) > 10 and os.listdir(tmp_path / "out") == []
+
+
+def test_refuses_prepared_folder_unless_overwrite(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text(words(400))
+    (tmp_path / "b.txt").write_text(words(20))
+    out = tmp_path / "out"
+    assert run_main(capsys, tmp_path / "a.txt", "--out", out, "--shard_tokens", "1000", "--quiet")[0] == 0
+    rc, err = run_main(capsys, tmp_path / "b.txt", "--out", out, "--quiet")
+    assert rc == 2 and "already holds prepared data" in err and "--overwrite" in err
+    assert run_main(capsys, tmp_path / "b.txt", "--out", out, "--overwrite", "--quiet")[0] == 0
+    meta = P.load_meta(out)  # no stale shards from the bigger first run
+    assert sorted(os.listdir(out)) == sorted(["meta.json", *meta["splits"]["train"]["shards"], *meta["splits"]["val"]["shards"]])
+
+
+def test_load_meta_errors_name_the_folder(tmp_path):
+    with pytest.raises(P.ShardError, match=str(tmp_path)):
+        P.load_meta(tmp_path)
+    (tmp_path / "meta.json").write_text(json.dumps({"splits": {"train": {"shards": ["train_000000.bin"]}}}))
+    with pytest.raises(P.ShardError, match="missing shards"):
+        P.load_meta(tmp_path)
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        P.main(["--help"])
+    assert e.value.code == 0 and "--vocab_size" in capsys.readouterr().out
