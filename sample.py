@@ -1,0 +1,190 @@
+"""
+Sample text from a checkpoint, streamed as it is produced (KV-cache decoding via model.stream).
+
+    python sample.py --ckpt out/run                      # the card's prompt, greedy-free sampling
+    python sample.py --ckpt out/fixmin --temperature 0 --max_new_tokens 3
+    python sample.py --ckpt out/run --prompt_file p.txt --num_samples 3 --top_p 0.9 --seed 1
+
+The tokenizer comes from the checkpoint: a tiktoken encoding by name (native runs) or a tokenizer.json
+beside the checkpoint (converted releases; needs the `tokenizers` package). Generation stops at the
+tokenizer's end-of-text token (<|endoftext|>, </s>). A prompt longer than the context keeps its last
+block_size tokens (with a notice on stderr).
+"""
+
+import argparse
+import codecs
+import json
+import os
+import sys
+
+import torch
+
+from model import load_checkpoint
+
+DEFAULT_PROMPT = "Question: What is the capital of France?\nAnswer:"
+EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]
+
+
+class TiktokenText:
+    """A tiktoken encoding; decodes token bytes incrementally, so a character split across tokens
+    is printed once complete."""
+
+    def __init__(self, enc):
+        self.enc, self.eos_token_id = enc, enc.eot_token
+
+    def encode(self, text):
+        return self.enc.encode(text, allowed_special="all")
+
+    def decode(self, ids):
+        return self.enc.decode(ids)
+
+    def decoder(self):
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return lambda i=None: utf8.decode(b"" if i is None else self.enc.decode_single_token_bytes(i), final=i is None)
+
+
+class HFText:
+    """A `tokenizers` tokenizer.json; decodes the whole continuation and prints what is new, holding
+    back a trailing U+FFFD (bytes of a character still to come)."""
+
+    def __init__(self, path):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise SystemExit("this checkpoint's tokenizer is a tokenizer.json: pip install tokenizers") from None
+        self.tk = Tokenizer.from_file(path)
+        eos = None
+        cfg = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+        if os.path.isfile(cfg):
+            eos = json.load(open(cfg)).get("eos_token")
+            eos = eos.get("content") if isinstance(eos, dict) else eos
+        names = ([eos] if isinstance(eos, str) else []) + EOS_CANDIDATES
+        self.eos_token_id = next((self.tk.token_to_id(n) for n in names if self.tk.token_to_id(n) is not None), None)
+
+    def encode(self, text):
+        return self.tk.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids):
+        return self.tk.decode(ids, skip_special_tokens=False)
+
+    def decoder(self):
+        ids, shown = [], [""]
+
+        def step(i=None):
+            if i is not None:
+                ids.append(i)
+            text = self.decode(ids)
+            if i is not None and text.endswith("\ufffd"):
+                return ""
+            new = text[len(shown[0]):] if text.startswith(shown[0]) else text[len(os.path.commonprefix([text, shown[0]])):]
+            shown[0] = text
+            return new
+
+        return step
+
+
+def load_text_codec(ckpt, ckpt_path):
+    entry = ckpt.get("tokenizer")
+    if not entry:
+        raise SystemExit(f"{ckpt_path} names no tokenizer: cannot turn text into tokens")
+    if entry.get("kind") == "tiktoken":
+        try:
+            from prepare_data import get_tokenizer
+        except ImportError:  # a full encoding needs only tiktoken
+            import tiktoken
+
+            get_tokenizer = lambda encoding="gpt2", vocab_size=None: tiktoken.get_encoding(encoding)  # noqa: E731
+        return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size")))
+    if entry.get("kind") == "hf":
+        folder = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
+        path = os.path.join(folder, entry.get("file", "tokenizer.json"))
+        if not os.path.isfile(path):
+            raise SystemExit(f"the checkpoint's tokenizer {path} is missing")
+        return HFText(path)
+    raise SystemExit(f"unknown tokenizer entry {entry!r}")
+
+
+def pick_device(name):
+    if name != "auto":
+        return name
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def sample_stream(model, codec, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """Yield text pieces of one continuation as tokens arrive; stops at the end-of-text token."""
+    device = next(model.parameters()).device
+    idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    decode = codec.decoder()
+    eos = codec.eos_token_id
+    for nxt in model.stream(idx, max_new_tokens, temperature, top_k, top_p, eos, generator):
+        i = int(nxt[0, 0])
+        if i == eos:
+            break
+        piece = decode(i)
+        if piece:
+            yield piece
+    tail = decode()
+    if tail:
+        yield tail
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(), epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True, help="a checkpoint .pt file, or a folder holding ckpt.pt")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to continue (default: the model card's %(default)r)")
+    p.add_argument("--prompt_file", default=None, help="read the prompt from this UTF-8 file instead")
+    p.add_argument("--num_samples", type=int, default=1, help="how many continuations")
+    p.add_argument("--max_new_tokens", type=int, default=100, help="tokens per continuation (fewer if end-of-text comes)")
+    p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 = greedy")
+    p.add_argument("--top_k", type=int, default=None, help="sample only among the k most likely tokens")
+    p.add_argument("--top_p", type=float, default=None, help="nucleus sampling: the smallest set with this much probability")
+    p.add_argument("--seed", type=int, default=1337, help="random seed")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"], help="auto: cuda, then mps, then cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights and activations")
+    args = p.parse_args(argv)
+    if args.temperature < 0 or args.max_new_tokens < 0 or args.num_samples < 1:
+        p.error("--temperature and --max_new_tokens must be >= 0, --num_samples >= 1")
+    if args.top_k is not None and args.top_k <= 0:
+        args.top_k = None  # 0 means no top-k cut
+
+    prompt = args.prompt
+    if args.prompt_file:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            prompt = f.read()
+    device = pick_device(args.device)
+    torch.manual_seed(args.seed)
+    model, ckpt = load_checkpoint(args.ckpt, device)
+    model = model.to(getattr(torch, args.dtype)).eval()
+    codec = load_text_codec(ckpt, args.ckpt)
+
+    ids = codec.encode(prompt)
+    if not ids:  # an empty prompt starts from end-of-text, as a document boundary
+        if codec.eos_token_id is None:
+            p.error("the prompt is empty and the tokenizer has no end-of-text token to start from")
+        ids = [codec.eos_token_id]
+    block = model.config.block_size
+    if len(ids) > block:
+        print(f"note: the prompt is {len(ids)} tokens, longer than the context ({block}): keeping its last {block}",
+              file=sys.stderr)
+        ids = ids[-block:]
+        prompt = codec.decode(ids)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+
+    for n in range(args.num_samples):
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        for piece in sample_stream(model, codec, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p, generator):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n" + ("---------------\n" if args.num_samples > 1 else ""))
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

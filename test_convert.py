@@ -1,0 +1,382 @@
+"""Tests for convert.py on small synthetic checkpoints (the real releases cannot be downloaded here).
+
+A native tiny model is renamed/reshaped into a released-style HF folder (BVV config.json + weights
+under nanoGPT, GPT-NeoX or Llama names), converted back, and compared exactly; native -> HF -> native
+must be exact; the exported GPTNeoXForCausalLM must reproduce our logits and greedy generations.
+"""
+
+import json
+import os
+import re
+
+import pytest
+import torch
+
+import convert
+from model import GPT, checkpoint_dict, code_bits, get_config
+
+SHAKESPEARE = """First Citizen:
+Before we proceed any further, hear me speak.
+
+All:
+Speak, speak.
+
+First Citizen:
+You are all resolved rather to die than to famish?
+
+All:
+Resolved. resolved.
+
+First Citizen:
+First, you know Caius Marcius is chief enemy to the people.
+We know't, we know't. Let us kill him, and we'll have corn at our own price.
+  Is't a verdict?   O, 'tis   a  night\t\tof 1234567 stars!!\r\n
+Naïve café — “quoted” 日本語 🎉 emoji\u00a0nbsp <|endoftext|> end.
+"""
+
+
+def tiny(input="binary", bias=False, layout="tile", vocab_size=512, pad_token_id=None, seed=0):
+    """A tiny model whose norms and biases are not at their init values (so mix-ups show)."""
+    torch.manual_seed(seed)
+    cfg = get_config("tiny", vocab_size=vocab_size, input=input, bias=bias, layout=layout,
+                     pad_token_id=pad_token_id, affine_seed=seed, rope_base=500.0)
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias") or ".ln_" in name or name.startswith("ln_f"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def save_native(model, folder, tokenizer=None):
+    os.makedirs(folder, exist_ok=True)
+    tok = tokenizer or {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": None}
+    torch.save(checkpoint_dict(model, tok), os.path.join(folder, "ckpt.pt"))
+    return folder
+
+
+NANO = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
+        "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+NEOX = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.qkv": "attention.query_key_value",
+        "attn.proj": "attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
+LLAMA = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.proj": "self_attn.o_proj",
+         "mlp.fc": "mlp.up_proj", "mlp.proj": "mlp.down_proj"}
+
+
+def to_convention(model, conv, conv1d=False):
+    """Our state dict under another convention's names and layouts (what a release might store)."""
+    c, out = model.config, {}
+    for name, t in model.state_dict().items():
+        t = t.clone()
+        m = re.match(r"blocks\.(\d+)\.(ln_1|ln_2|attn\.qkv|attn\.proj|mlp\.fc|mlp\.proj)\.(weight|bias)$", name)
+        if name == "embed.weight":
+            out[{"nanogpt": "transformer.wte.weight", "neox": "gpt_neox.embed_in.weight",
+                 "llama": "model.embed_tokens.weight"}[conv]] = t
+        elif name in ("embed.A", "embed.b"):
+            out[{"nanogpt": "transformer.", "neox": "gpt_neox.", "llama": "model."}[conv] + "input_code." + name[6:]] = t
+        elif name == "lm_head.weight":
+            out["embed_out.weight" if conv == "neox" else "lm_head.weight"] = t
+        elif name.startswith("ln_f."):
+            out[{"nanogpt": "transformer.ln_f.", "neox": "gpt_neox.final_layer_norm.", "llama": "model.norm."}[conv]
+                + name[5:]] = t
+        elif m:
+            i, mod, kind = m.groups()
+            if conv == "nanogpt":
+                out[f"transformer.h.{i}.{NANO[mod]}.{kind}"] = t.t().contiguous() if conv1d and t.dim() == 2 and mod != "ln_1" else t
+            elif conv == "neox":
+                out[f"gpt_neox.layers.{i}.{NEOX[mod]}.{kind}"] = convert.to_neox_qkv(t, c.n_head) if mod == "attn.qkv" else t
+            elif mod == "attn.qkv":
+                for part, piece in zip("qkv", t.split(c.n_embd, dim=0)):
+                    out[f"model.layers.{i}.self_attn.{part}_proj.{kind}"] = piece.contiguous()
+            else:
+                out[f"model.layers.{i}.{LLAMA[mod]}.{kind}"] = t
+        else:
+            raise AssertionError(name)
+    for i in range(c.n_layer):  # non-weights a release may carry; all skipped explicitly
+        if conv == "nanogpt":
+            out[f"transformer.h.{i}.attn.bias"] = torch.tril(torch.ones(c.block_size, c.block_size)).view(1, 1, c.block_size, c.block_size)
+        elif conv == "llama":
+            out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = torch.ones(c.n_embd // c.n_head // 2)
+    return out
+
+
+def bvv_config(model):
+    """config.json with the BVVConfig fields PAPER.md lists."""
+    c = model.config
+    K = code_bits(c.vocab_size)
+    model_type = {"binary": f"model_n_embed_{K}_binary_n_layer_{c.n_layer}",
+                  "affine": f"model_binary_affine_code_n_layer_{c.n_layer}",
+                  "learned": f"model_n_embed_{c.n_embd}_n_layer_{c.n_layer}"}[c.input]
+    cfg = {"architectures": ["BVVForCausalLM"], "model_type": model_type, "vocab_size": c.vocab_size,
+           "block_size": c.block_size, "n_embd": c.n_embd, "d_model": c.n_embd, "n_layer": c.n_layer,
+           "n_head": c.n_head, "pad_id": c.pad_token_id, "pad_token_id": c.pad_token_id, "rope_theta": c.rope_base,
+           "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "torch_dtype": "float32"}
+    if c.input != "learned":
+        cfg["n_embed"] = K
+    return cfg
+
+
+def write_hf(folder, tensors, config, fmt="safetensors", shards=1):
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    if config is not None:
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(config, f)
+    if fmt == "bin":
+        torch.save(tensors, os.path.join(folder, "pytorch_model.bin"))
+        return folder
+    if shards == 1:
+        save_file(tensors, os.path.join(folder, "model.safetensors"))
+        return folder
+    names, weight_map = sorted(tensors), {}
+    for s in range(shards):
+        file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[s::shards]}
+        save_file(part, os.path.join(folder, file))
+        weight_map.update({n: file for n in part})
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    return folder
+
+
+def assert_same_model(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+    x = torch.randint(0, a.config.vocab_size, (2, a.config.block_size))
+    with torch.no_grad():
+        assert torch.equal(a(x)[0], b(x)[0])
+
+
+CASES = [  # convention, input, layout, bias, format, shards, conv1d
+    ("nanogpt", "binary", "tile", False, "safetensors", 1, False),
+    ("neox", "binary", "interleave", True, "safetensors", 3, False),
+    ("llama", "learned", "tile", False, "safetensors", 1, False),
+    ("nanogpt", "learned", "tile", True, "bin", 1, True),
+    ("llama", "binary", "interleave", True, "safetensors", 1, False),
+    ("neox", "affine", "tile", False, "safetensors", 1, False),
+]
+
+
+@pytest.mark.parametrize("conv,input,layout,bias,fmt,shards,conv1d", CASES)
+def test_hf2native_conventions(tmp_path, conv, input, layout, bias, fmt, shards, conv1d):
+    model = tiny(input, bias, layout, pad_token_id=300 if input == "binary" else None)
+    src = write_hf(tmp_path / "hf", to_convention(model, conv, conv1d), bvv_config(model), fmt, shards)
+    (src / "tokenizer.json").write_text("{}")
+    args = ["hf2native", str(src), str(tmp_path / "out")] + (["--layout", layout] if input != "learned" else [])
+    assert convert.main(args) == 0
+    from model import load_checkpoint
+
+    back, ckpt = load_checkpoint(str(tmp_path / "out"))
+    assert back.config == model.config
+    assert_same_model(model, back)
+    assert ckpt["tokenizer"] == {"kind": "hf", "file": "tokenizer.json"}
+    assert (tmp_path / "out" / "tokenizer.json").exists()
+
+
+def test_code_table_pad_row_and_layout_flag(tmp_path):
+    model = tiny("binary", pad_token_id=5)
+    src = write_hf(tmp_path / "hf", to_convention(model, "nanogpt"), bvv_config(model))
+    with pytest.raises(convert.ConversionError, match="--layout"):
+        convert.hf_to_native(str(src))
+    # a table that keeps the plain code on the pad row loads as pad_token_id None (same table)
+    t = to_convention(model, "nanogpt")
+    t["transformer.wte.weight"] = convert.canonical_code(512)
+    write_hf(tmp_path / "hf2", t, bvv_config(model))
+    back, _, _ = convert.hf_to_native(str(tmp_path / "hf2"), "tile")
+    assert back.config.pad_token_id is None and torch.equal(back.embed.weight, convert.canonical_code(512))
+
+
+@pytest.mark.parametrize("input", ["binary", "affine", "learned"])
+def test_native_hf_native_exact(tmp_path, input):
+    model = tiny(input, bias=input == "affine", layout="interleave", pad_token_id=7 if input == "binary" else None)
+    native = save_native(model, tmp_path / "native", {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512})
+    convert.convert_native_to_hf(str(native), str(tmp_path / "hf"))
+    path, back, info = convert.convert_hf_to_native(str(tmp_path / "hf"), str(tmp_path / "again"))
+    assert back.config == model.config
+    assert_same_model(model, back)
+    assert torch.load(path, weights_only=True)["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}
+
+
+def test_exported_table_is_checked(tmp_path):
+    model = tiny("binary")
+    convert.convert_native_to_hf(str(save_native(model, tmp_path / "n")), str(tmp_path / "hf"))
+    from safetensors.torch import load_file, save_file
+
+    t = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    t["gpt_neox.embed_in.weight"][3, 0] += 0.5
+    save_file(t, str(tmp_path / "hf" / "model.safetensors"))
+    with pytest.raises(convert.ConversionError, match="not the binary code lifted"):
+        convert.hf_to_native(str(tmp_path / "hf"))
+
+
+@pytest.mark.parametrize("input,bias", [("binary", False), ("binary", True), ("affine", False),
+                                        ("affine", True), ("learned", False), ("learned", True)])
+def test_transformers_matches(tmp_path, input, bias):
+    transformers = pytest.importorskip("transformers")
+    model = tiny(input, bias, "interleave" if bias else "tile", pad_token_id=9 if input == "binary" else None)
+    native = save_native(model, tmp_path / "native", {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512})
+    convert.convert_native_to_hf(str(native), str(tmp_path / "hf"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    assert type(hf).__name__ == "GPTNeoXForCausalLM"
+    x = torch.randint(0, 512, (2, model.config.block_size))
+    with torch.no_grad():
+        diff = (model(x)[0] - hf(x).logits).abs().max().item()
+    assert diff < 1e-4, diff
+    prompt = x[:1, :6]
+    ours = model.generate(prompt, 20, temperature=0)
+    theirs = hf.generate(prompt, max_new_tokens=20, min_new_tokens=20, do_sample=False, attention_mask=torch.ones_like(prompt))
+    assert torch.equal(ours, theirs)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == 511
+
+
+def _tiktoken(vocab_size):
+    import tiktoken
+
+    if vocab_size is None:
+        return tiktoken.get_encoding("gpt2")
+    prepare_data = pytest.importorskip("prepare_data")
+    return prepare_data.get_tokenizer("gpt2", vocab_size)
+
+
+@pytest.mark.parametrize("vocab_size", [None, 1000])
+def test_tokenizer_matches_tiktoken(tmp_path, vocab_size):
+    enc = _tiktoken(vocab_size)
+    tk = convert.tiktoken_to_hf(enc)
+    texts = [SHAKESPEARE, SHAKESPEARE.upper(), "  leading spaces", "a\n\n\nb", "x" * 300, "1234567890 3.14159", ""]
+    for text in texts:
+        want = enc.encode(text, allowed_special="all")
+        assert tk.encode(text, add_special_tokens=False).ids == want
+        assert tk.decode(want, skip_special_tokens=False) == text
+    transformers = pytest.importorskip("transformers")
+    model = tiny("learned", vocab_size=enc.n_vocab if vocab_size else 50304)
+    save_native(model, tmp_path / "n", {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": vocab_size})
+    convert.convert_native_to_hf(str(tmp_path / "n"), str(tmp_path / "hf"))
+    auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert auto(SHAKESPEARE, add_special_tokens=False)["input_ids"] == enc.encode(SHAKESPEARE, allowed_special="all")
+    assert auto.eos_token_id == enc.eot_token and auto.bos_token_id == enc.eot_token
+
+
+# ------------------------------------------------------------------------------------ bad inputs
+@pytest.fixture
+def good(tmp_path):
+    model = tiny("binary", pad_token_id=3)
+    return model, to_convention(model, "neox"), bvv_config(model)
+
+
+def test_error_no_config(tmp_path, good):
+    _, t, _ = good
+    write_hf(tmp_path / "hf", t, None)
+    with pytest.raises(convert.ConversionError, match="no config.json"):
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+    assert convert.main(["hf2native", str(tmp_path / "hf"), str(tmp_path / "o"), "--layout", "tile"]) == 1
+
+
+def test_error_unknown_names(tmp_path, good):
+    _, t, cfg = good
+    t["gpt_neox.layers.0.attention.mystery_gate.weight"] = torch.zeros(4, 4)
+    write_hf(tmp_path / "hf", t, cfg)
+    with pytest.raises(convert.ConversionError, match=r"mystery_gate\.weight: \(4, 4\)"):
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+
+
+def test_error_missing_names(tmp_path, good):
+    _, t, cfg = good
+    del t["gpt_neox.layers.1.mlp.dense_4h_to_h.weight"], t["embed_out.weight"]
+    write_hf(tmp_path / "hf", t, cfg)
+    with pytest.raises(convert.ConversionError) as e:
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+    assert "blocks.1.mlp.proj.weight: (32, 128)" in str(e.value) and "lm_head.weight: (512, 32)" in str(e.value)
+
+
+def test_error_wrong_shapes(tmp_path, good):
+    _, t, cfg = good
+    cfg["n_embd"] = cfg["d_model"] = 64
+    write_hf(tmp_path / "hf", t, cfg)
+    with pytest.raises(convert.ConversionError, match="wrong shapes|expected first dim"):
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+    _, t, cfg = good
+    t["gpt_neox.layers.0.mlp.dense_h_to_4h.weight"] = torch.zeros(100, 32)
+    write_hf(tmp_path / "hf2", t, bvv_config(good[0]))
+    with pytest.raises(convert.ConversionError, match=r"blocks.0.mlp.fc.weight .*expected \(128, 32\), found \(100, 32\)"):
+        convert.hf_to_native(str(tmp_path / "hf2"), "tile")
+
+
+def test_error_truncated_safetensors(tmp_path, good):
+    _, t, cfg = good
+    write_hf(tmp_path / "hf", t, cfg, shards=2)
+    shard = tmp_path / "hf" / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    with pytest.raises(convert.ConversionError, match="model-00002-of-00002.safetensors"):
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+
+
+def test_error_noncanonical_code(tmp_path, good):
+    _, t, cfg = good
+    t["gpt_neox.embed_in.weight"][[10, 20]] = t["gpt_neox.embed_in.weight"][[20, 10]]
+    write_hf(tmp_path / "hf", t, cfg)
+    with pytest.raises(convert.ConversionError) as e:
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+    msg = str(e.value)
+    assert "2 rows differ" in msg and "id 10: expected [0, 1, 0, 1, 0, 0, 0, 0, 0], found [0, 0, 1, 0, 1, 0, 0, 0, 0]" in msg
+
+
+def test_error_affine_without_A_b(tmp_path):
+    model = tiny("affine")
+    t = {n: v for n, v in to_convention(model, "llama").items() if "input_code" not in n}
+    write_hf(tmp_path / "hf", t, bvv_config(model))
+    with pytest.raises(convert.ConversionError, match=r"(?s)never invented.*model\.norm\.weight: \(32,\)"):
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+
+
+def test_error_variant_mismatch(tmp_path):
+    model = tiny("learned")
+    cfg = bvv_config(model)
+    cfg["model_type"] = "model_n_embed_9_binary_n_layer_2"
+    write_hf(tmp_path / "hf", to_convention(model, "nanogpt"), cfg)
+    with pytest.raises(convert.ConversionError, match="not the binary code lifted"):
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+
+
+def test_help(capsys):
+    for args in (["--help"], ["hf2native", "--help"], ["native2hf", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            convert.main(args)
+        assert e.value.code == 0
+    assert "--layout" in capsys.readouterr().out
+
+
+def test_release_tokenizer_to_transformers(tmp_path):
+    """Release-style folder (Llama names, code-point tokenizer.json with </s>) -> native -> HF -> transformers."""
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    model = tiny("binary", layout="interleave", vocab_size=128, pad_token_id=0)
+    src = write_hf(tmp_path / "release", to_convention(model, "llama"), bvv_config(model))
+    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + [chr(c) for c in range(32, 127)])}
+    tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [], unk_token="<unk>"))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.Split("", behavior="isolated")
+    tk.decoder = tokenizers.decoders.Fuse()
+    tk.add_special_tokens(["<pad>", "<s>", "</s>", "<unk>"])
+    tk.save(str(src / "tokenizer.json"))
+    (src / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>", "pad_token": "<pad>",
+                                                           "unk_token": "<unk>", "auto_map": {"AutoTokenizer": ["x.Y", None]}}))
+    convert.convert_hf_to_native(str(src), str(tmp_path / "native"), "interleave")
+    convert.convert_native_to_hf(str(tmp_path / "native"), str(tmp_path / "hf"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    text = "Q: capital of France? A:"
+    ids = auto(text, add_special_tokens=False)["input_ids"]
+    assert ids == tk.encode(text).ids and auto.eos_token_id == 2 and auto.bos_token_id == 1 and auto.pad_token_id == 0
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        assert (model(x)[0] - hf(x).logits).abs().max().item() < 1e-4
+    ours = model.generate(x, 10, temperature=0, eos_token_id=2)[0].tolist()
+    theirs = hf.generate(x, max_new_tokens=10, do_sample=False)[0].tolist()
+
+    def cut(seq):  # up to and including the first end-of-text (transformers pads after it)
+        return seq[: seq.index(2, len(ids)) + 1] if 2 in seq[len(ids):] else seq
+
+    assert cut(ours) == cut(theirs) and len(cut(ours)) > len(ids)

@@ -1,0 +1,127 @@
+"""End-to-end tests of sample.py on tiny checkpoints written to tmp (tiktoken-native and HF-converted)."""
+
+import json
+import os
+
+import pytest
+import tiktoken
+import torch
+
+import convert
+import sample
+from model import GPT, checkpoint_dict, get_config
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    """A tiny binary-code model over GPT-2's full tiktoken vocabulary (padded to 50,304)."""
+    torch.manual_seed(0)
+    model = GPT(get_config("tiny", vocab_size=50304)).eval()
+    folder = tmp_path_factory.mktemp("native")
+    torch.save(checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": None}), folder / "ckpt.pt")
+    return model, str(folder), tiktoken.get_encoding("gpt2")
+
+
+def expected_text(model, ids, n, decode, eos):
+    out = model.generate(torch.tensor([ids]), n, temperature=0, eos_token_id=eos)[0, len(ids):].tolist()
+    if eos in out:
+        out = out[: out.index(eos)]
+    return decode(out)
+
+
+def test_greedy_matches_generate(native, capsys):
+    model, folder, enc = native
+    prompt = "Question: What is the capital of France?\nAnswer:"
+    assert sample.main(["--ckpt", folder, "--temperature", "0", "--max_new_tokens", "12", "--device", "cpu"]) == 0
+    want = prompt + expected_text(model, enc.encode(prompt), 12, enc.decode, enc.eot_token) + "\n"
+    assert capsys.readouterr().out == want
+
+
+def test_sampling_is_seeded(native, capsys):
+    _, folder, _ = native
+    args = ["--ckpt", folder, "--prompt", "Hi", "--max_new_tokens", "8", "--top_k", "50", "--top_p", "0.9",
+            "--num_samples", "2", "--seed", "3"]
+    sample.main(args)
+    first = capsys.readouterr().out
+    sample.main(args)
+    assert capsys.readouterr().out == first and first.count("---------------") == 2
+
+
+def test_streams_pieces_and_utf8():
+    enc = tiktoken.get_encoding("gpt2")
+    codec = sample.TiktokenText(enc)
+    text = "naïve 日本語 🎉 — done"
+    step = codec.decoder()
+    pieces = [step(i) for i in enc.encode(text)] + [step()]
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+    assert sum(bool(p) for p in pieces) > 5  # text arrives token by token, not at the end
+
+
+def test_stream_yields_incrementally(native):
+    model, _, enc = native
+    codec = sample.TiktokenText(enc)
+    ids = enc.encode("Hello")
+    pieces = list(sample.sample_stream(model, codec, ids, 10, temperature=0))
+    assert len(pieces) > 1 and "".join(pieces) == expected_text(model, ids, 10, enc.decode, enc.eot_token)
+
+
+def test_long_prompt_is_cropped(native, capsys, tmp_path):
+    _, folder, _ = native
+    (tmp_path / "p.txt").write_text("to be or not to be " * 40, encoding="utf-8")
+    sample.main(["--ckpt", folder, "--prompt_file", str(tmp_path / "p.txt"), "--max_new_tokens", "3", "--temperature", "0"])
+    err = capsys.readouterr().err
+    assert "longer than the context (32)" in err and "last 32" in err
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--help"])
+    assert e.value.code == 0 and "--temperature" in capsys.readouterr().out
+
+
+def char_tokenizer(folder):
+    """A tiny code-point tokenizer in the release's style: specials first, then characters."""
+    tokenizers = pytest.importorskip("tokenizers")
+    chars = [chr(c) for c in range(32, 127)] + list("\néü日本")
+    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + chars)}
+    tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [], unk_token="<unk>"))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.Split("", behavior="isolated")
+    tk.decoder = tokenizers.decoders.Fuse()
+    tk.add_special_tokens(["<pad>", "<s>", "</s>", "<unk>"])
+    tk.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "</s>", "bos_token": "<s>", "pad_token": "<pad>", "unk_token": "<unk>"}, f)
+    return tk
+
+
+def test_converted_hf_checkpoint_samples(tmp_path, capsys):
+    pytest.importorskip("safetensors")
+    from safetensors.torch import save_file
+
+    torch.manual_seed(1)
+    model = GPT(get_config("tiny", vocab_size=128, pad_token_id=0)).eval()
+    src = tmp_path / "release"
+    src.mkdir()
+    tk = char_tokenizer(str(src))
+    names = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
+             "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if name.startswith("blocks."):
+            _, i, rest = name.split(".", 2)
+            mod, kind = rest.rsplit(".", 1)
+            name = f"transformer.h.{i}.{names[mod]}.{kind}"
+        tensors[{"embed.weight": "transformer.wte.weight", "ln_f.weight": "transformer.ln_f.weight"}.get(name, name)] = t.clone()
+    save_file(tensors, str(src / "model.safetensors"))
+    (src / "config.json").write_text(json.dumps({
+        "model_type": "model_n_embed_7_binary_n_layer_2", "vocab_size": 128, "block_size": 32, "n_embd": 32,
+        "d_model": 32, "n_layer": 2, "n_head": 2, "pad_id": 0, "pad_token_id": 0}))
+    assert convert.main(["hf2native", str(src), str(tmp_path / "out"), "--layout", "tile"]) == 0
+    capsys.readouterr()
+
+    prompt = "Question: café 日本?\nAnswer:"
+    sample.main(["--ckpt", str(tmp_path / "out"), "--prompt", prompt, "--temperature", "0", "--max_new_tokens", "15"])
+    ids = tk.encode(prompt, add_special_tokens=False).ids
+    assert tk.decode(ids) == prompt
+    want = expected_text(model, ids, 15, lambda x: tk.decode(x, skip_special_tokens=False), tk.token_to_id("</s>"))
+    assert capsys.readouterr().out == prompt + want + "\n"
