@@ -1,0 +1,315 @@
+"""Tests of train.py: learning, bit-exact resume, DDP = gradient accumulation, checkpoints, failures.
+
+Everything runs on the CPU with the 'tiny' preset on a slice of tiny Shakespeare tokenized at vocab 512.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from model import GPT, load_checkpoint
+from prepare_data import ShardError, prepare
+
+ROOT = Path(__file__).resolve().parent
+CORPUS = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+if (ROOT.parent / "shared" / "tiktoken-cache").is_dir():  # offline GPT-2 BPE files (CI); subprocesses inherit it
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(ROOT.parent / "shared" / "tiktoken-cache"))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("data")
+    if CORPUS.is_file():
+        text = CORPUS.read_text(encoding="utf-8")[:200_000]
+    else:  # a fresh clone without ../shared: any English-like text will do
+        rng = np.random.default_rng(0)
+        words = "the king shall speak of love and death to thee my lord what is this night".split()
+        text = "\n".join(" ".join(rng.choice(words, 12)) for _ in range(8000))
+    (tmp / "corpus.txt").write_text(text, encoding="utf-8")
+    prepare([str(tmp / "corpus.txt")], str(tmp / "prepared"), vocab_size=512, workers=1, progress=False)
+    return tmp / "prepared"
+
+
+def config(data_dir, out_dir, **kw):
+    base = dict(data_dir=str(data_dir), out_dir=str(out_dir), preset="tiny", block_size=32, batch_size=8,
+                max_steps=10, lr=3e-3, min_lr=3e-4, warmup_steps=3, eval_interval=5, eval_steps=2,
+                log_interval=1000, save_interval=5, device="cpu", seed=7)
+    return train.TrainConfig(**{**base, **kw})
+
+
+def train_log(out_dir, event="train"):
+    lines = [json.loads(line) for line in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
+    return [e for e in lines if e["event"] == event]
+
+
+def weights(out_dir, name="ckpt.pt"):
+    return torch.load(Path(out_dir) / name, weights_only=True)["model"]
+
+
+def copy_data(data_dir, tmp_path):
+    return Path(shutil.copytree(data_dir, tmp_path / "data"))
+
+
+# ----------------------------------------------------------------------------- learning
+def test_validation_loss_goes_down(data_dir, tmp_path):
+    s = train.train(config(data_dir, tmp_path, max_steps=40, eval_interval=20, eval_steps=4))
+    evals = train_log(tmp_path, "eval")
+    assert [e["step"] for e in evals] == [0, 20, 40]
+    assert evals[0]["val_loss"] > 6.0  # ~ln 512 at init
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.7
+    assert s["steps"] == 40 and s["tokens"] == 40 * 8 * 32
+    assert s["final_val_loss"] == evals[-1]["val_loss"] == s["best_val_loss"]
+    assert (tmp_path / "best.pt").is_file() and (tmp_path / "ckpt.pt").is_file()
+
+
+# ----------------------------------------------------------------------------- resume
+def test_resume_is_bit_exact_with_dropout(data_dir, tmp_path):
+    K, N = 12, 5
+    full, part = tmp_path / "full", tmp_path / "part"
+    train.train(config(data_dir, full, max_steps=K, dropout=0.1, grad_accum=2))
+    # stop at N (the LR schedule still ends at K), then resume to K
+    train.train(config(data_dir, part, max_steps=N, lr_decay_steps=K, dropout=0.1, grad_accum=2))
+    train.train(config(data_dir, part, max_steps=K, dropout=0.1, grad_accum=2, resume=True))
+    a, b = train_log(full), train_log(part)
+    assert [e["step"] for e in b] == list(range(1, K + 1))
+    assert [e["loss"] for e in a] == [e["loss"] for e in b]  # exact, every step (those after N included)
+    wa, wb = weights(full), weights(part)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    # dropout really was on: the same run without it logs other losses
+    train.train(config(data_dir, tmp_path / "nodrop", max_steps=2, grad_accum=2))
+    assert train_log(tmp_path / "nodrop")[1]["loss"] != a[1]["loss"]
+
+
+def test_sigint_finishes_the_step_saves_and_resumes(data_dir, tmp_path):
+    args = [f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--preset=tiny", "--device=cpu", "--batch_size=8",
+            "--max_steps=100000", "--eval_interval=0", "--save_interval=0", "--log_interval=1", "--warmup_steps=3"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=os.environ)
+    for line in proc.stdout:  # wait for a few steps
+        if line.startswith("step 3/"):
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "SIGINT" in err
+    steps = [e["step"] for e in train_log(tmp_path)]
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == steps[-1] >= 3 and steps == list(range(1, steps[-1] + 1))
+    assert train_log(tmp_path, "end")[0]["interrupted"] is True
+
+
+# ----------------------------------------------------------------------------- data indexing and DDP
+def test_ranks_and_micro_steps_read_disjoint_windows():
+    B, A, W, n = 4, 3, 2, 50
+    for step in range(5):  # crosses epoch boundaries (G = 24 > n / 2)
+        p = step * B * A * W
+        starts = {(r, m): train.micro_batch_start(p, r, m, B, A) for r in range(W) for m in range(A)}
+        positions = sorted(s + i for s in starts.values() for i in range(B))
+        assert positions == list(range(p, p + B * A * W))  # the step's positions, each exactly once
+        # one process with 2A micro-steps reads the same positions as W=2 processes with A each
+        assert sorted(train.micro_batch_start(p, 0, m, B, A * W) + i for m in range(A * W) for i in range(B)) == positions
+    # windows: each epoch is a permutation of all n windows, another one per epoch, same for the same seed
+    e0, e1 = train.stream_windows(0, n, n, seed=1), train.stream_windows(n, n, n, seed=1)
+    assert sorted(e0) == sorted(e1) == list(range(n)) and not np.array_equal(e0, e1)
+    assert np.array_equal(train.stream_windows(10, 60, n, 1), np.concatenate([e0, e1])[10:70])
+    rank0 = train.stream_windows(train.micro_batch_start(0, 0, 0, B, 1), B, n, 1)
+    rank1 = train.stream_windows(train.micro_batch_start(0, 1, 0, B, 1), B, n, 1)
+    assert not set(rank0) & set(rank1)
+
+
+def test_two_gloo_processes_equal_gradient_accumulation(data_dir, tmp_path):
+    common = dict(max_steps=6, batch_size=4, eval_interval=3, save_interval=0, warmup_steps=2)
+    single = train.train(config(data_dir, tmp_path / "one", grad_accum=2, **common))
+    args = [f"--{k}={v}" for k, v in vars(config(data_dir, tmp_path / "two", grad_accum=1, **common)).items()
+            if v is not None and not isinstance(v, bool) and k not in ("sample_prompt",)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(ROOT / "train.py"), *args], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    w1, w2 = weights(tmp_path / "one"), weights(tmp_path / "two")
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=0, msg=k)
+    l1, l2 = train_log(tmp_path / "one"), train_log(tmp_path / "two")
+    assert np.allclose([e["loss"] for e in l1], [e["loss"] for e in l2], atol=1e-5)
+    ckpt = torch.load(tmp_path / "two" / "ckpt.pt", weights_only=True)
+    assert ckpt["world_size"] == 2 and len(ckpt["rng"]) == 2 and ckpt["data"]["position"] == 6 * 8
+    assert not torch.equal(ckpt["rng"][0]["torch"], ckpt["rng"][1]["torch"])  # each rank its own dropout stream
+    # validation: each rank takes its share of the fixed windows, and the mean is over all of them
+    v2 = train_log(tmp_path / "two", "eval")[-1]["val_loss"]
+    model, _ = load_checkpoint(str(tmp_path / "two" / "ckpt.pt"))
+    meta = train.load_meta(data_dir)
+    val = train.Split(str(data_dir), meta, "val", 32, 512)
+    cfg = config(data_dir, tmp_path, batch_size=4, eval_steps=4)  # 1 process, the same 16 windows
+    assert train.evaluate(model, val, cfg, 0, 1, torch.device("cpu"), train.nullcontext()) == pytest.approx(v2, abs=1e-6)
+    assert single["steps"] == 6
+
+
+# ----------------------------------------------------------------------------- checkpoints
+@pytest.mark.parametrize("compiled", [False, True])
+def test_checkpoint_is_plain_and_reloads(data_dir, tmp_path, monkeypatch, compiled):
+    made = []
+
+    class Spy(GPT):  # keep hold of the model train() trains
+        def __init__(self, c):
+            super().__init__(c)
+            made.append(self)
+
+    monkeypatch.setattr(train, "GPT", Spy)
+    if compiled:  # the eager backend wraps the model (OptimizedModule, _orig_mod.) without a C++ build
+        real = torch.compile
+        monkeypatch.setattr(train.torch, "compile", lambda m: real(m, backend="eager"))
+    s = train.train(config(data_dir, tmp_path, max_steps=4, eval_interval=4, compile=compiled))
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert {"model", "model_config", "tokenizer", "optimizer", "step", "rng", "data", "train_config",
+            "best_val_loss", "val_loss"} <= ckpt.keys()
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+    assert ckpt["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}
+    assert ckpt["step"] == 4 and ckpt["train_config"]["max_steps"] == 4 and ckpt["model_config"]["n_embd"] == 32
+    assert set(ckpt["rng"][0]) == {"torch", "cuda", "python", "numpy"}
+    model, _ = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    trained = made[-1].eval()
+    x = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model.eval()(x)[0], trained(x)[0])
+    assert s["final_val_loss"] == ckpt["val_loss"] == ckpt["best_val_loss"]
+    best, _ = load_checkpoint(str(tmp_path / "best.pt"))
+    assert torch.equal(best(x)[0], trained(x)[0])
+
+
+def test_init_from_fine_tunes_from_weights(data_dir, tmp_path):
+    train.train(config(data_dir, tmp_path / "a", max_steps=4))
+    s = train.train(config(data_dir, tmp_path / "b", max_steps=2, init_from=str(tmp_path / "a" / "ckpt.pt"),
+                           eval_interval=100))
+    assert s["steps"] == 2  # a fresh run (step 0) from the old weights: its first val loss is theirs
+    assert s["first_val_loss"] == pytest.approx(train_log(tmp_path / "a", "eval")[-1]["val_loss"], abs=0)
+
+
+# ----------------------------------------------------------------------------- failures
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
+    good = tmp_path / "good"  # the state after step 4 of the same run, for comparison
+    train.train(config(data_dir, good, max_steps=4, lr_decay_steps=10, save_interval=4))
+    forward, calls = train.GPT.forward, []
+
+    def poisoned(self, idx, targets=None, cache=None):
+        logits, loss = forward(self, idx, targets, cache)
+        if self.training:
+            calls.append(1)
+            if len(calls) > 5:  # the 6th training forward: step 6
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(train.GPT, "forward", poisoned)
+    bad = tmp_path / "bad"
+    args = [f"--data_dir={data_dir}", f"--out_dir={bad}", "--preset=tiny", "--block_size=32", "--batch_size=8",
+            "--max_steps=10", "--lr=3e-3", "--min_lr=3e-4", "--warmup_steps=3", "--eval_interval=5",
+            "--eval_steps=2", "--save_interval=4", "--device=cpu", "--seed=7", "--lr_decay_steps=10"]
+    assert train.main(args) == 1
+    err = capsys.readouterr().err
+    assert "non-finite loss (nan) at step 6" in err and str(bad / "ckpt.pt") in err and "(step 4)" in err
+    assert torch.load(bad / "ckpt.pt", weights_only=True)["step"] == 4
+    # ckpt.pt holds the state after step 4 exactly: equal to a clean 4-step run with the same schedule
+    wg, wb = weights(good), weights(bad)
+    assert all(torch.equal(wg[k], wb[k]) for k in wg)
+    assert train_log(bad, "nonfinite")[0]["step"] == 6
+
+
+def expect_error(cfg, match, exc=(ValueError, OSError)):
+    with pytest.raises(exc) as info:
+        train.train(cfg)
+    assert match in str(info.value), str(info.value)
+    return str(info.value)
+
+
+def test_bad_data_dirs_name_the_file(data_dir, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    expect_error(config(empty, tmp_path / "o"), str(empty))  # no meta.json
+    assert "meta.json" in expect_error(config(tmp_path / "nowhere", tmp_path / "o"), "nowhere")
+    # meta.json listing no shards / no val shards / a missing shard
+    d = copy_data(data_dir, tmp_path)
+    meta = json.loads((d / "meta.json").read_text())
+    for splits, what in [({"train": {"shards": []}, "val": {"shards": []}}, "no shards"),
+                         ({**meta["splits"], "val": {"shards": []}}, "no val shards"),
+                         ({**meta["splits"], "val": {"shards": ["val_000009.bin"]}}, "val_000009.bin")]:
+        (d / "meta.json").write_text(json.dumps({**meta, "splits": splits}))
+        expect_error(config(d, tmp_path / "o"), what)
+        assert str(d) in expect_error(config(d, tmp_path / "o"), "")
+
+
+@pytest.mark.parametrize("damage", ["magic", "truncated"])
+def test_bad_shards_name_the_file(data_dir, tmp_path, damage):
+    d = copy_data(data_dir, tmp_path)
+    shard = d / "train_000000.bin"
+    raw = shard.read_bytes()
+    shard.write_bytes(b"NOTTOKEN" + raw[8:] if damage == "magic" else raw[:-100])
+    with pytest.raises(ShardError, match=str(shard)):
+        train.train(config(d, tmp_path / "o"))
+
+
+def test_tokens_beyond_the_vocabulary_name_the_shard(data_dir, tmp_path):
+    msg = expect_error(config(data_dir, tmp_path, vocab_size=300), str(data_dir / "train_000000.bin"))
+    assert "vocab_size 300" in msg and "meta.json" in msg
+
+
+def test_checkpoints_of_another_shape_name_the_file(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    train.train(config(data_dir, out, max_steps=2))
+    ckpt_path = out / "ckpt.pt"
+    msg = expect_error(config(data_dir, out, max_steps=4, n_embd=64, resume=True), str(ckpt_path))
+    assert "n_embd=32 (asked 64)" in msg
+    # weights that do not fit the checkpoint's own model_config
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt["model_config"]["n_layer"] = 3
+    torch.save(ckpt, tmp_path / "other.pt")
+    expect_error(config(data_dir, tmp_path / "ft", init_from=str(tmp_path / "other.pt")), str(tmp_path / "other.pt"))
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    expect_error(config(data_dir, tmp_path / "ft", init_from=str(tmp_path / "junk.pt")), str(tmp_path / "junk.pt"))
+    expect_error(config(data_dir, tmp_path / "fresh", resume=True), str(tmp_path / "fresh" / "ckpt.pt"))
+    (tmp_path / "weights_only").mkdir()  # e.g. what convert.py writes: weights, no training state
+    torch.save({k: ckpt[k] for k in ("model", "tokenizer")} | {"model_config": torch.load(ckpt_path)["model_config"]},
+               tmp_path / "weights_only" / "ckpt.pt")
+    assert "--init_from" in expect_error(config(data_dir, tmp_path / "weights_only", resume=True), "no training state")
+    # through the command line: a clear one-line error, exit status 1
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={out}", "--resume", "--n_layer=5", "--device=cpu"]) == 1
+    assert f"error: {ckpt_path}" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- command line
+def test_command_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main(["--help"])
+    assert e.value.code == 0
+    help_text = capsys.readouterr().out
+    for f in train.TrainConfig.__dataclass_fields__:
+        assert f"--{f}" in help_text
+    cfg = train.parse_config(["--compile", "--no-resume", "--bias=false", "--dropout=0.1", "--max_steps=5e3",
+                              "--pad_token_id=none", "--peak_flops=1e12", "--init_from=x.pt"])
+    assert cfg == replace(train.TrainConfig(), compile=True, resume=False, bias=False, dropout=0.1, max_steps=5000,
+                          peak_flops=1e12, init_from="x.pt")
+    assert train.parse_config(["--compile=false", "--resume=true"]).resume is True
+    with pytest.raises(SystemExit):
+        train.parse_config(["--compile=maybe"])
+
+
+def test_lr_schedule():
+    cfg = train.TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110)
+    lrs = [train.lr_at(s, cfg) for s in range(120)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[60] == pytest.approx(0.55) and lrs[110] == lrs[119] == 0.1
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+
+
+def test_preset_that_does_not_fit_the_data_says_why(data_dir, tmp_path):
+    # the paper preset's <pad> id 57344 does not exist in a 512-token vocabulary taken from meta.json
+    msg = expect_error(config(data_dir, tmp_path, preset="paper", block_size=None), "pad_token_id 57344")
+    assert str(data_dir / "meta.json") in msg
