@@ -1,0 +1,240 @@
+"""
+The paper's controlled comparison at small scale: learned input table vs fixed binary code vs
+table-free affine code, everything else identical, over several seeds.
+
+    python compare.py                  # 3 inputs x 3 seeds on Jane Austen, ~30 min on 2 CPU cores
+    python compare.py --quick          # 3 inputs x 2 seeds, a few minutes
+    python compare.py --preset small --n_embd 768 --steps 5000 --device cuda   # bigger, on a GPU
+
+Design choices, up front:
+- Every run is train.train() with one TrainConfig; only `input` and `seed` change between runs. A seed
+  fixes the initialisation and the data order, so for each seed the three inputs see the same batches
+  in the same order, with the same architecture, steps and optimizer.
+- Runs live in <out>/<input>-seed<k>/. A finished run (its log.jsonl ends with an "end" event) is read
+  back, not retrained; an interrupted one resumes from its checkpoint. Stop and rerun freely.
+- The curve's evaluations use eval_batches fixed validation batches; the final validation loss, computed
+  from the last checkpoint, covers every window of the validation split once. Perplexity = exp(loss). Bits per byte
+  = loss / ln 2 * (validation tokens / validation UTF-8 bytes): tokenizer-independent, so runs with
+  different tokenizers compare.
+- The verdict follows the paper's reading: the binary-vs-learned gap in mean perplexity, relative to
+  the learned one, against the seed-to-seed spread, the largest (max - min) / mean perplexity over
+  seeds of any input. "Inside" means the gap is no larger than that spread.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+
+import numpy as np
+import torch
+
+from model import GPT, GPTConfig, get_config, load_checkpoint
+from prepare_data import load_meta, prepare
+from train import Split, TrainConfig, pick_device, train
+
+VARIANTS = ("learned", "binary", "affine")
+HERE = os.path.dirname(os.path.abspath(__file__))
+OFFLINE_AUSTEN = os.path.join(HERE, "..", "shared", "data", "janeausten.txt")
+# CPU-sized defaults: a 4 x 128 decoder, context 128; --quick shortens the run and drops a seed
+DEFAULTS = dict(preset="small", n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=16, steps=600,
+                lr=2e-3, seeds=3, evals=10, eval_batches=8)
+QUICK = dict(steps=60, seeds=2, evals=3)
+
+
+def run_dir(out, variant, seed):
+    return os.path.join(out, f"{variant}-seed{seed}")
+
+
+def read_log(path):
+    """The eval curve [(tokens seen, val loss)], the start record and the median training tokens/s of
+    one run's log.jsonl (resumed runs append to it)."""
+    curve, start, tokens_per_step, speeds = [], None, 0, []
+    with open(path) as f:
+        for line in f:
+            e = json.loads(line)
+            if e["event"] == "start":
+                start = start or e
+            elif e["event"] == "train":
+                tokens_per_step = e["tokens"] / e["step"]
+                speeds.append(e["tokens_per_s"])
+            elif e["event"] == "eval" and (not curve or curve[-1][0] < e["step"] * tokens_per_step):
+                curve.append((e["step"] * tokens_per_step, e["val_loss"]))
+    return curve, start, statistics.median(speeds)
+
+
+@torch.no_grad()
+def full_val_loss(out, data_dir, meta, batch_size, device):
+    """Mean loss over every window of the validation split, each counted once, from the final checkpoint."""
+    model, _ = load_checkpoint(out, device)
+    model.eval()
+    val = Split(data_dir, meta, "val", model.config.block_size, model.config.vocab_size)
+    total = 0.0
+    for start in range(0, val.n, batch_size):
+        x, y = val.batch(np.arange(start, min(start + batch_size, val.n)), device)
+        total += model(x, y)[1].item() * len(x)
+    return total / val.n
+
+
+def run_one(args, meta, variant, seed):
+    """Train one (input, seed) run, or read it back when it already finished; returns its record."""
+    out = run_dir(args.out, variant, seed)
+    final = os.path.join(out, "final.json")  # written last: its presence means the run is complete
+    if not os.path.exists(final):
+        cfg = TrainConfig(
+            data_dir=args.data, out_dir=out, preset=args.preset, input=variant, seed=seed, device=args.device,
+            n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size,
+            batch_size=args.batch_size, max_steps=args.steps, lr=args.lr, min_lr=args.lr / 10,
+            warmup_steps=max(1, args.steps // 20), eval_interval=max(1, args.steps // args.evals),
+            eval_steps=args.eval_batches, log_interval=max(1, args.steps // 10), save_interval=max(1, args.steps // 4),
+            resume=os.path.exists(os.path.join(out, "ckpt.pt")), compile=args.compile,
+        )
+        print(f"\n=== {variant}, seed {seed} ===", flush=True)
+        summary = train(cfg)
+        if summary["interrupted"]:
+            raise SystemExit(f"stopped during {out}: rerun the same command to continue")
+        device = pick_device(args.device, 0, False)
+        with open(final, "w") as f:
+            json.dump({"val_loss": full_val_loss(out, args.data, meta, args.batch_size, device)}, f)
+    with open(final) as f:
+        val_loss = json.load(f)["val_loss"]
+    curve, start, speed = read_log(os.path.join(out, "log.jsonl"))
+    return {"variant": variant, "seed": seed, "curve": curve, "model_config": start["model_config"],
+            "val_loss": val_loss, "tokens_per_s": speed}
+
+
+def mean_std(xs):
+    return statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+def summarize(runs, meta):
+    """One row per input: parameter counts and mean +- std over seeds of loss, perplexity, bits/byte."""
+    val = meta["splits"]["val"]
+    tokens_per_byte = val["tokens"] / val["bytes"]
+    rows = []
+    for variant in dict.fromkeys(r["variant"] for r in runs):
+        mine = [r for r in runs if r["variant"] == variant]
+        with torch.device("meta"):  # the run's own config, whatever preset and overrides made it
+            counts = GPT(GPTConfig(**mine[0]["model_config"])).num_params()
+        losses = [r["val_loss"] for r in mine]
+        rows.append({
+            "input": variant, "seeds": len(mine), "trainable": counts["trainable"], "input_params": counts["input"],
+            "frozen": counts["frozen"], "val_loss": mean_std(losses),
+            "perplexity": mean_std([math.exp(x) for x in losses]),
+            "bits_per_byte": mean_std([x / math.log(2) * tokens_per_byte for x in losses]),
+            "tokens_per_s": mean_std([r["tokens_per_s"] for r in mine]),
+            "ppl_spread": (max(math.exp(x) for x in losses) - min(math.exp(x) for x in losses))
+                          / statistics.mean(math.exp(x) for x in losses),
+        })
+    return rows
+
+
+def verdict(rows):
+    by = {r["input"]: r for r in rows}
+    spread = max(r["ppl_spread"] for r in rows)
+    if "binary" not in by or "learned" not in by:
+        return "no verdict: the comparison needs both the binary and the learned input."
+    if min(r["seeds"] for r in rows) < 2:
+        return "no verdict: a seed-to-seed spread needs at least two seeds per input."
+    b, l = by["binary"]["perplexity"][0], by["learned"]["perplexity"][0]
+    gap = (b - l) / l
+    inside = abs(gap) <= spread
+    return (f"binary vs learned: mean perplexity {b:.3f} vs {l:.3f}, a gap of {100 * gap:+.2f}%; seed-to-seed spread "
+            f"{100 * spread:.2f}%: the gap is {'INSIDE' if inside else 'OUTSIDE'} the spread "
+            f"(the paper: 2.36 vs 2.44, -3.3%, inside its 4.8% spread).")
+
+
+def table(rows):
+    pm = lambda ms, f: f"{ms[0]:{f}} ± {ms[1]:{f}}"  # noqa: E731
+    lines = ["| input | seeds | trainable params | input-interface params | frozen stored values | val loss "
+             "| perplexity | bits/byte | tokens/s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['input']} | {r['seeds']} | {r['trainable']:,} | {r['input_params']:,} | {r['frozen']:,} "
+                     f"| {pm(r['val_loss'], '.4f')} | {pm(r['perplexity'], '.3f')} | {pm(r['bits_per_byte'], '.4f')} "
+                     f"| {pm(r['tokens_per_s'], ',.0f')} |")
+    return "\n".join(lines)
+
+
+def plot(runs, path):
+    """Validation loss against tokens seen: the mean over seeds per input, with a min-max band."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed (pip install matplotlib): table only, no plot")
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for variant in dict.fromkeys(r["variant"] for r in runs):
+        curves = [r["curve"] for r in runs if r["variant"] == variant]
+        n = min(len(c) for c in curves)
+        tokens = [curves[0][i][0] for i in range(n)]
+        losses = [[c[i][1] for c in curves] for i in range(n)]  # (points, seeds)
+        line, = ax.plot(tokens, [statistics.mean(ls) for ls in losses], label=f"{variant} ({len(curves)} seeds)")
+        ax.fill_between(tokens, [min(ls) for ls in losses], [max(ls) for ls in losses], color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("training tokens seen")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("learned input table vs fixed binary code vs affine code")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])
+    p.add_argument("--corpus", nargs="+", default=None,
+                   help="text to prepare (files, folders, 'shakespeare'); default: Jane Austen where this checkout's "
+                        "../shared/data has it, else shakespeare")
+    p.add_argument("--data", default=None, help="prepared shards to use (default: <out>/data, prepared on first run)")
+    p.add_argument("--encoding", default="gpt2", help="tiktoken encoding (default gpt2)")
+    p.add_argument("--vocab_size", type=int, default=8192, help="cut the encoding to this many tokens (default 8192: K = 13 bits)")
+    p.add_argument("--out", default="runs/compare", help="folder of the runs, the table and the plot (default runs/compare)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated inputs to compare (default all three)")
+    p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
+    for name, value in DEFAULTS.items():
+        p.add_argument(f"--{name}", type=type(value), default=None, help=f"(default {value}; --quick: {QUICK.get(name, value)})")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps (default auto)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each model")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    for name, value in {**DEFAULTS, **(QUICK if args.quick else {})}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    variants = args.variants.split(",")
+    if unknown := set(variants) - set(VARIANTS):
+        raise SystemExit(f"error: unknown input(s) {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
+    args.data = args.data or os.path.join(args.out, "data")
+    if not os.path.exists(os.path.join(args.data, "meta.json")):
+        corpus = args.corpus or ([OFFLINE_AUSTEN] if os.path.exists(OFFLINE_AUSTEN) else ["shakespeare"])
+        print(f"preparing {corpus} with {args.encoding} cut to {args.vocab_size} tokens into {args.data}")
+        prepare(corpus, args.data, encoding=args.encoding, vocab_size=args.vocab_size)
+    meta = load_meta(args.data)
+
+    runs = [run_one(args, meta, v, seed) for seed in range(args.seeds) for v in variants]
+    rows = summarize(runs, meta)
+    cfg = get_config(args.preset, vocab_size=meta["vocab_size"], n_layer=args.n_layer, n_head=args.n_head,
+                     n_embd=args.n_embd, block_size=args.block_size)
+    header = (f"{len(variants)} inputs x {args.seeds} seeds, {args.steps} steps of {args.batch_size} x {args.block_size} "
+              f"tokens; {cfg.n_layer} layers x {cfg.n_embd}, {cfg.n_head} heads, vocab {cfg.vocab_size} "
+              f"(K = {cfg.code_bits} bits); data {args.data} ({meta['encoding']}, "
+              f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)")
+    report = f"{header}\n\n{table(rows)}\n\n{verdict(rows)}\n"
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(report)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"rows": rows, "runs": runs}, f, indent=1)
+    png = plot(runs, os.path.join(args.out, "val_loss.png"))
+    print("\n" + report + (f"plot: {png}\n" if png else ""))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Smoke test of compare.py: a tiny comparison end to end, its table, its verdict and its plot."""
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+import compare
+from prepare_data import prepare
+
+SHAKESPEARE = Path(__file__).resolve().parent.parent / "shared" / "data" / "tinyshakespeare.txt"
+COLUMNS = ["input", "seeds", "trainable params", "input-interface params", "frozen stored values", "val loss",
+           "perplexity", "bits/byte", "tokens/s"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Shards prepared once for every test (compare.py would prepare them itself from --corpus)."""
+    folder = tmp_path_factory.mktemp("corpus")
+    text = folder / "text.txt"
+    if SHAKESPEARE.is_file():
+        text.write_text(SHAKESPEARE.read_text()[:60_000])
+    else:
+        text.write_text("\n".join(f"line {i}: the quick brown fox {i % 7} jumps over {i % 11} dogs" for i in range(2000)))
+    prepare([str(text)], str(folder / "data"), vocab_size=512, workers=1, progress=False)
+    return str(folder / "data")
+
+
+def run(data, out, variants="learned,binary", seeds=1):
+    return compare.main(["--data", data, "--out", str(out), "--variants", variants,
+                         "--preset", "tiny", "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--block_size", "32",
+                         "--batch_size", "4", "--steps", "4", "--evals", "2", "--eval_batches", "2",
+                         "--seeds", str(seeds), "--device", "cpu"])
+
+
+def test_tiny_comparison(data, tmp_path, capsys):
+    rows = run(data, tmp_path)
+    assert [r["input"] for r in rows] == ["learned", "binary"]
+    learned, binary = rows
+    assert binary["trainable"] + 512 * 32 == learned["trainable"]  # the table: V x n_embd
+    assert (learned["input_params"], binary["input_params"]) == (512 * 32, 0)
+    assert (learned["frozen"], binary["frozen"]) == (0, 512 * 9)  # K = 9 bits for V = 512
+    for r in rows:
+        loss, ppl, bpb = r["val_loss"][0], r["perplexity"][0], r["bits_per_byte"][0]
+        assert r["seeds"] == 1 and 0 < loss < math.log(512) + 1
+        assert ppl == pytest.approx(math.exp(loss)) and bpb > 0
+        assert r["val_loss"][1] == 0.0 and r["tokens_per_s"][0] > 0
+
+    report = (tmp_path / "results.md").read_text()
+    header, divider, *lines = [l for l in report.splitlines() if l.startswith("|")]
+    assert [c.strip() for c in header.strip("|").split("|")] == COLUMNS
+    assert len(lines) == 2 and all(l.count("|") == len(COLUMNS) + 1 for l in lines)
+    assert "no verdict: a seed-to-seed spread needs at least two seeds" in report
+    assert json.loads((tmp_path / "results.json").read_text())["rows"][0]["input"] == "learned"
+    if _has_matplotlib():
+        assert (tmp_path / "val_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| binary | 1 |" in capsys.readouterr().out
+
+
+def test_finished_runs_are_kept_and_a_verdict_needs_two_seeds(data, tmp_path):
+    first = run(data, tmp_path, seeds=2)
+    mtime = os.path.getmtime(tmp_path / "binary-seed0" / "final.json")
+    again = run(data, tmp_path, seeds=2)  # nothing retrained: same numbers, files untouched
+    assert again == first and os.path.getmtime(tmp_path / "binary-seed0" / "final.json") == mtime
+    report = (tmp_path / "results.md").read_text()
+    assert "binary vs learned: mean perplexity" in report
+    assert ("INSIDE" in report) != ("OUTSIDE" in report)
+
+
+def test_unknown_variant_is_refused(data, tmp_path):
+    with pytest.raises(SystemExit, match="unknown input"):
+        run(data, tmp_path, variants="binary,onehot")
+
+
+def _has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
