@@ -21,7 +21,6 @@ for tiktoken-native checkpoints). transformers is not needed here.
 """
 
 import argparse
-import functools
 import json
 import os
 import re
@@ -31,6 +30,7 @@ import sys
 import torch
 
 from model import GPT, GPTConfig, binary_code, checkpoint_dict, code_bits, load_checkpoint
+from prepare_data import get_tokenizer
 
 
 class ConversionError(ValueError):
@@ -509,24 +509,6 @@ def tiktoken_to_hf(enc):
     return tk
 
 
-def get_tiktoken(entry):
-    return _tiktoken(entry.get("encoding", "gpt2"), entry.get("vocab_size"))
-
-
-@functools.lru_cache(maxsize=4)
-def _tiktoken(encoding, vocab_size):
-    try:
-        from prepare_data import get_tokenizer
-    except ImportError:  # prepare_data.py is optional here: a full encoding needs only tiktoken
-        import tiktoken
-
-        enc = tiktoken.get_encoding(encoding)
-        if vocab_size not in (None, enc.n_vocab):
-            raise ConversionError("a cut tiktoken vocabulary needs prepare_data.get_tokenizer") from None
-        return enc
-    return get_tokenizer(encoding, vocab_size)
-
-
 def _token_id(tk, names):
     return next((tk.token_to_id(n) for n in names if tk.token_to_id(n) is not None), None)
 
@@ -538,7 +520,7 @@ def export_tokenizer(ckpt, ckpt_dir, out_dir, block_size):
         print("warning: the checkpoint names no tokenizer; none exported", file=sys.stderr)
         return None, None
     if entry.get("kind") == "tiktoken":
-        tiktoken_to_hf(get_tiktoken(entry)).save(os.path.join(out_dir, "tokenizer.json"))
+        tiktoken_to_hf(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size"))).save(os.path.join(out_dir, "tokenizer.json"))
         src_cfg = {}
     elif entry.get("kind") == "hf":
         src = os.path.join(ckpt_dir, entry.get("file", "tokenizer.json"))

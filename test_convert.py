@@ -14,6 +14,7 @@ import torch
 
 import convert
 from model import GPT, checkpoint_dict, code_bits, get_config
+from prepare_data import get_tokenizer
 
 SHAKESPEARE = """First Citizen:
 Before we proceed any further, hear me speak.
@@ -233,18 +234,9 @@ def test_transformers_matches(tmp_path, input, bias):
     assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == 511
 
 
-def _tiktoken(vocab_size):
-    import tiktoken
-
-    if vocab_size is None:
-        return tiktoken.get_encoding("gpt2")
-    prepare_data = pytest.importorskip("prepare_data")
-    return prepare_data.get_tokenizer("gpt2", vocab_size)
-
-
 @pytest.mark.parametrize("vocab_size", [None, 1000])
 def test_tokenizer_matches_tiktoken(tmp_path, vocab_size):
-    enc = _tiktoken(vocab_size)
+    enc = get_tokenizer("gpt2", vocab_size)
     tk = convert.tiktoken_to_hf(enc)
     texts = [SHAKESPEARE, SHAKESPEARE.upper(), "  leading spaces", "a\n\n\nb", "x" * 300, "1234567890 3.14159", ""]
     for text in texts:
