@@ -31,12 +31,10 @@ import numpy as np
 import torch
 
 from model import GPT, GPTConfig, get_config, load_checkpoint
-from prepare_data import load_meta, prepare
+from prepare_data import default_prose, load_meta, prepare
 from train import Split, TrainConfig, pick_device, train
 
 VARIANTS = ("learned", "binary", "affine")
-HERE = os.path.dirname(os.path.abspath(__file__))
-OFFLINE_AUSTEN = os.path.join(HERE, "..", "shared", "data", "janeausten.txt")
 # CPU-sized defaults: a 4 x 128 decoder, context 128; --quick shortens the run and drops a seed
 DEFAULTS = dict(preset="small", n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=16, steps=600,
                 lr=2e-3, seeds=3, evals=10, eval_batches=8)
@@ -213,7 +211,7 @@ def main(argv=None):
         raise SystemExit(f"error: unknown input(s) {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
     args.data = args.data or os.path.join(args.out, "data")
     if not os.path.exists(os.path.join(args.data, "meta.json")):
-        corpus = args.corpus or ([OFFLINE_AUSTEN] if os.path.exists(OFFLINE_AUSTEN) else ["shakespeare"])
+        corpus = args.corpus or [default_prose()]
         print(f"preparing {corpus} with {args.encoding} cut to {args.vocab_size} tokens into {args.data}")
         prepare(corpus, args.data, encoding=args.encoding, vocab_size=args.vocab_size)
     meta = load_meta(args.data)

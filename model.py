@@ -307,8 +307,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits, loss). With a cache (generation), only the last position's
         logits are computed, shape (B, 1, V); otherwise (B, T, V)."""
-        B, T = idx.shape
-        V = self.config.vocab_size
+        T, V = idx.shape[1], self.config.vocab_size
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         if not torch.compiler.is_compiling():  # a bad id would otherwise fail deep inside an index op

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse, glob, json, math, os, random, re, struct, sys, time, urllib.request
 from collections import deque
+from functools import lru_cache
 from itertools import chain, islice
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -49,6 +50,8 @@ SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/da
 HUB = {"fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),
        "cosmopedia": ("HuggingFaceTB/cosmopedia", "web_samples_v2")}
 EXTS = (".txt", ".jsonl", ".parquet")
+# machines without internet keep the corpora beside the checkout (see the project's README)
+OFFLINE_AUSTEN = Path(__file__).resolve().parent.parent / "shared" / "data" / "janeausten.txt"
 
 
 class ShardError(ValueError):
@@ -56,6 +59,7 @@ class ShardError(ValueError):
 
 
 # ---------------------------------------------------------------- tokenizer
+@lru_cache(maxsize=8)  # building a cut encoding takes ~0.2 s; forked pool workers inherit the cache
 def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None) -> tiktoken.Encoding:
     """A tiktoken encoding, optionally cut to its first `vocab_size` - 1 merge ranks + EOT."""
     if encoding not in tiktoken.list_encoding_names():
@@ -189,6 +193,12 @@ def resolve_inputs(inputs: list[str], cache_dir: str) -> list[str]:
         else:
             raise ValueError(f"{arg}: no such file or folder (named inputs: shakespeare, {', '.join(HUB)}, hf:REPO[:CONFIG])")
     return out
+
+
+def default_prose() -> str:
+    """The prose corpus of compare.py and bench.py: Jane Austen where it lies offline beside the
+    checkout, else tiny Shakespeare (downloaded on first use)."""
+    return str(OFFLINE_AUSTEN) if OFFLINE_AUSTEN.is_file() else "shakespeare"
 
 
 def download(url: str, path: Path) -> str:

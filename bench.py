@@ -1,0 +1,351 @@
+"""
+Benchmark training, sampling and data preparation of the binary-code GPT, and check four targets.
+
+    python bench.py                      # CPU: ~3 min; prints one table
+    python bench.py --json               # the same numbers as JSON
+    python bench.py --sections=train --repeats=5 --steps=8
+
+Design choices, up front:
+- Training is timed through train.py's own loop (train.train), not a copy of it: a small random-token
+  dataset (prepare_data.write_shard + meta.json) is written once to a temp dir, each input variant runs
+  warmup+steps optimizer steps with evaluation and periodic saves off, and the per-step `dt` of
+  out_dir/log.jsonl is read back; warm-up steps are dropped. The final checkpoint train() writes is
+  outside the timed steps. Variants are interleaved over `repeats` rounds (binary, affine, learned,
+  binary, ...) so machine noise hits all of them alike; each figure is the median of all kept steps.
+- MFU = model.flops_per_token(block) * tokens/s / rate, against (a) the dense matmul rate this bench
+  measures (a square matmul in the training dtype, timed in every round, median) and (b) the datasheet peak
+  (train.PEAK_FLOPS on CUDA; no datasheet figure on a CPU: "-").
+- Defaults per device: CPU, the 'small' preset at block 128, batch 8, float32; CUDA, the 'paper' preset
+  at block 1024, batch 8, bf16 autocast and torch.compile (train.py's own settings), one train() call per
+  variant (each compiles afresh) with more timed steps advised (--steps=20).
+- Sampling: one model (random weights, 'small' preset; its output head is scaled up so greedy choices
+  are not near-ties that float rounding could flip) decoded greedily three ways, interleaved: the KV
+  cache (model.generate), recomputing the whole context each step (the same forward without a cache),
+  and transformers' generate(do_sample=False, use_cache=True) on convert.py's stock GPT-NeoX export of
+  the same weights. Token equality with the KV-cache output is asserted for the recompute path (the
+  same code) and reported for HF (another implementation).
+- Data preparation: prepare_data.prepare on `prep_copies` concatenated copies of a corpus, with one
+  worker (no pool) and with all cores. How much `cores` processes can give on this machine at all is
+  measured in every round too: a pure-Python loop and a tiktoken encode, 1 vs `cores` processes at once.
+- Targets are ratios measured in the same run; each prints PASS or MISS (or "not measured").
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+import typing
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+import torch
+
+import model as M
+import prepare_data as P
+import train as T
+
+VARIANTS = ("binary", "affine", "learned")
+
+
+@dataclass
+class BenchConfig:
+    device: str = "auto"  # auto | cpu | cuda
+    sections: str = "train,sample,prep"  # which sections to run
+    repeats: int = 5  # interleaved rounds (training: train() calls per variant; sampling, prep: timings)
+    # training
+    preset: str | None = None  # default: small (CPU), paper (CUDA)
+    block_size: int | None = None  # default: 128 (CPU), 1024 (CUDA)
+    batch_size: int | None = None  # default: 8
+    train_repeats: int | None = None  # train() calls per variant; default: repeats (CPU), 1 (CUDA: compiles)
+    steps: int = 6  # timed optimizer steps per train() call
+    warmup: int = 2  # optimizer steps dropped before them
+    compile: bool | None = None  # default: on for CUDA
+    matmul_n: int | None = None  # side of the square matmul; default 1024 (CPU), 8192 (CUDA)
+    # sampling
+    sample_preset: str = "small"
+    prompt_len: int = 16
+    new_tokens: int = 64
+    sample_batches: str = "1,8"
+    # data preparation
+    corpus: str | None = None  # default: prepare_data.default_prose()
+    prep_copies: int = 8
+    workers: int | None = None  # default: os.cpu_count()
+    json: bool = False
+
+
+def median_time(fn, repeats, sync=lambda: None):
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_rate(device, dtype, n, repeats=5):
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    a @ b  # warm-up
+    return 2 * n**3 / median_time(lambda: a @ b, repeats, sync)
+
+
+# ----------------------------------------------------------------------------- training
+def write_random_data(folder, vocab_size, tokens=200_000, seed=0):
+    rng = np.random.default_rng(seed)
+    splits = {}
+    for split, n in (("train", tokens), ("val", tokens // 10)):
+        name = f"{split}_000000.bin"
+        P.write_shard(os.path.join(folder, name), rng.integers(0, vocab_size - 1, n).astype(np.uint16 if vocab_size <= 65536 else np.uint32))
+        splits[split] = {"shards": [name], "tokens": n, "bytes": 0, "documents": 1}
+    meta = {"version": P.VERSION, "encoding": "gpt2", "vocab_size": vocab_size, "eot_token": vocab_size - 1,
+            "dtype": "uint16" if vocab_size <= 65536 else "uint32", "splits": splits}
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump(meta, f)
+
+
+def bench_train(cfg, device, tmp):
+    cuda = device.type == "cuda"
+    preset = cfg.preset or ("paper" if cuda else "small")
+    block = cfg.block_size or (1024 if cuda else 128)
+    batch = cfg.batch_size or 8
+    compile_ = cuda if cfg.compile is None else cfg.compile
+    vocab = M.PRESETS[preset].vocab_size
+    data = os.path.join(tmp, "data")
+    os.makedirs(data)
+    write_random_data(data, vocab)
+    dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+    dts, rates = {v: [] for v in VARIANTS}, []
+    for r in range(cfg.train_repeats or (1 if cuda else cfg.repeats)):
+        rates.append(matmul_rate(device, dtype, cfg.matmul_n or (8192 if cuda else 2048)))  # interleaved too
+        for v in VARIANTS:  # interleaved: every round runs each variant once
+            out = os.path.join(tmp, f"train_{v}")
+            tc = T.TrainConfig(data_dir=data, out_dir=out, preset=preset, block_size=block, input=v, batch_size=batch,
+                               max_steps=cfg.warmup + cfg.steps, warmup_steps=1, eval_interval=0, save_interval=0,
+                               log_interval=10**9, device=str(device), compile=compile_, seed=1337 + r)
+            with contextlib.redirect_stdout(io.StringIO()):
+                T.train(tc)
+            with open(os.path.join(out, "log.jsonl")) as f:
+                steps = [e for e in map(json.loads, f) if e["event"] == "train"]
+            dts[v] += [e["dt"] for e in steps[cfg.warmup:]]
+    rate = statistics.median(rates)
+    peak = T.peak_flops(T.TrainConfig(), device)
+    with torch.device("meta"):
+        flops = M.GPT(M.get_config(preset, block_size=block)).flops_per_token(block)
+    rows = {}
+    for v in VARIANTS:
+        tok_s = batch * block / statistics.median(dts[v])
+        rows[v] = {"tokens_per_s": tok_s, "mfu_measured": flops * tok_s / rate,
+                   "mfu_peak": flops * tok_s / peak if peak else None, "steps_timed": len(dts[v])}
+    return {"preset": preset, "block_size": block, "batch_size": batch, "dtype": str(dtype).removeprefix("torch."),
+            "compile": compile_, "matmul_flops": rate, "peak_flops": peak, "flops_per_token": flops, "variants": rows}
+
+
+# ----------------------------------------------------------------------------- sampling
+def recompute_generate(model, idx, new_tokens):
+    """Greedy decoding without a cache: the whole (cropped) context goes through the model each step."""
+    for _ in range(new_tokens):
+        logits, _ = model(idx[:, -model.config.block_size:])
+        idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return idx
+
+
+def bench_sample(cfg, device, tmp):
+    from transformers import GPTNeoXForCausalLM
+
+    from convert import convert_native_to_hf
+
+    torch.manual_seed(0)
+    model = M.GPT(M.get_config(cfg.sample_preset)).to(device).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50)  # peaked logits: greedy picks are far from ties
+    ckpt = os.path.join(tmp, "sample.pt")
+    vocab = model.config.vocab_size
+    torch.save(M.checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": vocab}), ckpt)
+    convert_native_to_hf(ckpt, os.path.join(tmp, "hf"))
+    hf = GPTNeoXForCausalLM.from_pretrained(os.path.join(tmp, "hf"), dtype=torch.float32).to(device).eval()
+    hf.generation_config.eos_token_id = None  # run the full length, as the native paths do
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rows = {}
+    for B in (int(b) for b in cfg.sample_batches.split(",")):
+        prompt = torch.randint(0, vocab, (B, cfg.prompt_len), generator=torch.Generator().manual_seed(B)).to(device)
+        ways = {"kv_cache": lambda: model.generate(prompt, cfg.new_tokens, temperature=0),
+                "recompute": lambda: recompute_generate(model, prompt, cfg.new_tokens),
+                "hf_generate": lambda: hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                                   use_cache=True, max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens,
+                                                   pad_token_id=0)}
+        outs, times = {}, {k: [] for k in ways}
+        with torch.no_grad():
+            for k, fn in ways.items():
+                outs[k] = fn()  # warm-up, and the tokens compared
+            for _ in range(cfg.repeats):  # interleaved
+                for k, fn in ways.items():
+                    times[k].append(median_time(fn, 1, sync))
+        assert torch.equal(outs["recompute"], outs["kv_cache"]), "KV-cache and recompute greedy tokens differ"
+        rows[B] = {k: B * cfg.new_tokens / statistics.median(t) for k, t in times.items()}
+        rows[B]["same_tokens_recompute"] = bool(torch.equal(outs["recompute"], outs["kv_cache"]))
+        rows[B]["same_tokens_hf"] = bool(torch.equal(outs["hf_generate"].cpu(), outs["kv_cache"].cpu()))
+    return {"preset": cfg.sample_preset, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens, "batches": rows}
+
+
+# ----------------------------------------------------------------------------- data preparation
+def _python_work(n):
+    t0 = time.perf_counter()
+    s = 0
+    for i in range(n):
+        s += i * i
+    return time.perf_counter() - t0
+
+
+def _tiktoken_work(text):
+    enc = P.get_tokenizer("gpt2")
+    enc.encode_ordinary(text[:10_000])  # build the regex and caches before timing
+    t0 = time.perf_counter()
+    enc.encode_ordinary(text)
+    return time.perf_counter() - t0
+
+
+def parallel_scaling(work, arg, procs):
+    """Throughput of `procs` processes running work(arg) at once, relative to one: procs * t1 / t_procs."""
+    with mp.Pool(procs) as pool:
+        one = pool.apply(work, (arg,))
+        many = pool.map(work, [arg] * procs)
+    return procs * one / max(many)
+
+
+def bench_prep(cfg, tmp):
+    workers = cfg.workers or os.cpu_count() or 1
+    source = P.resolve_inputs([cfg.corpus or P.default_prose()], "data")[0]
+    with open(source, encoding="utf-8") as f:
+        text = f.read()
+    corpus = os.path.join(tmp, "corpus.txt")
+    with open(corpus, "w", encoding="utf-8") as f:
+        for _ in range(cfg.prep_copies):
+            f.write(text)
+    mb = os.path.getsize(corpus) / 1e6
+    times, py, tk = {1: [], workers: []}, [], []
+    for _ in range(cfg.repeats):  # interleaved: prep 1 worker, prep all, then what the machine gives now
+        for w in times:
+            t0 = time.perf_counter()
+            P.prepare([corpus], os.path.join(tmp, f"prep{w}"), vocab_size=8192, workers=w, overwrite=True, progress=False)
+            times[w].append(time.perf_counter() - t0)
+        py.append(parallel_scaling(_python_work, 3_000_000, workers))
+        tk.append(parallel_scaling(_tiktoken_work, text[:1_000_000], workers))
+    one, many = (mb / statistics.median(times[w]) for w in (1, workers))
+    return {"mb": mb, "workers": workers, "mb_s_1": one, "mb_s_all": many,
+            "python_scaling": statistics.median(py), "tiktoken_scaling": statistics.median(tk)}
+
+
+# ----------------------------------------------------------------------------- report
+def run(cfg: BenchConfig) -> dict:
+    """Run the chosen sections; returns {"device", "train", "sample", "prep", "targets"} (absent sections: None)."""
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if cfg.device == "auto" else cfg.device)
+    sections = set(cfg.sections.split(","))
+    res = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
+           "config": asdict(cfg), "train": None, "sample": None, "prep": None, "load_before": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory() as tmp:
+        if "train" in sections:
+            res["train"] = bench_train(cfg, device, tmp)
+        if "sample" in sections:
+            res["sample"] = bench_sample(cfg, device, tmp)
+        if "prep" in sections:
+            res["prep"] = bench_prep(cfg, tmp)
+    res["load_after"] = os.getloadavg()[0]  # 1-minute load average: > cores means other jobs competed
+    tr, sa, pr = res["train"], res["sample"], res["prep"]
+    targets = []
+
+    def target(name, value, goal, measured=True):
+        targets.append({"target": name, "ratio": value if measured else None, "goal": goal,
+                        "verdict": "not measured" if not measured else "PASS" if value >= goal else "MISS"})
+
+    if tr and device.type == "cpu":
+        v = tr["variants"]
+        target("binary / learned training tokens/s (CPU)", v["binary"]["tokens_per_s"] / v["learned"]["tokens_per_s"], 1.0)
+    if sa and 1 in sa["batches"]:
+        b = sa["batches"][1]
+        target("KV-cache / HF generate tokens/s, batch 1", b["kv_cache"] / b["hf_generate"], 1.5)
+    if pr:
+        target(f"prep all cores / ({pr['workers']} x one worker) MB/s", pr["mb_s_all"] / (pr["workers"] * pr["mb_s_1"]), 0.8)
+    h200 = tr is not None and "H200" in res["device"] and tr["preset"] == "paper"
+    target("paper preset MFU vs measured bf16 matmul (H200)", tr["variants"]["binary"]["mfu_measured"] if h200 else None, 0.5, h200)
+    res["targets"] = targets
+    return res
+
+
+def fmt(x, spec=",.0f"):
+    return "-" if x is None else format(x, spec)
+
+
+def table(res) -> str:
+    lines = [f"device: {res['device']}; 1-min load average {res['load_before']:.2f} before, {res['load_after']:.2f} after", ""]
+    tr, sa, pr = res["train"], res["sample"], res["prep"]
+    if tr:
+        lines += [f"training: preset {tr['preset']}, block {tr['block_size']}, batch {tr['batch_size']}, {tr['dtype']}, "
+                  f"compile {tr['compile']}; measured matmul {tr['matmul_flops'] / 1e9:,.1f} GFLOP/s, "
+                  f"datasheet peak {fmt(tr['peak_flops'] and tr['peak_flops'] / 1e12, ',.0f')} TFLOP/s",
+                  "| input | tokens/s | MFU (measured matmul) | MFU (datasheet) | steps timed |", "|---|---:|---:|---:|---:|"]
+        for v, r in tr["variants"].items():
+            lines.append(f"| {v} | {r['tokens_per_s']:,.0f} | {100 * r['mfu_measured']:.1f}% | "
+                         f"{fmt(r['mfu_peak'] and 100 * r['mfu_peak'], '.1f')}{'%' if r['mfu_peak'] else ''} | {r['steps_timed']} |")
+        lines.append("")
+    if sa:
+        lines += [f"sampling: preset {sa['preset']}, prompt {sa['prompt_len']}, {sa['new_tokens']} new tokens, greedy",
+                  "| batch | KV cache tok/s | recompute tok/s | HF generate tok/s | KV/recompute | KV/HF | same tokens (recompute, HF) |",
+                  "|---:|---:|---:|---:|---:|---:|---|"]
+        for B, r in sa["batches"].items():
+            lines.append(f"| {B} | {r['kv_cache']:,.0f} | {r['recompute']:,.0f} | {r['hf_generate']:,.0f} | "
+                         f"{r['kv_cache'] / r['recompute']:.2f}x | {r['kv_cache'] / r['hf_generate']:.2f}x | "
+                         f"{r['same_tokens_recompute']}, {r['same_tokens_hf']} |")
+        lines.append("")
+    if pr:
+        lines += [f"data preparation: {pr['mb']:.1f} MB corpus, vocab 8192",
+                  f"| 1 worker MB/s | {pr['workers']} workers MB/s | speed-up | machine: pure-Python speed-up | machine: tiktoken speed-up | prep / pure-Python speed-up |",
+                  "|---:|---:|---:|---:|---:|---:|",
+                  f"| {pr['mb_s_1']:.2f} | {pr['mb_s_all']:.2f} | {pr['mb_s_all'] / pr['mb_s_1']:.2f}x | "
+                  f"{pr['python_scaling']:.2f}x | {pr['tiktoken_scaling']:.2f}x | {pr['mb_s_all'] / pr['mb_s_1'] / pr['python_scaling']:.2f} |", ""]
+    lines += ["| target | ratio | goal | verdict |", "|---|---:|---:|---|"]
+    for t in res["targets"]:
+        lines.append(f"| {t['target']} | {fmt(t['ratio'], '.2f')} | >= {t['goal']} | {t['verdict']} |")
+    return "\n".join(lines)
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0], epilog="Design choices: the module docstring.")
+    helps = {"device": "auto | cpu | cuda", "sections": "comma-separated: train,sample,prep",
+             "repeats": "interleaved rounds of every timing", "preset": "training preset (default: small on CPU, paper on CUDA)",
+             "block_size": "training sequence length (default: 128 CPU, 1024 CUDA)", "batch_size": "sequences per step (default 8)",
+             "steps": "timed optimizer steps per train() call",
+             "train_repeats": "train() calls per variant (default: --repeats on CPU, 1 on CUDA)", "warmup": "optimizer steps dropped before them",
+             "compile": "torch.compile in training (default: on CUDA only)", "matmul_n": "side of the measured square matmul (default: 2048 CPU, 8192 CUDA)",
+             "sample_preset": "model preset for sampling", "prompt_len": "prompt tokens", "new_tokens": "tokens generated",
+             "sample_batches": "comma-separated batch sizes", "corpus": "text file for data preparation (default: Jane Austen offline, else tiny Shakespeare)",
+             "prep_copies": "copies of the corpus concatenated", "workers": "prep workers for 'all cores' (default: cpu count)",
+             "json": "print JSON instead of the table"}
+    for f in fields(BenchConfig):
+        kind = next(t for t in typing.get_args(f.type) or (f.type,) if t is not type(None))
+        kind = T.parse_bool if kind is bool else kind
+        if f.name == "json":
+            p.add_argument("--json", action="store_true", help=helps[f.name])
+        else:
+            default = "" if f.default is None else f" (default: {f.default})"
+            p.add_argument(f"--{f.name}", type=kind, default=f.default, help=helps[f.name] + default)
+    return p
+
+
+def main(argv=None) -> int:
+    cfg = BenchConfig(**vars(build_parser().parse_args(argv)))
+    res = run(cfg)
+    print(json.dumps(res, indent=2) if cfg.json else table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
