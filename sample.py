@@ -19,10 +19,11 @@ import sys
 
 import torch
 
+from convert import EOS_CANDIDATES
 from model import load_checkpoint
+from prepare_data import get_tokenizer
 
 DEFAULT_PROMPT = "Question: What is the capital of France?\nAnswer:"
-EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]
 
 
 class TiktokenText:
@@ -88,12 +89,6 @@ def load_text_codec(ckpt, ckpt_path):
     if not entry:
         raise SystemExit(f"{ckpt_path} names no tokenizer: cannot turn text into tokens")
     if entry.get("kind") == "tiktoken":
-        try:
-            from prepare_data import get_tokenizer
-        except ImportError:  # a full encoding needs only tiktoken
-            import tiktoken
-
-            get_tokenizer = lambda encoding="gpt2", vocab_size=None: tiktoken.get_encoding(encoding)  # noqa: E731
         return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size")))
     if entry.get("kind") == "hf":
         folder = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
