@@ -384,23 +384,36 @@ class GPT(nn.Module):
         return torch.cat([idx, *new], dim=1)
 
 
-def load_checkpoint(path, device="cpu"):
-    """Read a checkpoint (a .pt file, or a folder holding ckpt.pt) and build its model.
+def read_checkpoint(path, device="cpu"):
+    """The checkpoint dict in a .pt file, or in a folder holding ckpt.pt; a clear error names the file.
 
     A checkpoint is a dict of plain types: "model" (state dict), "model_config" (GPTConfig fields),
-    "tokenizer" (how to decode), plus training state where train.py wrote it. Returns (model, ckpt).
+    "tokenizer" (how to decode), plus training state where train.py wrote it.
     """
     file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
     if not os.path.isfile(file):
-        raise FileNotFoundError(f"no checkpoint at {file}")
-    ckpt = torch.load(file, map_location=device, weights_only=True)
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
-        raise ValueError(f"{file} is not a checkpoint of this project (needs 'model' and 'model_config')")
-    model = GPT(GPTConfig(**ckpt["model_config"])).to(device)
+        raise FileNotFoundError(f"{file}: no checkpoint there")
     try:
-        model.load_state_dict(ckpt["model"])
+        ckpt = torch.load(file, map_location=device, weights_only=True)
+    except Exception as e:
+        raise ValueError(f"{file}: cannot read this checkpoint ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+        raise ValueError(f"{file}: not a checkpoint of this project (needs 'model' and 'model_config')")
+    return ckpt
+
+
+def load_weights(model, state_dict, source):
+    try:
+        model.load_state_dict(state_dict)
     except RuntimeError as e:
-        raise ValueError(f"{file} does not fit its own model_config: {e}") from None
+        raise ValueError(f"{source}: weights of another shape than its model_config: {str(e)[:500]}") from None
+
+
+def load_checkpoint(path, device="cpu"):
+    """Read a checkpoint and build its model: returns (model, ckpt)."""
+    ckpt = read_checkpoint(path, device)
+    model = GPT(GPTConfig(**ckpt["model_config"])).to(device)
+    load_weights(model, ckpt["model"], path)
     return model, ckpt
 
 

@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from model import GPT, GPTConfig, checkpoint_dict, get_config
+from model import GPT, GPTConfig, checkpoint_dict, get_config, load_weights, read_checkpoint
 from prepare_data import ShardError, get_tokenizer, load_meta, read_shard
 
 MODEL_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "input", "layout", "affine_seed",
@@ -257,18 +257,6 @@ def set_rng_state(state, device):
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
 
 
-def read_checkpoint(path):
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no checkpoint there")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"{path}: cannot read this checkpoint ({type(e).__name__}: {str(e)[:200]})") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
-        raise ValueError(f"{path}: not a checkpoint of this project (needs 'model' and 'model_config')")
-    return ckpt
-
-
 def model_config(cfg, meta, ckpt, path):
     """The preset, then the checkpoint's config, then explicit overrides; a clash with a checkpoint is an error."""
     asked = {k: getattr(cfg, k) for k in MODEL_FIELDS if getattr(cfg, k) is not None}
@@ -286,14 +274,6 @@ def model_config(cfg, meta, ckpt, path):
         return replace(GPTConfig(**theirs), **asked)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: bad model_config in checkpoint: {e}") from None
-
-
-def load_weights(model, ckpt, path):
-    state = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in ckpt["model"].items()}
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise ValueError(f"{path}: weights of another shape than its model_config: {str(e)[:500]}") from None
 
 
 class GracefulStop:
@@ -379,7 +359,7 @@ def _train(cfg, rank, world, device, distributed):
     torch.manual_seed(cfg.seed + rank)  # rank 0's init is every rank's (DDP broadcasts it); dropout differs
     raw = GPT(mcfg).to(device)
     if ckpt is not None:
-        load_weights(raw, ckpt, source)
+        load_weights(raw, ckpt["model"], source)
     optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.beta1, cfg.beta2), device.type)
     core = torch.compile(raw) if cfg.compile else raw
     model = DDP(core, device_ids=[device.index] if device.type == "cuda" else None) if distributed else core
