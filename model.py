@@ -78,7 +78,7 @@ class BinaryCodeInput(nn.Module):
         self.register_buffer("lift", lift_index(n_embd, bits, layout), persistent=False)
 
     def forward(self, idx):
-        return self.weight[idx][..., self.lift]  # (B, T) -> (B, T, K) -> (B, T, n_embd)
+        return self.weight[idx].index_select(-1, self.lift)  # (B, T) -> (B, T, K) -> (B, T, n_embd)
 
 
 def gf2_rank(matrix: torch.Tensor) -> int:
@@ -120,7 +120,7 @@ class AffineCodeInput(nn.Module):
         c = binary_code(idx, self.bits)  # (B, T, K)
         # c @ A^T counts the ones each output bit XORs together (exact in float up to 2^24); mod 2 is XOR
         recoded = (c @ self.A.T + self.b) % 2
-        return recoded[..., self.lift]  # (B, T, K) -> (B, T, n_embd)
+        return recoded.index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
 
 
 @dataclass

@@ -131,7 +131,7 @@ def test_two_gloo_processes_equal_gradient_accumulation(data_dir, tmp_path):
     common = dict(max_steps=6, batch_size=4, eval_interval=3, save_interval=0, warmup_steps=2)
     single = train.train(config(data_dir, tmp_path / "one", grad_accum=2, **common))
     args = [f"--{k}={v}" for k, v in vars(config(data_dir, tmp_path / "two", grad_accum=1, **common)).items()
-            if v is not None and not isinstance(v, bool) and k not in ("sample_prompt",)]
+            if v is not None and not isinstance(v, bool)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           str(ROOT / "train.py"), *args], capture_output=True, text=True, env=env, timeout=120)

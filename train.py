@@ -53,7 +53,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import GPT, GPTConfig, checkpoint_dict, get_config, load_weights, read_checkpoint
-from prepare_data import ShardError, get_tokenizer, load_meta, read_shard
+from prepare_data import ShardError, load_meta, read_shard
 
 MODEL_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "input", "layout", "affine_seed",
                 "pad_token_id", "rope_base", "bias", "dropout")
@@ -110,8 +110,6 @@ class TrainConfig:
     peak_flops: float | None = opt(None, "peak FLOP/s of one device for MFU (default: a table of GPUs; none on CPU)")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt (model, optimizer, step, data position, RNG)")
     init_from: str | None = opt(None, "start from this checkpoint's weights (fine-tuning): fresh optimizer, step 0")
-    sample_tokens: int = opt(0, "after training, print a sample of this many tokens (rank 0)")
-    sample_prompt: str = opt("\n", "prompt of that sample")
 
 
 # ----------------------------------------------------------------------------- command line
@@ -506,19 +504,7 @@ def _train(cfg, rank, world, device, distributed):
     if master:
         print(f"done: step {step}, {summary['tokens']:,} tokens, val loss {last_val}, best {best_val}; "
               f"{summary['wall_s']:.0f}s; checkpoint {ckpt_path}")
-        if cfg.sample_tokens > 0:
-            print(sample(raw, meta, cfg, autocast, device))
     return summary
-
-
-@torch.no_grad()
-def sample(model, meta, cfg, autocast, device):
-    enc = get_tokenizer(meta["encoding"], meta["vocab_size"])
-    ids = enc.encode(cfg.sample_prompt, allowed_special="all") or [meta["eot_token"]]
-    model.eval()
-    with autocast:
-        out = model.generate(torch.tensor([ids], device=device), cfg.sample_tokens, temperature=0.8, top_k=200)
-    return enc.decode([t for t in out[0].tolist() if t < enc.n_vocab])
 
 
 def main(argv=None) -> int:
