@@ -33,7 +33,17 @@ Design choices:
 """
 from __future__ import annotations
 
-import argparse, glob, json, math, os, random, re, struct, sys, time, urllib.request
+import argparse
+import glob
+import json
+import math
+import os
+import random
+import re
+import struct
+import sys
+import time
+import urllib.request
 from collections import deque
 from functools import lru_cache
 from itertools import chain, islice
