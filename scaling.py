@@ -1,0 +1,391 @@
+"""
+Where does the fixed code catch up? The learned-vs-binary gap as a function of model size and of
+training tokens, built from compare.py's runs.
+
+    python scaling.py --corpus janeausten.txt --jobs 2   # the default study, ~2 h on 2 CPU cores
+    python scaling.py --quick                            # tiny sizes, a few minutes
+    python scaling.py --gpu --corpus data.txt --device cuda --compile   # one large point, < 10 min on one H200
+
+Design choices, up front:
+- Three questions, one set of runs. (1) Size: at every decoder size, learned vs binary (affine at two
+  sizes) over the same seeds, with the same data, tokenizer, token budget and data order (a seed fixes
+  the init and the order, see compare.py). (2) Tokens: at the smallest size, learned vs binary trained
+  --long_factor times longer, evaluated along the way, so "learns slower" and "ends worse" can be told
+  apart. (3) Fair in parameters? A binary model at the --ablation width given extra layers until it
+  has the learned model's trainable parameter count, against the learned model of the base size.
+- Sizes grow width and depth together (2 x 48 ... 6 x 192), as GPT families do: at V = 8,192 the
+  untied head (V x n_embd) is most of a small model, so width alone would move mostly the head, and
+  depth alone would leave the input's width (the place where the code's 13 bits must be unpacked) fixed.
+- Every run is compare.run_one (train.train + a full validation pass); its folder layout, resume and
+  read-back are compare.py's, one folder per point: <out>/<L>x<D>[-long]/<input>-seed<k>/. Stop and
+  rerun the same command freely: finished runs are read back, interrupted ones resume.
+- The gap of one seed is binary loss - learned loss of that seed (same init stream and data order), in
+  nats per token; its % is the perplexity ratio - 1. The trend is a power law in the binary model's
+  trainable parameters, gap = c * N^-alpha, fitted by least squares on log gap vs log N over the
+  sizes' mean gaps: losses approach their limits as power laws in N (Kaplan et al. 2020), so the
+  difference of two such curves with the same exponent is one too, and unlike a line in log N it can
+  never cross below zero by construction. Its uncertainty comes from resampling the seeds (bootstrap):
+  the 16-84% range of alpha and of the crossing point, where the fitted gap falls to the seed spread
+  (the median over (size, input) of the max-min validation loss across seeds).
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+import compare
+from model import GPT, get_config
+from prepare_data import load_meta, prepare
+
+# the default study: ~2 h on 2 CPU cores with --jobs 2
+DEFAULTS = dict(sizes="2x48,3x80,4x128,6x192", affine_sizes="2x48,4x128", ablation="4x128", long_factor=4,
+                steps=400, seeds=2, evals=8, n_head=4, block_size=128, batch_size=16, lr=2e-3, eval_batches=8,
+                vocab_size=8192)
+QUICK = dict(sizes="1x16,1x32,2x48,2x64", affine_sizes="1x16,2x48", ablation="2x64", long_factor=3,
+             steps=30, evals=3, block_size=64, batch_size=8, eval_batches=4)
+# one large point for a single H200: 12 x 768 learned vs binary, 2 seeds, ~170M tokens each
+GPU = dict(sizes="12x768", affine_sizes="", ablation="none", long_factor=1, steps=2500, seeds=2, evals=10,
+           n_head=12, block_size=1024, batch_size=64, lr=1e-3, eval_batches=20)
+PAPER = {"trainable": 469_828_608, "gap_nats": math.log(2.36 / 2.44), "gap_pct": 2.36 / 2.44 - 1}
+
+
+def parse_sizes(text):
+    """'2x48,4x128' -> [(2, 48), (4, 128)]: n_layer x n_embd."""
+    try:
+        return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"error: sizes must look like 2x48,4x128 (n_layer x n_embd), got {text!r}") from None
+
+
+def trainable(n_layer, n_embd, variant, args, vocab_size):
+    with torch.device("meta"):
+        cfg = get_config("small", vocab_size=vocab_size, n_layer=n_layer, n_head=args.n_head, n_embd=n_embd,
+                         block_size=args.block_size, input=variant)
+        return GPT(cfg).num_params()["trainable"]
+
+
+def ablation_depth(n_layer, n_embd, args, vocab_size):
+    """The depth at which a binary model of this width has (closest to) the learned model's trainable count."""
+    target = trainable(n_layer, n_embd, "learned", args, vocab_size)
+    depth = n_layer
+    while trainable(depth + 1, n_embd, "binary", args, vocab_size) <= target:
+        depth += 1
+    below, above = trainable(depth, n_embd, "binary", args, vocab_size), trainable(depth + 1, n_embd, "binary", args, vocab_size)
+    return depth if target - below <= above - target else depth + 1
+
+
+def plan(args, vocab_size):
+    """Every (point, variant, seed) to run, most informative first: the size axis, the ablation, the
+    affine sizes, the long runs. A point is (name, n_layer, n_embd, steps, evals)."""
+    sizes, jobs = parse_sizes(args.sizes), []
+    point = lambda L, D, suffix="", factor=1: (f"{L}x{D}{suffix}", L, D, args.steps * factor, args.evals * factor)  # noqa: E731
+    for L, D in sizes:
+        jobs += [(point(L, D), v, s) for s in range(args.seeds) for v in ("learned", "binary")]
+    if args.ablation != "none":
+        (L, D), = parse_sizes(args.ablation)
+        if (L, D) not in sizes:
+            jobs += [(point(L, D), "learned", s) for s in range(args.seeds)]
+        jobs += [(point(ablation_depth(L, D, args, vocab_size), D), "binary", s) for s in range(args.seeds)]
+    jobs += [(point(L, D), "affine", s) for L, D in parse_sizes(args.affine_sizes) for s in range(args.seeds)]
+    if args.long_factor > 1:
+        L, D = sizes[0]
+        jobs += [(point(L, D, "-long", args.long_factor), v, s) for s in range(args.seeds) for v in ("learned", "binary")]
+    return list(dict.fromkeys(jobs))
+
+
+def run_args(args, point):
+    name, L, D, steps, evals = point
+    return SimpleNamespace(out=os.path.join(args.out, name), data=args.data, preset="small", device=args.device,
+                           n_layer=L, n_head=args.n_head, n_embd=D, block_size=args.block_size,
+                           batch_size=args.batch_size, steps=steps, lr=args.lr, evals=evals,
+                           eval_batches=args.eval_batches, compile=args.compile)
+
+
+def _worker_init(threads):
+    torch.set_num_threads(threads)
+
+
+def _run(job):
+    """One run in a worker process; None when it was stopped (Ctrl-C), so the sweep can say so."""
+    point, variant, seed, args = job
+    try:
+        return point[0], compare.run_one(run_args(args, point), load_meta(args.data), variant, seed)
+    except SystemExit as e:
+        print(e)
+        return None
+
+
+def run_all(args, jobs):
+    """Runs every job (in --jobs worker processes when > 1); returns {point name: [run records]}."""
+    work = [(point, variant, seed, args) for point, variant, seed in jobs]
+    if args.jobs > 1:
+        threads = max(1, torch.get_num_threads() // args.jobs)
+        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"), initializer=_worker_init,
+                                 initargs=(threads,)) as pool:
+            done = list(pool.map(_run, work))
+    else:
+        done = [_run(w) for w in work]
+    if None in done:
+        raise SystemExit(f"stopped with {done.count(None)} run(s) unfinished: rerun the same command to continue")
+    runs = {}
+    for name, record in done:
+        runs.setdefault(name, []).append(record)
+    return runs
+
+
+# ----------------------------------------------------------------------------- analysis
+def paired_gaps(runs, a="binary", b="learned"):
+    """Per seed, loss(a) - loss(b) of the runs of one point that share that seed."""
+    loss = {(r["variant"], r["seed"]): r["val_loss"] for r in runs}
+    return [loss[a, s] - loss[b, s] for s in sorted({r["seed"] for r in runs}) if (a, s) in loss and (b, s) in loss]
+
+
+def fit_power_law(n, gap):
+    """Least squares of log gap = log c - alpha log N; returns (c, alpha), or None unless every gap > 0."""
+    n, gap = np.asarray(n, float), np.asarray(gap, float)
+    if len(set(n.tolist())) < 2 or (gap <= 0).any():
+        return None
+    slope, intercept = np.polyfit(np.log(n), np.log(gap), 1)
+    return math.exp(intercept), -slope
+
+
+def crossing(c, alpha, threshold):
+    """The N where c * N^-alpha falls to threshold (inf when the gap does not shrink)."""
+    return (c / threshold) ** (1 / alpha) if alpha > 0 else math.inf
+
+
+def trend(points, threshold, draws=2000, seed=0):
+    """points: [(N, [per-seed gaps])]. The fit to the mean gap of each size, and its 16-84% ranges over
+    seed resamples (each size's seeds drawn with replacement; draws with a mean gap <= 0 are skipped)."""
+    fit = fit_power_law([n for n, _ in points], [statistics.mean(gs) for _, gs in points])
+    if fit is None:
+        return None
+    rng, alphas, cross = np.random.default_rng(seed), [], []
+    for _ in range(draws):
+        f = fit_power_law([n for n, _ in points], [rng.choice(gs, len(gs)).mean() for _, gs in points])
+        if f is not None:
+            alphas.append(f[1])
+            cross.append(crossing(*f, threshold))
+    q = lambda xs: tuple(float(v) for v in np.quantile(xs, [0.16, 0.84])) if xs else (math.nan, math.nan)  # noqa: E731
+    return {"c": fit[0], "alpha": fit[1], "alpha_range": q(alphas), "threshold": threshold, "draws": len(alphas),
+            "crossing": crossing(*fit, threshold), "crossing_range": q(cross)}
+
+
+def seed_spread(runs_by_point):
+    """Median over (point, input) of the max - min validation loss across seeds, in nats."""
+    ranges = []
+    for runs in runs_by_point.values():
+        for v in {r["variant"] for r in runs}:
+            losses = [r["val_loss"] for r in runs if r["variant"] == v]
+            if len(losses) > 1:
+                ranges.append(max(losses) - min(losses))
+    return statistics.median(ranges) if ranges else math.nan
+
+
+def gap_curve(runs):
+    """Gap (binary - learned) along training: [(tokens, mean gap, min gap, max gap)] over shared seeds."""
+    curves = {(r["variant"], r["seed"]): r["curve"] for r in runs}
+    seeds = [s for s in sorted({r["seed"] for r in runs}) if ("binary", s) in curves and ("learned", s) in curves]
+    if not seeds:
+        return []
+    n = min(len(curves[v, s]) for s in seeds for v in ("binary", "learned"))
+    out = []
+    for i in range(n):
+        gaps = [curves["binary", s][i][1] - curves["learned", s][i][1] for s in seeds]
+        out.append((curves["binary", seeds[0]][i][0], statistics.mean(gaps), min(gaps), max(gaps)))
+    return out
+
+
+def size_rows(runs_by_point, meta):
+    """One row per (point, input): compare.summarize's row plus the point and its gap to learned."""
+    rows = []
+    for name, runs in runs_by_point.items():
+        learned = {r["seed"]: r["val_loss"] for r in runs if r["variant"] == "learned"}
+        for row in compare.summarize(runs, meta):
+            gaps = paired_gaps(runs, row["input"]) if row["input"] != "learned" and learned else []
+            rows.append({"point": name, **row, "gap_nats": compare.mean_std(gaps) if gaps else None,
+                         "gap_pct": compare.mean_std([math.exp(g) - 1 for g in gaps]) if gaps else None})
+    return rows
+
+
+def table(rows):
+    pm = lambda ms, f: "—" if ms is None else f"{ms[0]:{f}} ± {ms[1]:{f}}"  # noqa: E731
+    pct = lambda ms: "—" if ms is None else f"{100 * ms[0]:+.1f}% ± {100 * ms[1]:.1f}"  # noqa: E731
+    lines = ["| size | input | seeds | trainable params | val loss | perplexity | bits/byte | gap to learned (nats) "
+             "| gap (perplexity %) | seed spread (ppl) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['point']} | {r['input']} | {r['seeds']} | {r['trainable']:,} | {pm(r['val_loss'], '.4f')} "
+                     f"| {pm(r['perplexity'], '.2f')} | {pm(r['bits_per_byte'], '.4f')} | {pm(r['gap_nats'], '.4f')} "
+                     f"| {pct(r['gap_pct'])} | {100 * r['ppl_spread']:.1f}% |")
+    return "\n".join(lines)
+
+
+def analyse(runs_by_point, args, vocab_size):
+    """The size-axis points, the trend, the ablation and the long-run curve, as one dict."""
+    sizes = parse_sizes(args.sizes)
+    axis = []
+    for L, D in sizes:
+        gaps = paired_gaps(runs_by_point.get(f"{L}x{D}", []))
+        if gaps:
+            axis.append((trainable(L, D, "binary", args, vocab_size), gaps))
+    spread = seed_spread(runs_by_point)
+    result = {"axis": [{"trainable": n, "gaps": g} for n, g in axis], "seed_spread": spread,
+              "trend": trend(axis, spread) if len(axis) >= 2 and spread > 0 else None}
+    if args.ablation != "none":
+        (L, D), = parse_sizes(args.ablation)
+        depth = ablation_depth(L, D, args, vocab_size)
+        runs = [r for r in runs_by_point.get(f"{depth}x{D}", []) if r["variant"] == "binary"]
+        runs += [r for r in runs_by_point.get(f"{L}x{D}", []) if r["variant"] == "learned"]
+        gaps = paired_gaps(runs)
+        result["ablation"] = {"learned": f"{L}x{D}", "binary": f"{depth}x{D}", "gaps": gaps,
+                              "learned_trainable": trainable(L, D, "learned", args, vocab_size),
+                              "binary_trainable": trainable(depth, D, "binary", args, vocab_size)}
+    if args.long_factor > 1:
+        L, D = sizes[0]
+        result["long"] = {"point": f"{L}x{D}-long", "curve": gap_curve(runs_by_point.get(f"{L}x{D}-long", [])),
+                          "short": gap_curve(runs_by_point.get(f"{L}x{D}", []))}
+    return result
+
+
+def reading(result):
+    """Sentences computed from the numbers: the trend, where it crosses the spread, the ablation, the long run."""
+    out = [f"Seed spread: {result['seed_spread']:.4f} nats (median max-min validation loss over seeds)."]
+    for p in result["axis"]:
+        out.append(f"- {p['trainable']:,} trainable (binary): gap {statistics.mean(p['gaps']):+.4f} nats "
+                   f"({', '.join(f'{g:+.4f}' for g in p['gaps'])} per seed)")
+    t = result["trend"]
+    if t:
+        out.append(f"Fit (mean gap per size): gap = {t['c']:.3g} * N^-{t['alpha']:.3f} (alpha 16-84% over seed resamples: "
+                   f"{t['alpha_range'][0]:.3f} to {t['alpha_range'][1]:.3f}). Extrapolated, the gap falls to the seed "
+                   f"spread ({t['threshold']:.4f} nats) at N = {t['crossing']:.3g} trainable parameters (16-84%: "
+                   f"{t['crossing_range'][0]:.3g} to {t['crossing_range'][1]:.3g}); the paper's model has "
+                   f"{PAPER['trainable']:.3g} and trained on orders of magnitude more tokens, so this is an "
+                   f"extrapolation across both size and data.")
+    else:
+        out.append("Fit: none (needs a positive gap at two or more sizes and a seed spread).")
+    a = result.get("ablation")
+    if a and a["gaps"]:
+        g, spread = statistics.mean(a["gaps"]), result["seed_spread"]
+        said = ("the extra decoder capacity closes the gap (inside the seed spread)" if abs(g) <= spread else
+                "the binary model is now better (outside the seed spread)" if g < 0 else
+                "the extra decoder capacity does not close the gap (still outside the seed spread)")
+        out.append(f"Ablation: binary {a['binary']} ({a['binary_trainable']:,} trainable) vs learned {a['learned']} "
+                   f"({a['learned_trainable']:,}): gap {g:+.4f} nats; {said}.")
+    long = result.get("long")
+    if long and long["curve"]:
+        first, last = long["curve"][len(long["curve"]) // 4], long["curve"][-1]
+        out.append(f"Tokens ({long['point']}): gap {first[1]:+.4f} nats at {first[0]:,.0f} tokens, {last[1]:+.4f} at "
+                   f"{last[0]:,.0f} tokens ({'narrowing' if abs(last[1]) < abs(first[1]) else 'not narrowing'} with "
+                   f"training).")
+    return "\n".join(out)
+
+
+def plot(result, path):
+    """Left: gap against binary trainable params (log x), seed bands, fit, paper's point. Right: gap
+    against tokens seen for the long run."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed (pip install matplotlib): table only, no plot")
+        return None
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.5))
+    n = [p["trainable"] for p in result["axis"]]
+    ax.plot(n, [statistics.mean(p["gaps"]) for p in result["axis"]], "o-", label="binary - learned (mean over seeds)")
+    ax.fill_between(n, [min(p["gaps"]) for p in result["axis"]], [max(p["gaps"]) for p in result["axis"]],
+                    alpha=0.25, label="seed min-max")
+    if t := result["trend"]:
+        xs = np.geomspace(min(n), PAPER["trainable"], 100)
+        ax.plot(xs, t["c"] * xs ** -t["alpha"], "--", color="gray", label=f"fit c·N^-{t['alpha']:.2f} (extrapolated)")
+    ax.axhspan(-result["seed_spread"], result["seed_spread"], color="green", alpha=0.1, label="± seed spread")
+    ax.plot([PAPER["trainable"]], [PAPER["gap_nats"]], "r*", ms=12, label="paper (470M, -3.3% ppl)")
+    if a := result.get("ablation"):
+        if a["gaps"]:
+            ax.plot([a["binary_trainable"]], [statistics.mean(a["gaps"])], "s", color="purple",
+                    label=f"binary {a['binary']} vs learned {a['learned']}")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("binary model's trainable parameters")
+    ax.set_ylabel("val loss gap, binary - learned (nats/token)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    for key, label in (("curve", "long run"), ("short", "default-length run")):
+        c = (result.get("long") or {}).get(key) or []
+        if c:
+            line, = bx.plot([p[0] for p in c], [p[1] for p in c], label=label)
+            bx.fill_between([p[0] for p in c], [p[2] for p in c], [p[3] for p in c], color=line.get_color(), alpha=0.2)
+    bx.axhline(0, color="black", lw=0.8)
+    bx.set_xlabel("training tokens seen")
+    bx.set_title((result.get("long") or {}).get("point", ""), fontsize=9)
+    bx.legend(fontsize=8)
+    bx.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", nargs="+", default=["shakespeare"],
+                   help="text to prepare (files, folders, 'shakespeare'); default shakespeare (downloaded)")
+    p.add_argument("--data", default=None, help="prepared shards to use (default: <out>/data, prepared on first run)")
+    p.add_argument("--encoding", default="gpt2", help="tiktoken encoding (default gpt2)")
+    p.add_argument("--out", default="runs/scaling", help="folder of the runs, the table and the plot")
+    p.add_argument("--quick", action="store_true", help=f"tiny sizes, a few minutes: {QUICK}")
+    p.add_argument("--gpu", action="store_true", help=f"one large point for a single GPU: {GPU}")
+    for name, value in DEFAULTS.items():
+        p.add_argument(f"--{name}", type=type(value), default=None, help=f"(default {value})")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel, each with cores/jobs threads (default 1)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps (default auto)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each model")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.quick and args.gpu:
+        raise SystemExit("error: --quick and --gpu are two different studies: choose one")
+    for name, value in {**DEFAULTS, **(QUICK if args.quick else GPU if args.gpu else {})}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.seeds < 1 or args.steps < 1 or args.jobs < 1 or args.long_factor < 1:
+        raise SystemExit("error: --seeds, --steps, --jobs and --long_factor must be at least 1")
+    args.data = args.data or os.path.join(args.out, "data")
+    if not os.path.exists(os.path.join(args.data, "meta.json")):
+        print(f"preparing {args.corpus} with {args.encoding} cut to {args.vocab_size} tokens into {args.data}")
+        prepare(args.corpus, args.data, encoding=args.encoding, vocab_size=args.vocab_size)
+    meta = load_meta(args.data)
+    jobs = plan(args, meta["vocab_size"])
+    print(f"{len(jobs)} runs: " + ", ".join(f"{p[0]} {v} s{s}" for p, v, s in jobs), flush=True)
+    runs_by_point = run_all(args, jobs)
+
+    rows = size_rows(runs_by_point, meta)
+    result = analyse(runs_by_point, args, meta["vocab_size"])
+    header = (f"{args.steps} steps of {args.batch_size} x {args.block_size} tokens per run (long runs x{args.long_factor}), "
+              f"{args.seeds} seeds, lr {args.lr}, {args.n_head} heads; data {args.data} ({meta['encoding']} cut to "
+              f"{meta['vocab_size']}, {meta['splits']['train']['tokens']:,} train / "
+              f"{meta['splits']['val']['tokens']:,} val tokens)")
+    report = f"{header}\n\n{table(rows)}\n\n{reading(result)}\n"
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(report)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"rows": rows, "analysis": result, "runs": runs_by_point}, f, indent=1)
+    png = plot(result, os.path.join(args.out, "scaling.png"))
+    print("\n" + report + (f"plot: {png}\n" if png else ""))
+    return rows, result
+
+
+if __name__ == "__main__":
+    main()
