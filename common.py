@@ -115,12 +115,13 @@ def _or_none(parse):
 
 # ----------------------------------------------------------------------------- errors
 def run_main(main, argv=None):
-    """Run a script's main(argv) -> exit code. The project's expected errors (bad input, missing or
+    """Run a script's main(argv) and return its exit code (0 unless main returns an int). The project's expected errors (bad input, missing or
     corrupt files, a full disk, a diverged run: ValueError, OSError, FloatingPointError) print one
     `error:` line and exit 1; Ctrl-C exits 130 quietly. Anything else is a bug and keeps its traceback.
     Set TRACEBACK=1 to see the traceback of an expected error too."""
     try:
-        return main(argv)
+        result = main(argv)
+        return result if isinstance(result, int) else 0
     except (ValueError, OSError, FloatingPointError) as e:
         if os.environ.get("TRACEBACK"):
             raise

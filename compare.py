@@ -2,8 +2,8 @@
 The paper's controlled comparison at small scale: learned input table vs fixed binary code vs
 table-free affine code, everything else identical, over several seeds.
 
-    python compare.py                  # 3 inputs x 3 seeds on Jane Austen, ~30 min on 2 CPU cores
-    python compare.py --quick          # 3 inputs x 2 seeds, a few minutes
+    python compare.py --corpus janeausten.txt   # 3 inputs x 3 seeds, ~30 min on 2 CPU cores
+    python compare.py --quick                   # 3 inputs x 2 seeds on tiny Shakespeare, a few minutes
     python compare.py --preset small --n_embd 768 --steps 5000 --device cuda   # bigger, on a GPU
 
 Design choices, up front:
@@ -26,13 +26,15 @@ import json
 import math
 import os
 import statistics
+import sys
 
 import numpy as np
 import torch
 
+from common import atomic_write, pick_device, run_main
 from model import GPT, GPTConfig, get_config, load_checkpoint
-from prepare_data import default_prose, load_meta, prepare
-from train import Split, TrainConfig, pick_device, train
+from prepare_data import load_meta, prepare
+from train import Split, TrainConfig, train
 
 VARIANTS = ("learned", "binary", "affine")
 # CPU-sized defaults: a 4 x 128 decoder, context 128; --quick shortens the run and drops a seed
@@ -92,9 +94,8 @@ def run_one(args, meta, variant, seed):
         summary = train(cfg)
         if summary["interrupted"]:
             raise SystemExit(f"stopped during {out}: rerun the same command to continue")
-        device = pick_device(args.device, 0, False)
-        with open(final, "w") as f:
-            json.dump({"val_loss": full_val_loss(out, args.data, meta, args.batch_size, device)}, f)
+        val_loss = full_val_loss(out, args.data, meta, args.batch_size, pick_device(args.device))
+        atomic_write(final, json.dumps({"val_loss": val_loss}))
     with open(final) as f:
         val_loss = json.load(f)["val_loss"]
     curve, start, speed = read_log(os.path.join(out, "log.jsonl"))
@@ -185,9 +186,8 @@ def plot(runs, path):
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])
-    p.add_argument("--corpus", nargs="+", default=None,
-                   help="text to prepare (files, folders, 'shakespeare'); default: Jane Austen where this checkout's "
-                        "../shared/data has it, else shakespeare")
+    p.add_argument("--corpus", nargs="+", default=["shakespeare"],
+                   help="text to prepare (files, folders, 'shakespeare'); default shakespeare (downloaded once)")
     p.add_argument("--data", default=None, help="prepared shards to use (default: <out>/data, prepared on first run)")
     p.add_argument("--encoding", default="gpt2", help="tiktoken encoding (default gpt2)")
     p.add_argument("--vocab_size", type=int, default=8192, help="cut the encoding to this many tokens (default 8192: K = 13 bits)")
@@ -201,6 +201,15 @@ def build_parser():
     return p
 
 
+def prepared(args):
+    """The meta.json of args.data (default <out>/data), preparing args.corpus there on first use."""
+    args.data = args.data or os.path.join(args.out, "data")
+    if not os.path.exists(os.path.join(args.data, "meta.json")):
+        print(f"preparing {args.corpus} with {args.encoding} cut to {args.vocab_size} tokens into {args.data}")
+        prepare(args.corpus, args.data, encoding=args.encoding, vocab_size=args.vocab_size)
+    return load_meta(args.data)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     for name, value in {**DEFAULTS, **(QUICK if args.quick else {})}.items():
@@ -208,13 +217,11 @@ def main(argv=None):
             setattr(args, name, value)
     variants = args.variants.split(",")
     if unknown := set(variants) - set(VARIANTS):
-        raise SystemExit(f"error: unknown input(s) {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
-    args.data = args.data or os.path.join(args.out, "data")
-    if not os.path.exists(os.path.join(args.data, "meta.json")):
-        corpus = args.corpus or [default_prose()]
-        print(f"preparing {corpus} with {args.encoding} cut to {args.vocab_size} tokens into {args.data}")
-        prepare(corpus, args.data, encoding=args.encoding, vocab_size=args.vocab_size)
-    meta = load_meta(args.data)
+        raise ValueError(f"unknown input(s) {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
+    for name in ("seeds", "steps", "evals", "eval_batches", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    meta = prepared(args)
 
     runs = [run_one(args, meta, v, seed) for seed in range(args.seeds) for v in variants]
     rows = summarize(runs, meta)
@@ -225,14 +232,12 @@ def main(argv=None):
               f"(K = {cfg.code_bits} bits); data {args.data} ({meta['encoding']}, "
               f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)")
     report = f"{header}\n\n{table(rows)}\n\n{verdict(rows)}\n"
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(report)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"rows": rows, "runs": runs}, f, indent=1)
+    atomic_write(os.path.join(args.out, "results.md"), report)
+    atomic_write(os.path.join(args.out, "results.json"), json.dumps({"rows": rows, "runs": runs}, indent=1))
     png = plot(runs, os.path.join(args.out, "val_loss.png"))
     print("\n" + report + (f"plot: {png}\n" if png else ""))
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -33,7 +33,9 @@ import argparse
 import json
 import math
 import os
+import signal
 import statistics
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from types import SimpleNamespace
@@ -42,8 +44,9 @@ import numpy as np
 import torch
 
 import compare
+from common import atomic_write, run_main
 from model import GPT, get_config
-from prepare_data import load_meta, prepare
+from prepare_data import load_meta
 
 # the default study: ~2 h on 2 CPU cores with --jobs 2
 DEFAULTS = dict(sizes="2x48,3x80,4x128,6x192", affine_sizes="2x48,4x128", ablation="4x128", long_factor=4,
@@ -62,7 +65,7 @@ def parse_sizes(text):
     try:
         return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise SystemExit(f"error: sizes must look like 2x48,4x128 (n_layer x n_embd), got {text!r}") from None
+        raise ValueError(f"sizes must look like 2x48,4x128 (n_layer x n_embd), got {text!r}") from None
 
 
 def trainable(n_layer, n_embd, variant, args, vocab_size):
@@ -111,10 +114,11 @@ def run_args(args, point):
 
 def _worker_init(threads):
     torch.set_num_threads(threads)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches training through train's own handler only
 
 
 def _run(job):
-    """One run in a worker process; None when it was stopped (Ctrl-C), so the sweep can say so."""
+    """One run; None when it was stopped (Ctrl-C: train saved it), so the sweep can say so."""
     point, variant, seed, args = job
     try:
         return point[0], compare.run_one(run_args(args, point), load_meta(args.data), variant, seed)
@@ -126,15 +130,24 @@ def _run(job):
 def run_all(args, jobs):
     """Runs every job (in --jobs worker processes when > 1); returns {point name: [run records]}."""
     work = [(point, variant, seed, args) for point, variant, seed in jobs]
+    done = []
     if args.jobs > 1:
         threads = max(1, torch.get_num_threads() // args.jobs)
         with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"), initializer=_worker_init,
                                  initargs=(threads,)) as pool:
-            done = list(pool.map(_run, work))
+            futures = [pool.submit(_run, w) for w in work]
+            try:
+                done = [f.result() for f in futures]
+            except KeyboardInterrupt:  # the running jobs save and stop; the queued ones never start
+                pool.shutdown(cancel_futures=True)
+                raise
     else:
-        done = [_run(w) for w in work]
+        for w in work:
+            done.append(_run(w))
+            if done[-1] is None:
+                break
     if None in done:
-        raise SystemExit(f"stopped with {done.count(None)} run(s) unfinished: rerun the same command to continue")
+        raise SystemExit("stopped before every run finished: rerun the same command to continue")
     runs = {}
     for name, record in done:
         runs.setdefault(name, []).append(record)
@@ -174,7 +187,7 @@ def trend(points, threshold, draws=2000, seed=0):
         if f is not None:
             alphas.append(f[1])
             cross.append(crossing(*f, threshold))
-    q = lambda xs: tuple(float(v) for v in np.quantile(xs, [0.16, 0.84])) if xs else (math.nan, math.nan)  # noqa: E731
+    q = lambda xs: (sorted(xs)[round(0.16 * (len(xs) - 1))], sorted(xs)[round(0.84 * (len(xs) - 1))]) if xs else (math.nan, math.nan)  # noqa: E731
     return {"c": fit[0], "alpha": fit[1], "alpha_range": q(alphas), "threshold": threshold, "draws": len(alphas),
             "crossing": crossing(*fit, threshold), "crossing_range": q(cross)}
 
@@ -356,17 +369,14 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.quick and args.gpu:
-        raise SystemExit("error: --quick and --gpu are two different studies: choose one")
+        raise ValueError("--quick and --gpu are two different studies: choose one")
     for name, value in {**DEFAULTS, **(QUICK if args.quick else GPU if args.gpu else {})}.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    if args.seeds < 1 or args.steps < 1 or args.jobs < 1 or args.long_factor < 1:
-        raise SystemExit("error: --seeds, --steps, --jobs and --long_factor must be at least 1")
-    args.data = args.data or os.path.join(args.out, "data")
-    if not os.path.exists(os.path.join(args.data, "meta.json")):
-        print(f"preparing {args.corpus} with {args.encoding} cut to {args.vocab_size} tokens into {args.data}")
-        prepare(args.corpus, args.data, encoding=args.encoding, vocab_size=args.vocab_size)
-    meta = load_meta(args.data)
+    for name in ("seeds", "steps", "evals", "jobs", "long_factor", "batch_size", "eval_batches"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    meta = compare.prepared(args)
     jobs = plan(args, meta["vocab_size"])
     print(f"{len(jobs)} runs: " + ", ".join(f"{p[0]} {v} s{s}" for p, v, s in jobs), flush=True)
     runs_by_point = run_all(args, jobs)
@@ -378,14 +388,13 @@ def main(argv=None):
               f"{meta['vocab_size']}, {meta['splits']['train']['tokens']:,} train / "
               f"{meta['splits']['val']['tokens']:,} val tokens)")
     report = f"{header}\n\n{table(rows)}\n\n{reading(result)}\n"
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(report)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"rows": rows, "analysis": result, "runs": runs_by_point}, f, indent=1)
+    atomic_write(os.path.join(args.out, "results.md"), report)
+    atomic_write(os.path.join(args.out, "results.json"),
+                 json.dumps({"rows": rows, "analysis": result, "runs": runs_by_point}, indent=1))
     png = plot(result, os.path.join(args.out, "scaling.png"))
     print("\n" + report + (f"plot: {png}\n" if png else ""))
     return rows, result
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -1,0 +1,101 @@
+"""scaling.py: the sweep end to end on tiny sizes (runs, resume, table, plot), and the trend fit on
+synthetic numbers with a known answer."""
+
+import json
+import math
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import scaling
+from prepare_data import prepare
+
+SHAKESPEARE = Path(__file__).resolve().parent.parent / "shared" / "data" / "tinyshakespeare.txt"
+V = 512
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    text = folder / "text.txt"
+    if SHAKESPEARE.is_file():
+        text.write_text(SHAKESPEARE.read_text()[:12_000])
+    else:
+        text.write_text("\n".join(f"line {i}: the quick brown fox {i % 7} jumps over {i % 11} dogs" for i in range(300)))
+    prepare([str(text)], str(folder / "data"), vocab_size=V, workers=1, progress=False)
+    return str(folder / "data")
+
+
+def sweep(data, out, sizes="1x16,1x32"):
+    return scaling.main(["--data", data, "--out", str(out), "--sizes", sizes, "--affine_sizes", "1x16",
+                         "--ablation", "1x32", "--long_factor", "2", "--steps", "3", "--evals", "1", "--seeds", "2",
+                         "--n_head", "2", "--block_size", "16", "--batch_size", "2", "--eval_batches", "1",
+                         "--device", "cpu"])
+
+
+def test_sweep_end_to_end_and_resume(data, tmp_path):
+    rows, result = sweep(data, tmp_path, sizes="1x16")  # a first, partial sweep: one size
+    first = os.path.getmtime(tmp_path / "1x16" / "binary-seed1" / "final.json")
+    rows, result = sweep(data, tmp_path)  # the whole sweep reuses the finished runs
+    assert os.path.getmtime(tmp_path / "1x16" / "binary-seed1" / "final.json") == first
+
+    # every point: the size axis (learned, binary), affine at 1x16, the ablation, the long run
+    ablation = scaling.ablation_depth(1, 32, SimpleNamespace(n_head=2, block_size=16), V)
+    assert ablation == 2  # learned 1x32 adds 512 x 32 = 16,384; a 32-wide layer has 12,352: 1 layer short, 2 closest
+    points = {(r["point"], r["input"]): r for r in rows}
+    assert set(points) == {("1x16", "learned"), ("1x16", "binary"), ("1x16", "affine"), ("1x32", "learned"),
+                           ("1x32", "binary"), ("2x32", "binary"), ("1x16-long", "learned"), ("1x16-long", "binary")}
+    for d in (16, 32):
+        assert points[f"1x{d}", "learned"]["trainable"] - points[f"1x{d}", "binary"]["trainable"] == V * d
+    assert all(r["seeds"] == 2 for r in rows)
+    assert points["1x16", "learned"]["gap_nats"] is None
+    assert (tmp_path / "1x16-long" / "binary-seed0" / "ckpt.pt").exists()
+
+    # the gap is binary - learned of the same seed, read from the runs' final.json
+    loss = lambda p, v, s: json.loads((tmp_path / p / f"{v}-seed{s}" / "final.json").read_text())["val_loss"]  # noqa: E731
+    gaps = [loss("1x32", "binary", s) - loss("1x32", "learned", s) for s in (0, 1)]
+    assert points["1x32", "binary"]["gap_nats"][0] == pytest.approx(sum(gaps) / 2)
+    assert [p["gaps"] for p in result["axis"]][1] == pytest.approx(gaps)
+    assert result["ablation"]["binary"] == "2x32" and result["ablation"]["learned"] == "1x32"
+    assert result["ablation"]["gaps"] == pytest.approx([loss("2x32", "binary", s) - loss("1x32", "learned", s) for s in (0, 1)])
+    long = result["long"]["curve"]  # evaluated at steps 0, 3, 6: tokens = step x 2 x 16
+    assert [p[0] for p in long] == [0, 96, 192] and result["long"]["short"][-1][0] == 96
+
+    report = (tmp_path / "results.md").read_text()
+    header = next(line for line in report.splitlines() if line.startswith("| size"))
+    assert len(header.strip("|").split("|")) == 10 and report.count("\n| 1x16 |") == 3
+    assert "Seed spread:" in report and ("Fit (mean gap per size)" in report or "Fit: none" in report)
+    assert json.loads((tmp_path / "results.json").read_text())["analysis"]["seed_spread"] == result["seed_spread"]
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_power_law_fit_recovers_a_known_trend():
+    sizes = [1e5, 4e5, 1.6e6, 6.4e6]
+    exact = [(n, [2.0 * n ** -0.3]) for n in sizes]
+    t = scaling.trend(exact, threshold=0.01)
+    assert t["c"] == pytest.approx(2.0) and t["alpha"] == pytest.approx(0.3)
+    assert t["crossing"] == pytest.approx((2.0 / 0.01) ** (1 / 0.3))  # 2 N^-0.3 = 0.01
+    assert t["alpha_range"] == pytest.approx((0.3, 0.3))  # one seed: every resample is the data itself
+
+    noisy = [(n, [g[0] * 0.8, g[0] * 1.2]) for n, g in exact]  # seeds around the law, mean on it
+    t = scaling.trend(noisy, threshold=0.01)
+    assert t["alpha"] == pytest.approx(0.3) and t["alpha_range"][0] < 0.3 < t["alpha_range"][1]
+    assert t["crossing_range"][0] < t["crossing"] < t["crossing_range"][1]
+
+
+def test_fit_refuses_what_a_power_law_cannot_describe():
+    assert scaling.trend([(1e5, [0.1]), (1e6, [-0.01])], threshold=0.01) is None  # a negative mean gap
+    assert scaling.trend([(1e5, [0.1]), (1e5, [0.2])], threshold=0.01) is None  # one size only
+    assert scaling.crossing(1.0, -0.1, 0.01) == math.inf  # a growing gap never reaches the spread
+
+
+def test_bad_arguments_are_one_line_errors(data, tmp_path):
+    with pytest.raises(ValueError, match="sizes must look like 2x48"):
+        sweep(data, tmp_path, sizes="two by 48")
+    with pytest.raises(ValueError, match="--quick and --gpu"):
+        scaling.main(["--quick", "--gpu", "--data", data, "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--seeds must be at least 1"):
+        scaling.main(["--seeds", "0", "--data", data, "--out", str(tmp_path)])
