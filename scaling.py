@@ -4,7 +4,7 @@ training tokens, built from compare.py's runs.
 
     python scaling.py --corpus janeausten.txt --jobs 2   # the default study, ~2 h on 2 CPU cores
     python scaling.py --quick                            # tiny sizes, a few minutes
-    python scaling.py --gpu --corpus data.txt --device cuda --compile   # one large point, < 10 min on one H200
+    python scaling.py --gpu --data data/fineweb --device cuda --compile  # one large point, one H200
 
 Design choices, up front:
 - Three questions, one set of runs. (1) Size: at every decoder size, learned vs binary (affine at two
@@ -54,9 +54,10 @@ DEFAULTS = dict(sizes="2x48,3x80,4x128,6x192", affine_sizes="2x48,4x128", ablati
                 vocab_size=8192)
 QUICK = dict(sizes="1x16,1x32,2x48,2x64", affine_sizes="1x16,2x48", ablation="2x64", long_factor=3,
              steps=30, evals=3, block_size=64, batch_size=8, eval_batches=4)
-# one large point for a single H200: 12 x 768 learned vs binary, 2 seeds, ~170M tokens each
-GPU = dict(sizes="12x768", affine_sizes="", ablation="none", long_factor=1, steps=2500, seeds=2, evals=10,
-           n_head=12, block_size=1024, batch_size=64, lr=1e-3, eval_batches=20)
+# one large point for a single H200 (bf16 autocast, --compile): 12 x 768 learned vs binary, 2 seeds,
+# 1,500 steps of 32 x 1024 tokens (49M tokens a run); needs a corpus of that size (see README)
+GPU = dict(sizes="12x768", affine_sizes="", ablation="none", long_factor=1, steps=1500, seeds=2, evals=10,
+           n_head=12, block_size=1024, batch_size=32, lr=1e-3, eval_batches=20)
 PAPER = {"trainable": 469_828_608, "gap_nats": math.log(2.36 / 2.44), "gap_pct": 2.36 / 2.44 - 1}
 
 
@@ -355,7 +356,8 @@ def build_parser():
                    help="text to prepare (files, folders, 'shakespeare'); default shakespeare (downloaded)")
     p.add_argument("--data", default=None, help="prepared shards to use (default: <out>/data, prepared on first run)")
     p.add_argument("--encoding", default="gpt2", help="tiktoken encoding (default gpt2)")
-    p.add_argument("--out", default="runs/scaling", help="folder of the runs, the table and the plot")
+    p.add_argument("--out", default=None, help="folder of the runs, the table and the plot (default runs/scaling, "
+                                               "runs/scaling-quick with --quick, runs/scaling-gpu with --gpu)")
     p.add_argument("--quick", action="store_true", help=f"tiny sizes, a few minutes: {QUICK}")
     p.add_argument("--gpu", action="store_true", help=f"one large point for a single GPU: {GPU}")
     for name, value in DEFAULTS.items():
@@ -373,6 +375,7 @@ def main(argv=None):
     for name, value in {**DEFAULTS, **(QUICK if args.quick else GPU if args.gpu else {})}.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    args.out = args.out or "runs/scaling" + ("-quick" if args.quick else "-gpu" if args.gpu else "")
     for name in ("seeds", "steps", "evals", "jobs", "long_factor", "batch_size", "eval_batches"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")

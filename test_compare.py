@@ -3,6 +3,8 @@
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,8 @@ import pytest
 import compare
 from prepare_data import prepare
 
-SHAKESPEARE = Path(__file__).resolve().parent.parent / "shared" / "data" / "tinyshakespeare.txt"
+ROOT = Path(__file__).resolve().parent
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 COLUMNS = ["input", "seeds", "trainable params", "input-interface params", "frozen stored values", "val loss",
            "perplexity", "bits/byte", "tokens/s"]
 
@@ -70,8 +73,20 @@ def test_finished_runs_are_kept_and_a_verdict_needs_two_seeds(data, tmp_path):
 
 
 def test_unknown_variant_is_refused(data, tmp_path):
-    with pytest.raises(SystemExit, match="unknown input"):
+    with pytest.raises(ValueError, match="unknown input"):
         run(data, tmp_path, variants="binary,onehot")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seeds", "0"], "error: --seeds must be at least 1, got 0"),
+    (["--corpus", "no/such/corpus.txt"], "no/such/corpus.txt"),
+])
+def test_bad_command_lines_end_in_one_error_line(tmp_path, args, message):
+    done = subprocess.run([sys.executable, "compare.py", "--out", str(tmp_path / "out"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last
 
 
 def _has_matplotlib():
