@@ -3,8 +3,10 @@
 Everything runs on the CPU with the 'tiny' preset on a slice of tiny Shakespeare tokenized at vocab 512.
 """
 
+import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,6 +19,7 @@ import pytest
 import torch
 
 import train
+from common import run_main
 from model import GPT, load_checkpoint
 from prepare_data import ShardError, prepare
 
@@ -24,6 +27,17 @@ ROOT = Path(__file__).resolve().parent
 CORPUS = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 if (ROOT.parent / "shared" / "tiktoken-cache").is_dir():  # offline GPT-2 BPE files (CI); subprocesses inherit it
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(ROOT.parent / "shared" / "tiktoken-cache"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and a busy machine does not oversubscribe it (subprocesses too)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    yield
+    torch.set_num_threads(threads)
+    del os.environ["OMP_NUM_THREADS"]
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +59,17 @@ def config(data_dir, out_dir, **kw):
                 max_steps=10, lr=3e-3, min_lr=3e-4, warmup_steps=3, eval_interval=5, eval_steps=2,
                 log_interval=1000, save_interval=5, device="cpu", seed=7)
     return train.TrainConfig(**{**base, **kw})
+
+
+def flags(data_dir, out_dir, **kw):
+    """config()'s settings as train.py's command line."""
+    return [f"--{k}={v}" for k, v in vars(config(data_dir, out_dir, **kw)).items() if v is not None]
+
+
+def cli(*args):
+    """python train.py ARGS -> (exit status, stdout, stderr)."""
+    run = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True, timeout=300)
+    return run.returncode, run.stdout, run.stderr
 
 
 def train_log(out_dir, event="train"):
@@ -130,11 +155,9 @@ def test_ranks_and_micro_steps_read_disjoint_windows():
 def test_two_gloo_processes_equal_gradient_accumulation(data_dir, tmp_path):
     common = dict(max_steps=6, batch_size=4, eval_interval=3, save_interval=0, warmup_steps=2)
     single = train.train(config(data_dir, tmp_path / "one", grad_accum=2, **common))
-    args = [f"--{k}={v}" for k, v in vars(config(data_dir, tmp_path / "two", grad_accum=1, **common)).items()
-            if v is not None and not isinstance(v, bool)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(ROOT / "train.py"), *args], capture_output=True, text=True, env=env, timeout=120)
+                          str(ROOT / "train.py"), *flags(data_dir, tmp_path / "two", grad_accum=1, **common)],
+                         capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     w1, w2 = weights(tmp_path / "one"), weights(tmp_path / "two")
     assert w1.keys() == w2.keys()
@@ -213,14 +236,14 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_p
     args = [f"--data_dir={data_dir}", f"--out_dir={bad}", "--preset=tiny", "--block_size=32", "--batch_size=8",
             "--max_steps=10", "--lr=3e-3", "--min_lr=3e-4", "--warmup_steps=3", "--eval_interval=5",
             "--eval_steps=2", "--save_interval=4", "--device=cpu", "--seed=7", "--lr_decay_steps=10"]
-    assert train.main(args) == 1
+    assert run_main(train.main, args) == 1
     err = capsys.readouterr().err
     assert "non-finite loss (nan) at step 6" in err and str(bad / "ckpt.pt") in err and "(step 4)" in err
     assert torch.load(bad / "ckpt.pt", weights_only=True)["step"] == 4
     # ckpt.pt holds the state after step 4 exactly: equal to a clean 4-step run with the same schedule
     wg, wb = weights(good), weights(bad)
     assert all(torch.equal(wg[k], wb[k]) for k in wg)
-    assert train_log(bad, "nonfinite")[0]["step"] == 6
+    assert train_log(bad, "diverged")[0]["step"] == 6
 
 
 def expect_error(cfg, match, exc=(ValueError, OSError)):
@@ -238,9 +261,9 @@ def test_bad_data_dirs_name_the_file(data_dir, tmp_path):
     # meta.json listing no shards / no val shards / a missing shard
     d = copy_data(data_dir, tmp_path)
     meta = json.loads((d / "meta.json").read_text())
-    for splits, what in [({"train": {"shards": []}, "val": {"shards": []}}, "no shards"),
-                         ({**meta["splits"], "val": {"shards": []}}, "no val shards"),
-                         ({**meta["splits"], "val": {"shards": ["val_000009.bin"]}}, "val_000009.bin")]:
+    for splits, what in [({"train": {"shards": []}, "val": {"shards": []}}, "malformed"),
+                         ({**meta["splits"], "val": {"shards": [], "tokens": 0}}, "no val shards"),
+                         ({**meta["splits"], "val": {"shards": ["val_000009.bin"], "tokens": 1}}, "val_000009.bin")]:
         (d / "meta.json").write_text(json.dumps({**meta, "splits": splits}))
         expect_error(config(d, tmp_path / "o"), what)
         assert str(d) in expect_error(config(d, tmp_path / "o"), "")
@@ -280,8 +303,117 @@ def test_checkpoints_of_another_shape_name_the_file(data_dir, tmp_path, capsys):
                tmp_path / "weights_only" / "ckpt.pt")
     assert "--init_from" in expect_error(config(data_dir, tmp_path / "weights_only", resume=True), "no training state")
     # through the command line: a clear one-line error, exit status 1
-    assert train.main([f"--data_dir={data_dir}", f"--out_dir={out}", "--resume", "--n_layer=5", "--device=cpu"]) == 1
+    assert run_main(train.main, [f"--data_dir={data_dir}", f"--out_dir={out}", "--resume", "--n_layer=5", "--device=cpu"]) == 1
     assert f"error: {ckpt_path}" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- nothing lost, nothing silent
+def test_a_fresh_run_never_replaces_a_checkpoint(data_dir, tmp_path):
+    train.train(config(data_dir, tmp_path, max_steps=5))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert {"ckpt.pt", "best.pt", "log.jsonl"} <= before.keys()
+    rc, out, err = cli(*flags(data_dir, tmp_path, max_steps=3))
+    assert (rc, out, err) == (1, "", f"error: {tmp_path / 'ckpt.pt'} exists: continue that run with --resume, "
+                                     "or start afresh and replace it with --overwrite\n")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    train.train(config(data_dir, tmp_path, max_steps=3, overwrite=True))
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 3
+
+
+def test_bad_devices_are_one_error_line(data_dir, tmp_path, capsys):
+    assert run_main(train.main, flags(data_dir, tmp_path, device="bogus")) == 1
+    assert capsys.readouterr().err == "error: unknown device 'bogus': use auto, cpu, cuda, cuda:N or mps\n"
+    if not torch.cuda.is_available():  # a CPU build
+        assert run_main(train.main, flags(data_dir, tmp_path, device="cuda")) == 1
+        assert capsys.readouterr().err == "error: device 'cuda' asked for, but this PyTorch build sees no CUDA GPU: use --device cpu\n"
+    assert not tmp_path.joinpath("ckpt.pt").exists()
+
+
+def test_the_default_data_dir_says_how_to_make_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert run_main(train.main, ["--device=cpu"]) == 1
+    assert capsys.readouterr().err == ("error: data/shakespeare: no meta.json; prepare the data first "
+                                       "(`python prepare_data.py shakespeare` writes the default, data/shakespeare)\n")
+
+
+def test_a_diverged_state_is_never_saved(data_dir, tmp_path, capsys):
+    # --lr=1e6 --save_interval=1 from scratch: step 1's weights are finite but huge; nothing is written
+    fresh = tmp_path / "fresh"
+    assert run_main(train.main, flags(data_dir, fresh, lr=1e6, save_interval=1, eval_interval=0)) == 1
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"error: validation diverged: loss \S+ above 2 ln V = 12\.48 at step 1: stopped without saving; "
+                        r"the last good checkpoint is untouched: none was written\. Try a lower --lr or --grad_clip\.\n", err), err
+    assert not (fresh / "ckpt.pt").exists() and train_log(fresh, "diverged")[0]["step"] == 1
+    # the same on a resumed run: its last checkpoint survives byte for byte and still resumes
+    run = tmp_path / "run"
+    train.train(config(data_dir, run, max_steps=4, lr_decay_steps=10))
+    good = (run / "ckpt.pt").read_bytes()
+    assert run_main(train.main, flags(data_dir, run, max_steps=10, resume=True, lr=1e6, save_interval=1)) == 1
+    assert f"at step 5: stopped without saving; the last good checkpoint is untouched: {run / 'ckpt.pt'} (step 4)" in capsys.readouterr().err
+    assert (run / "ckpt.pt").read_bytes() == good
+    s = train.train(config(data_dir, run, max_steps=6, lr_decay_steps=10, resume=True))
+    assert s["steps"] == 6 and s["final_val_loss"] < 6.3
+
+
+def test_resume_on_data_of_another_tokenizer_says_so(data_dir, tmp_path, capsys):
+    train.train(config(data_dir, tmp_path / "run", max_steps=2))
+    d = copy_data(data_dir, tmp_path)
+    meta = json.loads((d / "meta.json").read_text())
+    (d / "meta.json").write_text(json.dumps({**meta, "encoding": "r50k_base"}))
+    ckpt = tmp_path / "run" / "ckpt.pt"
+    before = ckpt.read_bytes()
+    assert run_main(train.main, flags(d, tmp_path / "run", max_steps=4, resume=True)) == 1
+    assert capsys.readouterr().err == (f"error: {ckpt}: trained on gpt2 tokens at vocab_size 512, but {d / 'meta.json'} "
+                                       "says r50k_base at vocab_size 512: prepare the data with --encoding gpt2 --vocab_size 512\n")
+    assert ckpt.read_bytes() == before
+    expect_error(config(d, tmp_path / "ft", init_from=str(ckpt)), "says r50k_base at vocab_size 512")
+
+
+@pytest.mark.parametrize("fault", ["second Ctrl-C", "full disk"])
+def test_a_save_that_fails_midway_keeps_the_previous_checkpoint(data_dir, tmp_path, monkeypatch, capsys, fault):
+    train.train(config(data_dir, tmp_path, max_steps=4, eval_interval=100))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != "log.jsonl"}
+
+    def save_and_fail(obj, f):
+        f.write(b"the first half of a checkpoint")
+        if fault == "full disk":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.kill(os.getpid(), signal.SIGINT)  # stop after this step ...
+        os.kill(os.getpid(), signal.SIGINT)  # ... no, now: KeyboardInterrupt mid-write
+
+    monkeypatch.setattr(train.torch, "save", save_and_fail)
+    rc = run_main(train.main, flags(data_dir, tmp_path, max_steps=8, eval_interval=100, resume=True))
+    err = capsys.readouterr().err
+    if fault == "full disk":
+        assert (rc, err) == (1, f"error: {tmp_path / 'ckpt.pt'}: not written (No space left on device); "
+                                "the previous ckpt.pt is untouched\n")
+    else:
+        assert rc == 130 and err.endswith("SIGINT: finishing this step, saving, then exiting\ninterrupted\n"), err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != "log.jsonl"} == before  # no temp file left
+    monkeypatch.undo()
+    assert train.train(config(data_dir, tmp_path, max_steps=6, eval_interval=100, resume=True))["steps"] == 6
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc")
+def test_sigterm_to_the_ranks_of_torchrun_saves_and_exits_0(data_dir, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(ROOT / "train.py"), *flags(data_dir, tmp_path, batch_size=4, max_steps=100000,
+                                                            eval_interval=0, save_interval=0, log_interval=1)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 2/"):
+            break
+    ranks = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert len(ranks) == 2
+    for pid in ranks:
+        os.kill(int(pid), signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert err.count("SIGTERM: finishing this step, saving, then exiting") == 2
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    steps = [e["step"] for e in train_log(tmp_path)]
+    assert ckpt["world_size"] == 2 and ckpt["step"] == steps[-1] >= 2 and steps == list(range(1, steps[-1] + 1))
+    assert train_log(tmp_path, "end")[0]["interrupted"] is True
 
 
 # ----------------------------------------------------------------------------- command line

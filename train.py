@@ -1,23 +1,26 @@
 """
 Train the binary-code GPT of model.py on token shards written by prepare_data.py.
 
-    python train.py --preset=small --data_dir=data/shakespeare                         # one CPU or GPU
-    torchrun --standalone --nproc_per_node=8 train.py --preset=paper --data_dir=data/paper  # DDP
-    python train.py --preset=small --data_dir=data/shakespeare --resume                # continue out/ckpt.pt
+    python prepare_data.py shakespeare && python train.py    # the small model on tiny Shakespeare, a CPU, minutes
+    python train.py --resume                                  # continue out/ckpt.pt
+    torchrun --standalone --nproc_per_node=8 train.py --preset=paper --data_dir=data/paper --batch_size=16 \
+        --max_steps=20000 --lr=6e-4 --min_lr=6e-5 --warmup_steps=1000 --eval_interval=500 --save_interval=500
 
 Design choices, up front:
-- Every setting is a field of one dataclass, TrainConfig; the command line is generated from its fields
-  (--name=value; bools as --flag, --no-flag or --flag=true/false; optional fields take "none").
-  `train(cfg) -> summary` and `main(argv)` are importable.
+- Every setting is a field of one dataclass, TrainConfig, whose defaults are the CPU quickstart; the
+  command line is generated from its fields (common.config_parser). `train(cfg) -> summary` and
+  `main(argv)` are importable. The loop at the bottom calls one function per step: set_up, restore,
+  optimizer_step, check_state, save, log_step.
 - Model shape, lowest to highest precedence: the preset, the checkpoint's model_config (--resume or
   --init_from), explicit overrides (--n_layer=...). vocab_size comes from the data's meta.json unless a
-  checkpoint or --vocab_size says otherwise; every shard's largest token id is checked once at load.
+  checkpoint or --vocab_size says otherwise; every shard's largest token id is checked once at load, and
+  a checkpoint's tokenizer must be the data's.
 - Data: each split is cut into windows of block_size+1 tokens at stride block_size (never across a
   shard boundary). Training reads an endless stream of windows: epoch e is a permutation of all of
-  them drawn from (seed, e). A step takes the G = batch_size*grad_accum*world_size stream positions
-  [p, p+G); rank r's micro-step m takes the batch_size positions from p + (r*grad_accum + m)*batch_size.
+  them drawn from (seed, e). A step takes the B = batch_size*grad_accum*world_size stream positions
+  [p, p+B); rank r's micro-step m takes the batch_size positions from p + (r*grad_accum + m)*batch_size.
   So ranks read disjoint windows, a global batch is the same however it is split into processes and
-  micro-steps, and a checkpoint only needs p (= step*G while the batch size is unchanged).
+  micro-steps, and a checkpoint only needs p (= step*B while the batch size is unchanged).
   Validation uses the same eval_steps*batch_size*world_size windows, spread evenly over the val
   split, at every evaluation; the loss is averaged over ranks.
 - Determinism: a checkpoint holds weights, AdamW state, stream position and every RNG state (torch,
@@ -25,15 +28,22 @@ Design choices, up front:
   bit for bit, as one never stopped. The LR schedule depends on lr_decay_steps (default max_steps),
   not on where a run stops.
 - Checkpoints (out_dir/ckpt.pt latest, out_dir/best.pt best val loss) are plain-typed dicts built by
-  model.checkpoint_dict from the unwrapped, uncompiled module, written to a temp file, then os.replace.
-- A non-finite loss or gradient norm stops the run before the optimizer step, without saving, so the
-  last checkpoint stays the last good state. SIGINT/SIGTERM finish the current step, save and exit 0;
-  under DDP the stop flag is all-reduced with the loss, so every rank stops at the same step.
+  model.checkpoint_dict from the unwrapped, uncompiled module and written atomically (common.atomic_open):
+  a crash, a second Ctrl-C or a full disk mid-write leaves the previous file byte for byte. A fresh run
+  refuses an out_dir that holds a checkpoint unless --overwrite (or --resume continues it).
+- A state is good when its weights are finite, its gradient norm is finite and its loss is finite and
+  at most 2 ln V (an untrained model scores about ln V; a diverged one, finite or not, far more). A bad
+  training loss stops the run before the optimizer step; a checkpoint is written only of a state whose
+  validation loss (the evaluation's, or one batch's) passed the same test, so the last checkpoint
+  always resumes.
+- SIGINT/SIGTERM finish the current step, save and exit 0; under DDP the stop flag is all-reduced with
+  the loss, so every rank stops at the same step. A second SIGINT stops at once (exit 130). torchrun
+  itself re-raises a signal sent to it and exits 1 even when every rank saved and exited 0: to stop a
+  DDP run cleanly, signal the ranks (pkill -TERM -P <torchrun pid>), and torchrun exits 0.
 - Precision: bf16 autocast on CUDA, plain float32 elsewhere. Optional torch.compile. Gradient
   accumulation skips DDP's all-reduce (no_sync) on all but the last micro-step.
 """
 
-import argparse
 import json
 import math
 import os
@@ -42,7 +52,6 @@ import signal
 import sys
 import threading
 import time
-import typing
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
@@ -52,104 +61,69 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common import atomic_open, config_parser, pick_device, run_main
 from model import GPT, GPTConfig, checkpoint_dict, get_config, load_weights, read_checkpoint
 from prepare_data import ShardError, load_meta, read_shard
 
-MODEL_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "input", "layout", "affine_seed",
-                "pad_token_id", "rope_base", "bias", "dropout")
+MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # TrainConfig overrides each; None keeps the preset's
 # dense bf16 peak FLOP/s of one device, matched against torch.cuda.get_device_name (longest name first)
 PEAK_FLOPS = {"B200": 2250e12, "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
 
 
-def opt(default, help):
+def setting(default, help):
     return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class TrainConfig:
     # data and output
-    data_dir: str = opt("data/shakespeare", "folder written by prepare_data.py (meta.json + shards)")
-    out_dir: str = opt("out", "where ckpt.pt, best.pt and log.jsonl go")
-    preset: str = opt("small", "model preset from model.PRESETS: paper | small | tiny")
+    data_dir: str = setting("data/shakespeare", "folder written by prepare_data.py (meta.json + shards)")
+    out_dir: str = setting("out", "where ckpt.pt, best.pt and log.jsonl go")
+    preset: str = setting("small", "model preset from model.PRESETS: paper | small | tiny")
     # model overrides: None keeps the checkpoint's value (resume/init_from), else the preset's;
     # vocab_size None takes the data's meta.json
-    vocab_size: int | None = opt(None, "model vocabulary (default: meta.json's)")
-    block_size: int | None = opt(None, "context length (training sequence length)")
-    n_layer: int | None = opt(None, "decoder blocks")
-    n_head: int | None = opt(None, "attention heads")
-    n_embd: int | None = opt(None, "model width")
-    input: str | None = opt(None, "input interface: binary | affine | learned")
-    layout: str | None = opt(None, "how K code bits fill n_embd dims: tile | interleave")
-    affine_seed: int | None = opt(None, "seed of the affine recoding's A and b")
-    pad_token_id: int | None = opt(None, "token whose binary code row is all zeros")
-    rope_base: float | None = opt(None, "rotary base")
-    bias: bool | None = opt(None, "biases in Linear and LayerNorm")
-    dropout: float | None = opt(None, "dropout probability (may differ from a checkpoint's)")
-    # optimisation
-    batch_size: int = opt(16, "sequences per micro-step per process")
-    grad_accum: int = opt(1, "micro-steps per optimizer step")
-    max_steps: int = opt(2000, "optimizer steps to train for (in total, counting resumed ones)")
-    lr: float = opt(6e-4, "peak learning rate")
-    min_lr: float = opt(6e-5, "learning rate at the end of the cosine decay")
-    warmup_steps: int = opt(100, "linear warmup steps")
-    lr_decay_steps: int | None = opt(None, "step where the cosine reaches min_lr (default: max_steps)")
-    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only)")
-    beta1: float = opt(0.9, "AdamW beta1")
-    beta2: float = opt(0.95, "AdamW beta2")
-    grad_clip: float = opt(1.0, "clip the global gradient norm to this (0: off)")
+    vocab_size: int | None = setting(None, "model vocabulary (default: meta.json's)")
+    block_size: int | None = setting(None, "context length (training sequence length)")
+    n_layer: int | None = setting(None, "decoder blocks")
+    n_head: int | None = setting(None, "attention heads")
+    n_embd: int | None = setting(None, "model width")
+    input: str | None = setting(None, "input interface: binary | affine | learned")
+    layout: str | None = setting(None, "how K code bits fill n_embd dims: tile | interleave")
+    affine_seed: int | None = setting(None, "seed of the affine recoding's A and b")
+    pad_token_id: int | None = setting(None, "token whose binary code row is all zeros")
+    rope_base: float | None = setting(None, "rotary base")
+    bias: bool | None = setting(None, "biases in Linear and LayerNorm")
+    dropout: float | None = setting(None, "dropout probability (may differ from a checkpoint's)")
+    # optimisation (defaults: the small preset on a CPU in a few minutes; a GPU wants more of everything)
+    batch_size: int = setting(8, "sequences per micro-step per process")
+    grad_accum: int = setting(1, "micro-steps per optimizer step")
+    max_steps: int = setting(200, "optimizer steps to train for (in total, counting resumed ones)")
+    lr: float = setting(1e-3, "peak learning rate")
+    min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay")
+    warmup_steps: int = setting(20, "linear warmup steps")
+    lr_decay_steps: int | None = setting(None, "step where the cosine reaches min_lr (default: max_steps)")
+    weight_decay: float = setting(0.1, "AdamW weight decay (matrices only)")
+    beta1: float = setting(0.9, "AdamW beta1")
+    beta2: float = setting(0.95, "AdamW beta2")
+    grad_clip: float = setting(1.0, "clip the global gradient norm to this (0: off)")
     # evaluation, logging, checkpoints
-    eval_interval: int = opt(250, "evaluate every this many steps, and at the end (0: never)")
-    eval_steps: int = opt(20, "validation batches per process per evaluation")
-    log_interval: int = opt(10, "print a log line every this many steps (log.jsonl gets every step)")
-    save_interval: int = opt(250, "write ckpt.pt every this many steps (0: only at the end or on a signal)")
+    eval_interval: int = setting(50, "evaluate every this many steps, and at the end (0: never)")
+    eval_steps: int = setting(8, "validation batches per process per evaluation")
+    log_interval: int = setting(10, "print a log line every this many steps (log.jsonl gets every step)")
+    save_interval: int = setting(100, "write ckpt.pt every this many steps (0: only at the end or on a signal)")
     # system
-    seed: int = opt(1337, "seed of the model init, the data order and dropout")
-    device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps (under torchrun: cuda:LOCAL_RANK)")
-    dtype: str = opt("auto", "auto | float32 | bfloat16 (bf16 autocast on CUDA; auto: bf16 where supported)")
-    compile: bool = opt(False, "torch.compile the model")
-    peak_flops: float | None = opt(None, "peak FLOP/s of one device for MFU (default: a table of GPUs; none on CPU)")
-    resume: bool = opt(False, "continue from out_dir/ckpt.pt (model, optimizer, step, data position, RNG)")
-    init_from: str | None = opt(None, "start from this checkpoint's weights (fine-tuning): fresh optimizer, step 0")
-
-
-# ----------------------------------------------------------------------------- command line
-def parse_bool(s):
-    if s.lower() in ("1", "true", "yes", "on"):
-        return True
-    if s.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
-
-
-def parse_int(s):
-    x = float(s)  # accepts 5000 and 5e3
-    if not x.is_integer():
-        raise ValueError(s)
-    return int(x)
-
-
-def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    hints = typing.get_type_hints(TrainConfig)
-    for f in fields(TrainConfig):
-        kinds = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
-        kind = {int: parse_int, bool: parse_bool}.get(kinds[0], kinds[0])
-        if type(None) in typing.get_args(hints[f.name]):  # optional: "none" means unset
-            kind = (lambda k: lambda s: None if s.lower() in ("none", "null") else k(s))(kind)
-            kind.__name__ = kinds[0].__name__
-        help = f.metadata["help"]
-        if kinds[0] is bool:
-            p.add_argument(f"--{f.name}", nargs="?", const=True, type=kind, default=f.default, metavar="BOOL",
-                           help=f"{help}; --no-{f.name} turns it off")
-            p.add_argument(f"--no-{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
-        else:
-            p.add_argument(f"--{f.name}", type=kind, default=f.default, help=help)
-    return p
+    seed: int = setting(1337, "seed of the model init, the data order and dropout")
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps (under torchrun: cuda:LOCAL_RANK)")
+    dtype: str = setting("auto", "auto | float32 | bfloat16 (bf16 autocast on CUDA; auto: bf16 where supported)")
+    compile: bool = setting(False, "torch.compile the model")
+    peak_flops: float | None = setting(None, "peak FLOP/s of one device for MFU (default: a table of GPUs; none on CPU)")
+    resume: bool = setting(False, "continue from out_dir/ckpt.pt (model, optimizer, step, data position, RNG)")
+    overwrite: bool = setting(False, "start afresh even though out_dir holds a checkpoint (it is replaced at the first save)")
+    init_from: str | None = setting(None, "start from this checkpoint's weights (fine-tuning): fresh optimizer, step 0")
 
 
 def parse_config(argv=None) -> TrainConfig:
-    return TrainConfig(**vars(build_parser().parse_args(argv)))
+    return TrainConfig(**vars(config_parser(TrainConfig, __doc__.strip().split("\n\n")[0]).parse_args(argv)))
 
 
 # ----------------------------------------------------------------------------- data
@@ -211,11 +185,13 @@ def eval_windows(n, total):
 
 
 @torch.no_grad()
-def evaluate(model, val, cfg, rank, world, device, autocast):
+def evaluate(model, val, cfg, rank, world, device, autocast, steps=None):
+    """Mean loss over the fixed validation windows; `steps` < eval_steps takes the first batches of each share."""
+    steps = steps or cfg.eval_steps
     model.eval()
     ids = eval_windows(val.n, cfg.eval_steps * cfg.batch_size * world)
     total = torch.zeros((), device=device)
-    for k in range(cfg.eval_steps):
+    for k in range(steps):
         start = (rank * cfg.eval_steps + k) * cfg.batch_size
         x, y = val.batch(ids[start : start + cfg.batch_size], device)
         with autocast:
@@ -223,7 +199,7 @@ def evaluate(model, val, cfg, rank, world, device, autocast):
     model.train()
     if world > 1:
         dist.all_reduce(total)
-    return total.item() / (cfg.eval_steps * world)
+    return total.item() / (steps * world)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -275,7 +251,8 @@ def model_config(cfg, meta, ckpt, path):
 
 
 class GracefulStop:
-    """SIGINT/SIGTERM set a flag that the loop checks after each step; a second SIGINT stops at once."""
+    """SIGINT/SIGTERM set a flag that the loop checks after each step. A second SIGINT raises
+    KeyboardInterrupt at once; a checkpoint being written then is dropped and the previous one stays."""
 
     def __enter__(self):
         self.requested, self.old = False, {}
@@ -303,12 +280,256 @@ def peak_flops(cfg, device):
     return None
 
 
-def pick_device(name, local_rank, distributed):
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and distributed:
-        name = f"cuda:{local_rank}"
-    return torch.device(name)
+# ----------------------------------------------------------------------------- training steps
+@dataclass
+class Run:
+    """One training run: what set_up builds, and the counters the loop advances (a checkpoint holds both)."""
+    cfg: TrainConfig
+    rank: int
+    world: int
+    device: torch.device
+    distributed: bool
+    mcfg: GPTConfig
+    raw: GPT  # the plain module: checkpoints, clipping, the optimizer's parameters
+    core: torch.nn.Module  # raw or its torch.compile: evaluation
+    model: torch.nn.Module  # core or its DDP wrapper: training
+    optimizer: torch.optim.Optimizer
+    train: Split
+    val: Split
+    autocast: object
+    tokenizer: dict  # the data's, saved with every checkpoint
+    flops: float  # per token, for MFU
+    peak: float | None
+    log: object = None  # log.jsonl, rank 0 only
+    step: int = 0  # optimizer steps taken
+    position: int = 0  # stream position of the next training window
+    val_loss: float | None = None  # of the last evaluation,
+    eval_step: int | None = None  # taken at this step
+    first_val: float | None = None
+    best_val: float | None = None
+    saved_step: int | None = None  # of ckpt.pt
+    step_times: list = field(default_factory=list)
+    window_start: int = 0  # the steps and time since the last printed line
+    window_t: float = field(default_factory=time.time)
+
+    @property
+    def master(self):
+        return self.rank == 0
+
+    @property
+    def windows_per_step(self):
+        return self.cfg.batch_size * self.cfg.grad_accum * self.world
+
+    @property
+    def ckpt_path(self):
+        return os.path.join(self.cfg.out_dir, "ckpt.pt")
+
+    def record(self, **entry):
+        if self.log:
+            self.log.write(json.dumps(entry) + "\n")
+            self.log.flush()
+
+
+def set_up(cfg, rank, world, device, distributed) -> Run:
+    """Check the settings, read the data and the checkpoint to start from, build model and optimizer."""
+    for name in ("batch_size", "grad_accum", "eval_steps", "log_interval"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if cfg.resume and cfg.overwrite:
+        raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces it: pass one of them")
+    taken = [p for p in (ckpt_path, os.path.join(cfg.out_dir, "best.pt")) if os.path.exists(p)]
+    if taken and not (cfg.resume or cfg.overwrite):
+        raise ValueError(f"{taken[0]} exists: continue that run with --resume, or start afresh and replace it with --overwrite")
+    dtype = cfg.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+    if not os.path.isfile(os.path.join(cfg.data_dir, "meta.json")):
+        raise ShardError(f"{cfg.data_dir}: no meta.json; prepare the data first "
+                         f"(`python prepare_data.py shakespeare` writes the default, data/shakespeare)")
+    meta = load_meta(cfg.data_dir)  # ShardError naming the folder if a shard is missing
+    source = ckpt_path if cfg.resume else cfg.init_from
+    ckpt = read_checkpoint(source) if source else None
+    if ckpt is not None:
+        check_tokenizer(ckpt, meta, source, cfg.data_dir)
+    mcfg = model_config(cfg, meta, ckpt, source)
+    if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
+        print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
+    train_split = Split(cfg.data_dir, meta, "train", mcfg.block_size, mcfg.vocab_size)
+    val_split = Split(cfg.data_dir, meta, "val", mcfg.block_size, mcfg.vocab_size)
+
+    torch.manual_seed(cfg.seed + rank)  # rank 0's init is every rank's (DDP broadcasts it); dropout differs
+    raw = GPT(mcfg).to(device)
+    if ckpt is not None:
+        load_weights(raw, ckpt["model"], source)
+    optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.beta1, cfg.beta2), device.type)
+    core = torch.compile(raw) if cfg.compile else raw
+    model = DDP(core, device_ids=[device.index] if device.type == "cuda" else None) if distributed else core
+    use_amp = device.type == "cuda" and dtype == "bfloat16"
+    run = Run(cfg, rank, world, device, distributed, mcfg, raw, core, model, optimizer, train_split, val_split,
+              torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else nullcontext(),
+              {"kind": "tiktoken", "encoding": meta["encoding"], "vocab_size": meta["vocab_size"]},
+              raw.flops_per_token(mcfg.block_size), peak_flops(cfg, device))
+    if cfg.resume:
+        restore(run, ckpt, source)
+    if run.master:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        run.log = open(os.path.join(cfg.out_dir, "log.jsonl"), "a" if cfg.resume else "w")
+        n = raw.num_params()
+        print(f"{mcfg.n_layer} layers x {mcfg.n_embd}, input={mcfg.input}, vocab {mcfg.vocab_size}: "
+              f"{n['trainable']:,} trainable, {n['frozen']:,} frozen values | {world} process(es) on {device}, {dtype} | "
+              f"{run.windows_per_step * mcfg.block_size:,} tokens/step, {train_split.n:,} train windows/epoch | "
+              f"{'resuming at' if cfg.resume else 'starting at'} step {run.step}")
+    run.record(event="start", step=run.step, world_size=world, device=str(device), train_config=asdict(cfg),
+               model_config=asdict(mcfg))
+    return run
+
+
+def check_tokenizer(ckpt, meta, source, data_dir):
+    """A token id means what the checkpoint's tokenizer says: the data must come from the same one."""
+    theirs = ckpt.get("tokenizer") or {}
+    if theirs.get("kind") == "tiktoken" and (theirs.get("encoding"), theirs.get("vocab_size")) != (meta["encoding"], meta["vocab_size"]):
+        raise ValueError(f"{source}: trained on {theirs.get('encoding')} tokens at vocab_size {theirs.get('vocab_size')}, "
+                         f"but {os.path.join(data_dir, 'meta.json')} says {meta['encoding']} at vocab_size {meta['vocab_size']}: "
+                         f"prepare the data with --encoding {theirs.get('encoding')} --vocab_size {theirs.get('vocab_size')}")
+
+
+def restore(run, ckpt, source):
+    """Continue where the checkpoint stopped: optimizer, step, data position, evaluations, RNG streams."""
+    if not {"optimizer", "step", "data", "rng"} <= ckpt.keys():
+        raise ValueError(f"{source}: holds weights but no training state to resume; start from it with --init_from")
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    run.step, run.position, run.best_val = ckpt["step"], ckpt["data"]["position"], ckpt["best_val_loss"]
+    run.eval_step, run.val_loss, run.saved_step = ckpt.get("eval_step"), ckpt.get("val_loss"), ckpt["step"]
+    if len(ckpt["rng"]) == run.world:
+        set_rng_state(ckpt["rng"][run.rank], run.device)
+    elif run.master:
+        print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {run.world}: RNG streams reseeded")
+
+
+def optimizer_step(run, stop_requested):
+    """One step on the next global batch -> (loss, grad norm, lr, stop). A bad loss or gradient stops
+    the run before the step, so nothing diverged is applied or saved."""
+    cfg = run.cfg
+    lr = lr_at(run.step, cfg)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    loss_sum = torch.zeros((), device=run.device)
+    for micro in range(cfg.grad_accum):
+        start = micro_batch_start(run.position, run.rank, micro, cfg.batch_size, cfg.grad_accum)
+        x, y = run.train.batch(stream_windows(start, cfg.batch_size, run.train.n, cfg.seed), run.device)
+        last_micro = micro == cfg.grad_accum - 1
+        with run.model.no_sync() if run.distributed and not last_micro else nullcontext():
+            with run.autocast:
+                _, loss = run.model(x, y)
+            (loss / cfg.grad_accum).backward()
+        loss_sum += loss.detach().float()
+    flags = torch.stack([loss_sum / cfg.grad_accum, torch.tensor(float(stop_requested), device=run.device)])
+    if run.distributed:  # one all-reduce: every rank sees the mean loss and stops at the same step
+        dist.all_reduce(flags)
+        flags[0] /= run.world
+    loss, stopping = flags[0].item(), flags[1].item() > 0
+    norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), cfg.grad_clip).item() if cfg.grad_clip > 0 else None
+    stop_if_bad(run, problem(loss, norm, run.mcfg.vocab_size), run.step + 1, loss=loss, grad_norm=norm)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.step, run.position = run.step + 1, run.position + run.windows_per_step
+    return loss, norm, lr, stopping
+
+
+def problem(loss, norm, vocab_size):
+    """Why a state with this loss and gradient norm cannot be trained on, or None (see the docstring)."""
+    if not math.isfinite(loss):
+        return f"non-finite loss ({loss})"
+    if norm is not None and not math.isfinite(norm):
+        return f"non-finite gradient norm ({norm})"
+    if loss > 2 * math.log(vocab_size):
+        return f"diverged: loss {loss:.4g} above 2 ln V = {2 * math.log(vocab_size):.2f}"
+    return None
+
+
+def stop_if_bad(run, why, step, **entry):
+    if why is None:
+        return
+    run.record(event="diverged", step=step, problem=why, **entry)
+    last = f"{run.ckpt_path} (step {run.saved_step})" if run.saved_step is not None else "none was written"
+    raise FloatingPointError(f"{why} at step {step}: stopped without saving; the last good checkpoint is "
+                             f"untouched: {last}. Try a lower --lr or --grad_clip.")
+
+
+def evaluate_and_log(run):
+    """Evaluate the state after run.step steps; a bad one stops the run, a new best goes to best.pt."""
+    loss = evaluate(run.core, run.val, run.cfg, run.rank, run.world, run.device, run.autocast)
+    why = problem(loss, None, run.mcfg.vocab_size)
+    stop_if_bad(run, why and f"validation {why}", run.step, val_loss=loss)
+    run.val_loss, run.eval_step = loss, run.step
+    run.first_val = loss if run.first_val is None else run.first_val
+    improved = run.best_val is None or loss < run.best_val
+    run.best_val = loss if improved else run.best_val
+    run.record(event="eval", step=run.step, val_loss=loss, best_val_loss=run.best_val)
+    if run.master:
+        print(f"step {run.step}: val loss {loss:.4f}{' (best)' if improved else ''}")
+    if improved and run.step > 0:
+        save(run, "best.pt")
+
+
+def check_state(run):
+    """Stop unless the state about to be saved is good: finite weights, and its validation loss (this
+    step's evaluation, else one batch's) passes `problem`. Every rank takes part."""
+    finite = torch.stack([p.isfinite().all() for p in run.raw.parameters()]).all().item()
+    loss = run.val_loss if run.eval_step == run.step else None
+    if finite and loss is None:
+        loss = evaluate(run.core, run.val, run.cfg, run.rank, run.world, run.device, run.autocast, steps=1)
+    why = "non-finite weights" if not finite else problem(loss, None, run.mcfg.vocab_size)
+    stop_if_bad(run, why and f"validation {why}", run.step)
+
+
+def save(run, name):
+    """Write out_dir/name (ckpt.pt or best.pt) atomically, only of a good state; every rank takes part."""
+    check_state(run)
+    rngs = [None] * run.world
+    if run.distributed:
+        dist.all_gather_object(rngs, rng_state(run.device))
+    else:
+        rngs = [rng_state(run.device)]
+    if name == "ckpt.pt":
+        run.saved_step = run.step
+    if not run.master:
+        return
+    cfg, path = run.cfg, os.path.join(run.cfg.out_dir, name)
+    state = checkpoint_dict(run.raw, run.tokenizer, optimizer=run.optimizer.state_dict(), step=run.step, rng=rngs,
+                            data={"position": run.position, "global_batch": run.windows_per_step, "windows": run.train.n,
+                                  "epoch": run.position // run.train.n, "seed": cfg.seed},
+                            train_config=asdict(cfg), best_val_loss=run.best_val,
+                            val_loss=run.val_loss if run.eval_step == run.step else None, eval_step=run.eval_step,
+                            world_size=run.world)
+    try:
+        with atomic_open(path) as f:
+            torch.save(state, f)
+    except OSError as e:  # e.g. a full disk: atomic_open left the previous file as it was
+        raise OSError(f"{path}: not written ({e.strerror or e}); the previous {name} is untouched") from None
+
+
+def log_step(run, loss, norm, lr, dt, stopping):
+    """log.jsonl gets every step; stdout every log_interval steps, with the throughput over those steps."""
+    cfg, tokens = run.cfg, run.windows_per_step * run.mcfg.block_size  # tokens per step
+    mfu = run.flops * tokens / dt / (run.peak * run.world) if run.peak else None
+    run.record(event="train", step=run.step, loss=loss, lr=lr, grad_norm=norm, dt=dt, tokens_per_s=tokens / dt,
+               mfu=mfu, tokens=run.position * run.mcfg.block_size)
+    run.step_times.append(dt)
+    if run.master and (run.step % cfg.log_interval == 0 or run.step == cfg.max_steps or stopping):
+        window = run.step_times[run.window_start :]  # tokens/s over these steps' time; the ETA counts evals too
+        tok_s = len(window) * tokens / sum(window)
+        eta = (cfg.max_steps - run.step) * (time.time() - run.window_t) / len(window)
+        run.window_start, run.window_t = len(run.step_times), time.time()
+        mfu_s = f" | mfu {100 * run.flops * tok_s / (run.peak * run.world):.1f}%" if run.peak else ""
+        print(f"step {run.step}/{cfg.max_steps} | loss {loss:.4f} | lr {lr:.2e} | {tok_s:,.0f} tok/s{mfu_s} | "
+              f"eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s", flush=True)
 
 
 # ----------------------------------------------------------------------------- training
@@ -316,7 +537,9 @@ def train(cfg: TrainConfig) -> dict:
     """Train as cfg says; returns a summary (steps, tokens, first/final/best val loss, ...)."""
     distributed = "RANK" in os.environ  # launched by torchrun
     rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if distributed else (0, 0, 1)
-    device = pick_device(cfg.device, local_rank, distributed)
+    device = pick_device(cfg.device)
+    if distributed and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)  # one GPU per rank
     if distributed:
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -329,193 +552,46 @@ def train(cfg: TrainConfig) -> dict:
 
 
 def _train(cfg, rank, world, device, distributed):
-    t_start, master = time.time(), rank == 0
-    for name in ("batch_size", "grad_accum", "eval_steps", "log_interval"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
-    dtype = cfg.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
-    use_amp = device.type == "cuda" and dtype == "bfloat16"
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else nullcontext()
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-
-    # checkpoint to start from, data, model
-    meta = load_meta(cfg.data_dir)  # ShardError naming the folder if meta.json or a shard is missing
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    source = ckpt_path if cfg.resume else cfg.init_from
-    ckpt = read_checkpoint(source) if source else None
-    mcfg = model_config(cfg, meta, ckpt, source)
-    if mcfg.vocab_size != meta["vocab_size"] and master:
-        print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
-    train_split = Split(cfg.data_dir, meta, "train", mcfg.block_size, mcfg.vocab_size)
-    val_split = Split(cfg.data_dir, meta, "val", mcfg.block_size, mcfg.vocab_size)
-
-    torch.manual_seed(cfg.seed + rank)  # rank 0's init is every rank's (DDP broadcasts it); dropout differs
-    raw = GPT(mcfg).to(device)
-    if ckpt is not None:
-        load_weights(raw, ckpt["model"], source)
-    optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.beta1, cfg.beta2), device.type)
-    core = torch.compile(raw) if cfg.compile else raw
-    model = DDP(core, device_ids=[device.index] if device.type == "cuda" else None) if distributed else core
-
-    G = cfg.batch_size * cfg.grad_accum * world  # windows per optimizer step
-    step = position = 0
-    best_val, eval_done_at = None, None
-    if cfg.resume:
-        if not {"optimizer", "step", "data", "rng"} <= ckpt.keys():
-            raise ValueError(f"{source}: holds weights but no training state to resume; start from it with --init_from")
-        optimizer.load_state_dict(ckpt["optimizer"])
-        step, position, best_val = ckpt["step"], ckpt["data"]["position"], ckpt["best_val_loss"]
-        eval_done_at = ckpt.get("eval_step")
-        if len(ckpt["rng"]) == world:
-            set_rng_state(ckpt["rng"][rank], device)
-        elif master:
-            print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {world}: RNG streams reseeded")
-    saved_at = step if cfg.resume else None
-    tokenizer = {"kind": "tiktoken", "encoding": meta["encoding"], "vocab_size": meta["vocab_size"]}
-    flops, peak = raw.flops_per_token(mcfg.block_size), peak_flops(cfg, device)
-
-    def save(path, val_loss):
-        rngs = [None] * world
-        if distributed:
-            dist.all_gather_object(rngs, rng_state(device))
-        else:
-            rngs = [rng_state(device)]
-        if not master:
-            return
-        state = checkpoint_dict(raw, tokenizer, optimizer=optimizer.state_dict(), step=step, rng=rngs,
-                                data={"position": position, "global_batch": G, "windows": train_split.n,
-                                      "epoch": position // train_split.n, "seed": cfg.seed},
-                                train_config=asdict(cfg), best_val_loss=best_val, val_loss=val_loss,
-                                eval_step=eval_done_at, world_size=world)
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-
-    if master:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        if not cfg.resume and os.path.exists(ckpt_path):
-            print(f"note: starting afresh; overwriting {ckpt_path}")
-        log_file = open(os.path.join(cfg.out_dir, "log.jsonl"), "a" if cfg.resume else "w")
-        n = raw.num_params()
-        print(f"{mcfg.n_layer} layers x {mcfg.n_embd}, input={mcfg.input}, vocab {mcfg.vocab_size}: "
-              f"{n['trainable']:,} trainable, {n['frozen']:,} frozen values | {world} process(es) on {device}, {dtype} | "
-              f"{G * mcfg.block_size:,} tokens/step, {train_split.n:,} train windows/epoch | "
-              f"{'resuming at' if cfg.resume else 'starting at'} step {step}")
-
-    def record(**entry):
-        if master:
-            log_file.write(json.dumps(entry) + "\n")
-            log_file.flush()
-
-    record(event="start", step=step, world_size=world, device=str(device), train_config=asdict(cfg),
-           model_config=asdict(mcfg))
-    first_val = last_val = train_loss = None
+    t_start = time.time()
+    run = set_up(cfg, rank, world, device, distributed)
+    loss = None
     stopping = False
-    window_t, window_start, step_times = time.time(), 0, []
     try:
         with GracefulStop() as stop:
             while True:
-                # evaluate, checkpoint: the state after `step` optimizer steps
-                if cfg.eval_interval > 0 and (step % cfg.eval_interval == 0 or step >= cfg.max_steps) and step != eval_done_at:
-                    last_val = evaluate(core, val_split, cfg, rank, world, device, autocast)
-                    first_val = last_val if first_val is None else first_val
-                    eval_done_at = step
-                    improved = best_val is None or last_val < best_val
-                    best_val = last_val if improved else best_val
-                    record(event="eval", step=step, val_loss=last_val, best_val_loss=best_val)
-                    if master:
-                        print(f"step {step}: val loss {last_val:.4f}{' (best)' if improved else ''}")
-                    if improved and step > 0:
-                        save(os.path.join(cfg.out_dir, "best.pt"), last_val)
-                if step >= cfg.max_steps or stopping:
-                    if saved_at != step:
-                        save(ckpt_path, last_val if eval_done_at == step else None)
+                # the state after run.step optimizer steps: evaluate it, save it, or stop
+                if (cfg.eval_interval > 0 and (run.step % cfg.eval_interval == 0 or run.step >= cfg.max_steps)
+                        and run.step != run.eval_step):
+                    evaluate_and_log(run)
+                done = run.step >= cfg.max_steps or stopping
+                due = cfg.save_interval > 0 and run.step % cfg.save_interval == 0 and run.step > 0
+                if (done or due) and run.saved_step != run.step:
+                    save(run, "ckpt.pt")
+                if done:
                     break
-                if cfg.save_interval > 0 and step % cfg.save_interval == 0 and saved_at != step and step > 0:
-                    save(ckpt_path, last_val if eval_done_at == step else None)
-                    saved_at = step
-
-                # one optimizer step
                 t0 = time.time()
-                lr = lr_at(step, cfg)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                loss_sum = torch.zeros((), device=device)
-                for micro in range(cfg.grad_accum):
-                    start = micro_batch_start(position, rank, micro, cfg.batch_size, cfg.grad_accum)
-                    x, y = train_split.batch(stream_windows(start, cfg.batch_size, train_split.n, cfg.seed), device)
-                    last_micro = micro == cfg.grad_accum - 1
-                    with model.no_sync() if distributed and not last_micro else nullcontext():
-                        with autocast:
-                            _, loss = model(x, y)
-                        (loss / cfg.grad_accum).backward()
-                    loss_sum += loss.detach().float()
-                flags = torch.stack([loss_sum / cfg.grad_accum, torch.tensor(float(stop.requested), device=device)])
-                if distributed:
-                    dist.all_reduce(flags)
-                    flags[0] /= world
-                train_loss, stopping = flags[0].item(), flags[1].item() > 0
-                norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip).item() if cfg.grad_clip > 0 else None
-                if not math.isfinite(train_loss) or (norm is not None and not math.isfinite(norm)):
-                    record(event="nonfinite", step=step + 1, loss=train_loss, grad_norm=norm)
-                    last = f"{ckpt_path} (step {saved_at})" if saved_at is not None else "none was written"
-                    raise FloatingPointError(
-                        f"non-finite {'loss' if not math.isfinite(train_loss) else 'gradient norm'} "
-                        f"({train_loss if not math.isfinite(train_loss) else norm}) at step {step + 1}: stopped without "
-                        f"saving; the last good checkpoint is untouched: {last}. Try a lower --lr or --grad_clip.")
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                step, position = step + 1, position + G
-
-                # log
-                dt = time.time() - t0
-                tok_s = G * mcfg.block_size / dt
-                mfu = flops * tok_s / (peak * world) if peak else None
-                record(event="train", step=step, loss=train_loss, lr=lr, grad_norm=norm, dt=dt, tokens_per_s=tok_s,
-                       mfu=mfu, tokens=position * mcfg.block_size)
-                step_times.append(dt)
-                if master and (step % cfg.log_interval == 0 or step == cfg.max_steps or stopping):
-                    window = step_times[window_start:]  # tokens/s over these steps' time; the ETA counts evals too
-                    tok_s = len(window) * G * mcfg.block_size / sum(window)
-                    eta = (cfg.max_steps - step) * (time.time() - window_t) / len(window)
-                    window_start, window_t = len(step_times), time.time()
-                    mfu_s = f" | mfu {100 * flops * tok_s / (peak * world):.1f}%" if peak else ""
-                    print(f"step {step}/{cfg.max_steps} | loss {train_loss:.4f} | lr {lr:.2e} | "
-                          f"{tok_s:,.0f} tok/s{mfu_s} | eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s",
-                          flush=True)
-        summary = {"steps": step, "tokens": position * mcfg.block_size, "first_val_loss": first_val,
-                   "final_val_loss": last_val, "best_val_loss": best_val, "final_train_loss": train_loss,
-                   "interrupted": stopping and step < cfg.max_steps, "wall_s": time.time() - t_start,
-                   "tokens_per_s": G * mcfg.block_size * len(step_times) / sum(step_times) if step_times else None,
+                loss, norm, lr, stopping = optimizer_step(run, stop.requested)
+                log_step(run, loss, norm, lr, time.time() - t0, stopping)
+        tokens_per_step = run.windows_per_step * run.mcfg.block_size
+        summary = {"steps": run.step, "tokens": run.position * run.mcfg.block_size, "first_val_loss": run.first_val,
+                   "final_val_loss": run.val_loss, "best_val_loss": run.best_val, "final_train_loss": loss,
+                   "interrupted": stopping and run.step < cfg.max_steps, "wall_s": time.time() - t_start,
+                   "tokens_per_s": tokens_per_step * len(run.step_times) / sum(run.step_times) if run.step_times else None,
                    "out_dir": cfg.out_dir}
-        record(event="end", **summary)
+        run.record(event="end", **summary)
     finally:
-        if master:
-            log_file.close()
-
-    if master:
-        print(f"done: step {step}, {summary['tokens']:,} tokens, val loss {last_val}, best {best_val}; "
-              f"{summary['wall_s']:.0f}s; checkpoint {ckpt_path}")
+        if run.log:
+            run.log.close()
+    if run.master:
+        print(f"done: step {run.step}, {summary['tokens']:,} tokens, val loss {run.val_loss}, best {run.best_val}; "
+              f"{summary['wall_s']:.0f}s; checkpoint {run.ckpt_path}")
     return summary
 
 
 def main(argv=None) -> int:
-    cfg = parse_config(argv)
-    try:
-        train(cfg)
-    except (ValueError, OSError, FloatingPointError) as e:  # ShardError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    train(parse_config(argv))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))
