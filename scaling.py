@@ -11,7 +11,8 @@ Design choices, up front:
   sizes) over the same seeds, with the same data, tokenizer, token budget and data order (a seed fixes
   the init and the order, see compare.py). (2) Tokens: at the smallest size, learned vs binary trained
   --long_factor times longer, evaluated along the way, so "learns slower" and "ends worse" can be told
-  apart. (3) Fair in parameters? A binary model at the --ablation width given extra layers until it
+  apart (one seed by default: at this size the gap is ~40x the seed spread, and the short runs'
+  seeds show that spread). (3) Fair in parameters? A binary model at the --ablation width given extra layers until it
   has the learned model's trainable parameter count, against the learned model of the base size.
 - Sizes grow width and depth together (2 x 48 ... 6 x 192), as GPT families do: at V = 8,192 the
   untied head (V x n_embd) is most of a small model, so width alone would move mostly the head, and
@@ -50,9 +51,9 @@ from prepare_data import load_meta
 
 # the default study: ~2 h on 2 CPU cores with --jobs 2
 DEFAULTS = dict(sizes="2x48,3x80,4x128,6x192", affine_sizes="2x48,4x128", ablation="4x128", long_factor=4,
-                steps=400, seeds=2, evals=8, n_head=4, block_size=128, batch_size=16, lr=2e-3, eval_batches=8,
+                long_seeds=1, steps=400, seeds=2, evals=8, n_head=4, block_size=128, batch_size=16, lr=2e-3, eval_batches=8,
                 vocab_size=8192)
-QUICK = dict(sizes="1x16,1x32,2x48,2x64", affine_sizes="1x16,2x48", ablation="2x64", long_factor=3,
+QUICK = dict(sizes="1x16,1x32,2x48,2x64", affine_sizes="1x16,2x48", ablation="2x64", long_factor=3, long_seeds=2,
              steps=30, evals=3, block_size=64, batch_size=8, eval_batches=4)
 # one large point for a single H200 (bf16 autocast, --compile): 12 x 768 learned vs binary, 2 seeds,
 # 1,500 steps of 32 x 1024 tokens (49M tokens a run); needs a corpus of that size (see README)
@@ -101,7 +102,7 @@ def plan(args, vocab_size):
     jobs += [(point(L, D), "affine", s) for L, D in parse_sizes(args.affine_sizes) for s in range(args.seeds)]
     if args.long_factor > 1:
         L, D = sizes[0]
-        jobs += [(point(L, D, "-long", args.long_factor), v, s) for s in range(args.seeds) for v in ("learned", "binary")]
+        jobs += [(point(L, D, "-long", args.long_factor), v, s) for s in range(args.long_seeds) for v in ("learned", "binary")]
     return list(dict.fromkeys(jobs))
 
 
@@ -376,7 +377,7 @@ def main(argv=None):
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.out = args.out or "runs/scaling" + ("-quick" if args.quick else "-gpu" if args.gpu else "")
-    for name in ("seeds", "steps", "evals", "jobs", "long_factor", "batch_size", "eval_batches"):
+    for name in ("seeds", "steps", "evals", "jobs", "long_factor", "long_seeds", "batch_size", "eval_batches"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
     meta = compare.prepared(args)

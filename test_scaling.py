@@ -30,7 +30,7 @@ def data(tmp_path_factory):
 
 def sweep(data, out, sizes="1x16,1x32"):
     return scaling.main(["--data", data, "--out", str(out), "--sizes", sizes, "--affine_sizes", "1x16",
-                         "--ablation", "1x32", "--long_factor", "2", "--steps", "3", "--evals", "1", "--seeds", "2",
+                         "--ablation", "1x32", "--long_factor", "2", "--long_seeds", "2", "--steps", "3", "--evals", "1", "--seeds", "2",
                          "--n_head", "2", "--block_size", "16", "--batch_size", "2", "--eval_batches", "1",
                          "--device", "cpu"])
 
