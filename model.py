@@ -48,17 +48,29 @@ def binary_code(ids: torch.Tensor, bits: int) -> torch.Tensor:
     return ((ids.unsqueeze(-1) >> shifts) & 1).float()
 
 
+def canonical_code(vocab_size: int, pad_token_id: int | None = None) -> torch.Tensor:
+    """The release's V x K code table: row t = bits of t, least significant first; the pad row all
+    zeros (so <pad> and token 0 share an input, as in the release). Built on the CPU."""
+    table = binary_code(torch.arange(vocab_size, device="cpu"), code_bits(vocab_size))
+    if pad_token_id is not None:
+        table[pad_token_id] = 0.0
+    return table
+
+
 def lift_index(n_embd: int, bits: int, layout: str) -> torch.Tensor:
     """Which bit each of the n_embd model dims carries (the zero-parameter lift from K to n_embd).
 
     tile:       dim j carries bit j mod K; when K does not divide n_embd the last copy is cut short.
-    interleave: bit k fills the contiguous dims [k*r, (k+1)*r) with r = ceil(n_embd / K),
-                i.e. code.repeat_interleave(r) cut to n_embd (the author's earlier models).
+    interleave: bit k fills the contiguous dims [k*n_embd/K, (k+1)*n_embd/K), i.e. dim j carries
+                bit floor(j*K / n_embd): code.repeat_interleave(n_embd/K) when K divides n_embd (the
+                author's earlier models); otherwise every bit still gets floor or ceil of n_embd/K dims.
+    Both keep every bit when n_embd >= K (GPTConfig checks it). Built on the CPU, also inside a
+    meta-device context: the lift is never stored in a checkpoint.
     """
-    dims = torch.arange(n_embd)
+    dims = torch.arange(n_embd, device="cpu")
     if layout == "tile":
         return dims % bits
-    return dims // math.ceil(n_embd / bits)
+    return dims * bits // n_embd
 
 
 class BinaryCodeInput(nn.Module):
@@ -70,12 +82,8 @@ class BinaryCodeInput(nn.Module):
 
     def __init__(self, vocab_size, n_embd, layout="tile", pad_token_id=None):
         super().__init__()
-        bits = code_bits(vocab_size)
-        table = binary_code(torch.arange(vocab_size), bits)  # (V, K)
-        if pad_token_id is not None:
-            table[pad_token_id] = 0.0
-        self.register_buffer("weight", table)
-        self.register_buffer("lift", lift_index(n_embd, bits, layout), persistent=False)
+        self.register_buffer("weight", canonical_code(vocab_size, pad_token_id))  # (V, K)
+        self.register_buffer("lift", lift_index(n_embd, code_bits(vocab_size), layout), persistent=False)
 
     def forward(self, idx):
         return self.weight[idx].index_select(-1, self.lift)  # (B, T) -> (B, T, K) -> (B, T, n_embd)
@@ -150,6 +158,9 @@ class GPTConfig:
             raise ValueError(f"unknown input {self.input!r}: choose binary, affine or learned")
         if self.layout not in ("tile", "interleave"):
             raise ValueError(f"unknown layout {self.layout!r}: choose tile or interleave")
+        if self.input != "learned" and self.n_embd < self.code_bits:
+            raise ValueError(f"n_embd ({self.n_embd}) is smaller than the {self.code_bits} code bits of vocab_size "
+                             f"{self.vocab_size}: some tokens would share an input")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"pad_token_id {self.pad_token_id} is outside [0, {self.vocab_size})")
         if not 0.0 <= self.dropout < 1.0:
@@ -179,16 +190,26 @@ def get_config(preset: str, **overrides) -> GPTConfig:
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
     """cos and sin of the rotary angles, (T,) positions -> 2 x (T, head_dim); float64 math keeps long
     positions accurate, and the same formula serves the precomputed table and positions past it."""
-    inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
     angles = positions.double()[:, None] * inv_freq[None, :]  # (T, head_dim/2)
     angles = torch.cat([angles, angles], dim=-1)  # rotate-half layout: frequencies repeat
     return angles.cos().float(), angles.sin().float()
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate-half RoPE: x (B, H, T, D), cos/sin (T, D)."""
+    """Rotate-half RoPE: x (..., T, D), cos/sin (T, D)."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def check_ids(idx, vocab_size):
+    """A clear error for ids outside [0, V) where they enter (a bad id would fail deep inside an index
+    op, on a GPU as a device assert, or with the affine input silently alias another token)."""
+    if idx.numel() == 0:
+        raise ValueError("no token ids: a prompt needs at least one token")
+    lo, hi = idx.min().item(), idx.max().item()
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
 
 
 class KVCache:
@@ -202,15 +223,10 @@ class KVCache:
 
     def update(self, layer, k, v):
         """Store k, v (B, H, T, D) of the newest T tokens; return every cached key and value."""
-        size = self.k.shape[3]
-        T = k.shape[2]
-        if T == 1:
-            slot = self.pos % size
-            self.k[layer, :, :, slot] = k[:, :, 0]
-            self.v[layer, :, :, slot] = v[:, :, 0]
-        else:  # the prompt: only at the start, at most block_size tokens
-            self.k[layer, :, :, :T] = k
-            self.v[layer, :, :, :T] = v
+        size, T = self.k.shape[3], k.shape[2]
+        slot = self.pos % size  # one token: its slot; the prompt (at most block_size tokens) comes at pos 0
+        self.k[layer, :, :, slot : slot + T] = k
+        self.v[layer, :, :, slot : slot + T] = v
         n = min(self.pos + T, size)
         return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
 
@@ -226,10 +242,10 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, cos, sin, cache=None, layer=0):
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        # (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        # (B, T, 3C) -> (B, T, 3, H, D) -> (3, B, H, T, D): q, k, v as views of one tensor
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        qk = apply_rotary(qkv[:2], cos, sin)  # q and k rotated in one go: fewer ops per decoded token
+        q, k, v = qk[0], qk[1], qkv[2]
         # a single new token attends to every cached one: no mask; a prompt is causal within itself
         causal = T > 1
         if cache is not None:
@@ -238,7 +254,7 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update(layer, k, v)
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, D) -> (B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
         return self.resid_drop(self.proj(y))
 
 
@@ -279,7 +295,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        cos, sin = rotary_cos_sin(torch.arange(config.block_size), config.n_embd // config.n_head, config.rope_base)
+        # on the CPU even inside a meta-device context: non-persistent, so no checkpoint brings them
+        cos, sin = rotary_cos_sin(torch.arange(config.block_size, device="cpu"), config.n_embd // config.n_head, config.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
@@ -306,14 +323,11 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits, loss). With a cache (generation), only the last position's
-        logits are computed, shape (B, 1, V); otherwise (B, T, V)."""
+        logits are computed, shape (B, 1, V); otherwise (B, T, V). Ids are not checked here (two host
+        syncs a step): train.py checks its shards, stream()/generate() a prompt, check_ids anything else."""
         T, V = idx.shape[1], self.config.vocab_size
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        if not torch.compiler.is_compiling():  # a bad id would otherwise fail deep inside an index op
-            lo, hi = idx.min().item(), idx.max().item()
-            if lo < 0 or hi >= V:
-                raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {V})")
         cos, sin = self.rotary(cache.pos if cache is not None else 0, T)
         x = self.embed(idx)  # (B, T, n_embd)
         for layer, block in enumerate(self.blocks):
@@ -363,6 +377,7 @@ class GPT(nn.Module):
         it (their keys were computed in their own windows, as in any sliding-window KV cache).
         Once a sequence emits eos_token_id it keeps emitting it; all done ends the stream.
         """
+        check_ids(idx, self.config.vocab_size)
         idx = idx[:, -self.config.block_size :]
         p = next(self.parameters())
         cache = KVCache(self.config, idx.shape[0], p.device, p.dtype)
@@ -388,33 +403,57 @@ def read_checkpoint(path, device="cpu"):
     """The checkpoint dict in a .pt file, or in a folder holding ckpt.pt; a clear error names the file.
 
     A checkpoint is a dict of plain types: "model" (state dict), "model_config" (GPTConfig fields),
-    "tokenizer" (how to decode), plus training state where train.py wrote it.
+    "tokenizer" (how to decode), plus training state where train.py wrote it. The file is memory-mapped
+    (copy-on-write: writing a tensor never touches the file), so on the CPU its tensors are read from
+    the page cache when first used and never held twice.
     """
     file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file}: no checkpoint there")
     try:
-        ckpt = torch.load(file, map_location=device, weights_only=True)
+        ckpt = torch.load(file, map_location=device, weights_only=True, mmap=True)
     except Exception as e:
-        raise ValueError(f"{file}: cannot read this checkpoint ({type(e).__name__}: {str(e)[:200]})") from None
+        raise ValueError(f"{file}: cannot read this checkpoint, truncated or not a PyTorch file "
+                         f"({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
         raise ValueError(f"{file}: not a checkpoint of this project (needs 'model' and 'model_config')")
     return ckpt
 
 
 def load_weights(model, state_dict, source):
-    try:
-        model.load_state_dict(state_dict)
-    except RuntimeError as e:
-        raise ValueError(f"{source}: weights of another shape than its model_config: {str(e)[:500]}") from None
+    """Make model's parameters and buffers the state dict's own tensors (assign: no copy), cast where a
+    dtype differs. The model may be built on the meta device; a missing, unexpected or misshapen
+    tensor is a ValueError naming `source`."""
+    own = model.state_dict()
+    problems = [f"missing {k}" for k in own if k not in state_dict]
+    problems += [f"unexpected {k}" for k in state_dict if k not in own]
+    problems += [f"{k}: {tuple(t.shape)} in the file, {tuple(own[k].shape)} in the model" for k, t in state_dict.items()
+                 if k in own and t.shape != own[k].shape]
+    if problems:
+        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
+        raise ValueError(f"{source}: weights do not fit its model_config: {'; '.join(problems[:4])}{more}")
+    # assign: the model takes these very tensors (memory-mapped on the CPU), no second copy
+    model.load_state_dict({k: t.to(own[k].dtype) for k, t in state_dict.items()}, assign=True)
+
+
+def model_from_weights(config, state_dict, source):
+    """GPT(config) holding the state dict's tensors: built on the meta device (no random init, no
+    memory), then the tensors assigned. Its non-persistent buffers (lift, rotary tables) are built on
+    the CPU in any case, so nothing is left on meta."""
+    with torch.device("meta"):
+        model = GPT(config)
+    load_weights(model, state_dict, source)
+    return model
 
 
 def load_checkpoint(path, device="cpu"):
-    """Read a checkpoint and build its model: returns (model, ckpt)."""
+    """Read a checkpoint and build its model on `device`: returns (model, ckpt)."""
     ckpt = read_checkpoint(path, device)
-    model = GPT(GPTConfig(**ckpt["model_config"])).to(device)
-    load_weights(model, ckpt["model"], path)
-    return model, ckpt
+    try:
+        config = GPTConfig(**ckpt["model_config"])
+    except TypeError as e:
+        raise ValueError(f"{path}: its model_config does not fit GPTConfig ({e})") from None
+    return model_from_weights(config, ckpt["model"], path).to(device), ckpt
 
 
 def checkpoint_dict(model, tokenizer, **extra):

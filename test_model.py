@@ -11,6 +11,7 @@ from model import (
     AffineCodeInput,
     BinaryCodeInput,
     GPTConfig,
+    check_ids,
     checkpoint_dict,
     code_bits,
     get_config,
@@ -63,7 +64,7 @@ def test_worked_example_of_the_docstring():
     assert x.tolist() == [float(b) for b in code for _ in range(64)]
 
 
-@pytest.mark.parametrize("n_embd, K", [(1024, 16), (100, 13), (16, 16), (40, 16)])
+@pytest.mark.parametrize("n_embd, K", [(1024, 16), (100, 13), (16, 16), (40, 16), (32, 9)])
 def test_layouts(n_embd, K):
     V = 2**K
     ids = torch.randint(0, V, (3, 5), generator=torch.Generator().manual_seed(1))
@@ -71,25 +72,48 @@ def test_layouts(n_embd, K):
     tile = BinaryCodeInput(V, n_embd, layout="tile")(ids)
     inter = BinaryCodeInput(V, n_embd, layout="interleave")(ids)
     assert tile.shape == inter.shape == (3, 5, n_embd)
-    r = -(-n_embd // K)  # ceil
     for j in range(n_embd):
         assert torch.equal(tile[..., j], code[..., j % K])  # the last copy is cut short
-        assert torch.equal(inter[..., j], code[..., j // r])
-    assert torch.equal(inter, code.repeat_interleave(r, dim=-1)[..., :n_embd])
-    if n_embd % K == 0:  # then both layouts carry each bit equally often: a fixed permutation of dims
+        assert torch.equal(inter[..., j], code[..., j * K // n_embd])  # bit k: dims [k n_embd/K, (k+1) n_embd/K)
+    widths = torch.bincount(lift_index(n_embd, K, "interleave"), minlength=K)
+    assert widths.min() == n_embd // K and widths.max() == -(-n_embd // K)  # every bit kept, evenly
+    if n_embd % K == 0:  # the release's repeat_interleave; both layouts carry each bit equally often
+        assert torch.equal(inter, code.repeat_interleave(n_embd // K, dim=-1))
         assert torch.equal(tile.sort(dim=-1).values, inter.sort(dim=-1).values)
+
+
+@pytest.mark.parametrize("layout", ["tile", "interleave"])
+@pytest.mark.parametrize("input", ["binary", "affine"])
+def test_every_accepted_config_gives_every_token_its_own_input(input, layout):
+    """Issue 9: interleave with r = ceil(n_embd/K) dropped the last bits (V=512, n_embd=64: 256 inputs)."""
+    for V in (2, 3, 100, 512, 513, 4096):
+        for n_embd in (*range(2, 20, 2), 24, 32, 36, 40, 48, 64):
+            try:
+                cfg = GPTConfig(vocab_size=V, n_embd=n_embd, n_head=1, n_layer=1, block_size=4, input=input, layout=layout)
+            except ValueError as e:
+                assert n_embd < code_bits(V) and "some tokens would share an input" in str(e)
+                continue
+            embed = BinaryCodeInput(V, n_embd, layout) if input == "binary" else AffineCodeInput(V, n_embd, layout)
+            inputs = embed(torch.arange(V)[None])[0]  # (V, n_embd)
+            assert inputs.unique(dim=0).shape[0] == V, (V, n_embd, cfg.layout)
+
+
+def test_pad_row_is_the_only_shared_input():
+    embed = BinaryCodeInput(512, 32, "interleave", pad_token_id=7)
+    inputs = embed(torch.arange(512)[None])[0]
+    assert inputs.unique(dim=0).shape[0] == 511 and torch.equal(inputs[7], inputs[0])  # both all zeros, as released
 
 
 def test_binary_input_has_no_parameters():
     model = tiny()
     assert list(model.embed.parameters()) == []
-    assert not model.embed.weight.requires_grad
     assert "embed.weight" in model.state_dict()  # stored, like the release's frozen nn.Embedding
 
 
 def test_model_card_audit_runs_unchanged():
     """Everything after the card's loading lines, verbatim, on a paper-preset binary model."""
-    model = GPT(get_config("paper")).cpu().eval()
+    with torch.device("meta"):  # no 470M weights: the code table is built on the CPU all the same
+        model = GPT(get_config("paper"))
     audit = '''
 embedding = model.get_input_embeddings()
 weight = embedding.weight.detach()
@@ -211,8 +235,6 @@ def test_gradients_reach_every_trainable_parameter_and_never_the_code(variant, b
     loss.backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
-    for name, buf in model.named_buffers():
-        assert not buf.requires_grad and buf.grad is None, name
     if variant != "learned":
         assert sum(p.numel() for p in model.embed.parameters()) == 0
 
@@ -237,6 +259,79 @@ def test_checkpoint_round_trip_with_weights_only(tmp_path):
     idx = torch.randint(0, 512, (2, 10))
     assert torch.equal(loaded(idx)[0], model(idx)[0])
     assert loaded.config == model.config and ckpt["tokenizer"]["encoding"] == "gpt2"
+
+
+def old_load(path):
+    """The loading path before issue 12: random init, a full read, then a copy into the model."""
+    ckpt = torch.load(path, weights_only=True)
+    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    return model
+
+
+@pytest.mark.parametrize("variant", ["binary", "affine", "learned"])
+def test_fast_load_equals_the_old_path_bit_for_bit(tmp_path, variant):
+    model = tiny(input=variant, bias=True, pad_token_id=3 if variant == "binary" else None)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))  # norms and biases off their init values
+    torch.save(checkpoint_dict(model, None), tmp_path / "ckpt.pt")
+    fast, _ = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    slow = old_load(tmp_path / "ckpt.pt")
+    named = lambda m: {**dict(m.named_parameters()), **dict(m.named_buffers())}  # non-persistent buffers too
+    a, b = named(fast), named(slow.eval())
+    assert a.keys() == b.keys() and not any(t.is_meta for t in a.values())
+    for name in a:
+        assert torch.equal(a[name], b[name]) and a[name].dtype == b[name].dtype, name
+    assert all(p.requires_grad for p in fast.parameters())
+    idx = torch.randint(0, 512, (2, 20))
+    assert torch.equal(fast.eval()(idx)[0], slow(idx)[0])
+    assert torch.equal(fast.generate(idx[:1], 12, temperature=0), slow.generate(idx[:1], 12, temperature=0))
+
+
+def test_loaded_weights_never_write_back_to_the_file(tmp_path):
+    """The checkpoint is memory-mapped copy-on-write: training the loaded model (train.py --resume)
+    must leave the file it came from byte for byte."""
+    torch.save(checkpoint_dict(tiny(), None), tmp_path / "ckpt.pt")
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    model, _ = load_checkpoint(str(tmp_path))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2)
+    del model
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+
+
+def test_weights_stored_in_another_dtype_are_cast(tmp_path):
+    model = tiny()
+    state = checkpoint_dict(model, None)
+    state["model"] = {k: v.bfloat16() for k, v in state["model"].items()}
+    torch.save(state, tmp_path / "ckpt.pt")
+    loaded, _ = load_checkpoint(str(tmp_path))
+    assert all(p.dtype == torch.float32 for p in loaded.parameters())
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight.bfloat16().float())
+
+
+def test_truncated_and_mismatched_checkpoints_are_refused_naming_the_file(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    state = checkpoint_dict(tiny(), None)
+    torch.save(state, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=rf"{path}: cannot read this checkpoint, truncated or not a PyTorch file"):
+        load_checkpoint(str(path))
+    with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'none.pt'}: no checkpoint there"):
+        load_checkpoint(str(tmp_path / "none.pt"))
+    wide = {**state, "model_config": {**state["model_config"], "n_embd": 64}}
+    torch.save(wide, path)
+    with pytest.raises(ValueError, match=rf"{path}: weights do not fit its model_config: blocks.0.ln_1.weight: \(32,\) in the file, \(64,\) in the model; .* \(and 10 more\)"):
+        load_checkpoint(str(path))
+    torch.save({**state, "model": {k: v for k, v in state["model"].items() if k != "ln_f.weight"}}, path)
+    with pytest.raises(ValueError, match=rf"{path}: weights do not fit its model_config: missing ln_f.weight$"):
+        load_checkpoint(str(path))
+    torch.save({**state, "model_config": {**state["model_config"], "n_experts": 4}}, path)
+    with pytest.raises(ValueError, match=rf"{path}: its model_config does not fit GPTConfig"):
+        load_checkpoint(str(path))
 
 
 # ----- generation ----------------------------------------------------------------------------------
@@ -317,11 +412,16 @@ def test_eos_stops_a_sequence():
 
 @pytest.mark.parametrize("bad_id", [-1, 512, 10**6])
 def test_out_of_range_ids_name_the_id_and_the_vocabulary(bad_id):
-    model = tiny()
+    """Checked where ids enter (a prompt), not in forward: that is the training hot path."""
+    model = tiny(input="affine")  # the affine code would silently alias an id past V
     idx = torch.zeros(1, 4, dtype=torch.long)
     idx[0, 2] = bad_id
     with pytest.raises(ValueError, match=rf"token id {bad_id} .*\[0, 512\)"):
-        model(idx)
+        model.generate(idx, 1)
+    with pytest.raises(ValueError, match=rf"token id {bad_id} .*\[0, 512\)"):
+        check_ids(idx, 512)
+    with pytest.raises(ValueError, match="at least one token"):
+        model.generate(idx[:, :0], 1)
 
 
 @pytest.mark.parametrize(
