@@ -1,6 +1,7 @@
 """
 Sample text from a checkpoint, streamed as it is produced (KV-cache decoding via model.stream).
 
+    python sample.py                                     # out/ckpt.pt, what `python train.py` just trained
     python sample.py --ckpt out/run                      # the card's prompt, greedy-free sampling
     python sample.py --ckpt out/fixmin --temperature 0 --max_new_tokens 3
     python sample.py --ckpt out/run --prompt_file p.txt --num_samples 3 --top_p 0.9 --seed 1
@@ -14,16 +15,18 @@ block_size tokens (with a notice on stderr).
 import argparse
 import codecs
 import json
+import math
 import os
 import sys
 
 import torch
 
-from convert import EOS_CANDIDATES
+from common import pick_device, run_main
 from model import load_checkpoint
 from prepare_data import get_tokenizer
 
 DEFAULT_PROMPT = "Question: What is the capital of France?\nAnswer:"
+EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]  # end-of-text names, most common first
 
 
 class TiktokenText:
@@ -52,7 +55,7 @@ class HFText:
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise SystemExit("this checkpoint's tokenizer is a tokenizer.json: pip install tokenizers") from None
+            raise ValueError("this checkpoint's tokenizer is a tokenizer.json: pip install tokenizers") from None
         self.tk = Tokenizer.from_file(path)
         eos = None
         cfg = os.path.join(os.path.dirname(path), "tokenizer_config.json")
@@ -87,26 +90,16 @@ class HFText:
 def load_text_codec(ckpt, ckpt_path):
     entry = ckpt.get("tokenizer")
     if not entry:
-        raise SystemExit(f"{ckpt_path} names no tokenizer: cannot turn text into tokens")
+        raise ValueError(f"{ckpt_path} names no tokenizer: cannot turn text into tokens")
     if entry.get("kind") == "tiktoken":
         return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size")))
     if entry.get("kind") == "hf":
         folder = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
         path = os.path.join(folder, entry.get("file", "tokenizer.json"))
         if not os.path.isfile(path):
-            raise SystemExit(f"the checkpoint's tokenizer {path} is missing")
+            raise FileNotFoundError(f"the checkpoint's tokenizer {path} is missing")
         return HFText(path)
-    raise SystemExit(f"unknown tokenizer entry {entry!r}")
-
-
-def pick_device(name):
-    if name != "auto":
-        return name
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
+    raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
 
 
 def sample_stream(model, codec, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
@@ -130,7 +123,7 @@ def sample_stream(model, codec, prompt_ids, max_new_tokens, temperature=1.0, top
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(), epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="a checkpoint .pt file, or a folder holding ckpt.pt")
+    p.add_argument("--ckpt", default="out/ckpt.pt", help="a checkpoint .pt file, or a folder holding ckpt.pt")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to continue (default: the model card's %(default)r)")
     p.add_argument("--prompt_file", default=None, help="read the prompt from this UTF-8 file instead")
     p.add_argument("--num_samples", type=int, default=1, help="how many continuations")
@@ -139,11 +132,15 @@ def main(argv=None):
     p.add_argument("--top_k", type=int, default=None, help="sample only among the k most likely tokens")
     p.add_argument("--top_p", type=float, default=None, help="nucleus sampling: the smallest set with this much probability")
     p.add_argument("--seed", type=int, default=1337, help="random seed")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"], help="auto: cuda, then mps, then cpu")
+    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights and activations")
     args = p.parse_args(argv)
-    if args.temperature < 0 or args.max_new_tokens < 0 or args.num_samples < 1:
-        p.error("--temperature and --max_new_tokens must be >= 0, --num_samples >= 1")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise ValueError(f"--temperature must be a number >= 0 (0 = greedy), got {args.temperature}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}")
+    if args.max_new_tokens < 0 or args.num_samples < 1:
+        raise ValueError("--max_new_tokens must be >= 0 and --num_samples >= 1")
     if args.top_k is not None and args.top_k <= 0:
         args.top_k = None  # 0 means no top-k cut
 
@@ -160,7 +157,7 @@ def main(argv=None):
     ids = codec.encode(prompt)
     if not ids:  # an empty prompt starts from end-of-text, as a document boundary
         if codec.eos_token_id is None:
-            p.error("the prompt is empty and the tokenizer has no end-of-text token to start from")
+            raise ValueError("the prompt is empty and the tokenizer has no end-of-text token to start from")
         ids = [codec.eos_token_id]
     block = model.config.block_size
     if len(ids) > block:
@@ -182,4 +179,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

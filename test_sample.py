@@ -9,6 +9,7 @@ import torch
 
 import convert
 import sample
+from common import run_main
 from model import GPT, checkpoint_dict, get_config
 
 
@@ -125,3 +126,48 @@ def test_converted_hf_checkpoint_samples(tmp_path, capsys):
     assert tk.decode(ids) == prompt
     want = expected_text(model, ids, 15, lambda x: tk.decode(x, skip_special_tokens=False), tk.token_to_id("</s>"))
     assert capsys.readouterr().out == prompt + want + "\n"
+
+
+# ----- bad input through the real command line: one `error:` line, exit 1, no traceback -----------
+
+
+def run_sample(*args, cwd=None):
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample.py")
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_bad_input_ends_in_one_error_line(native, tmp_path, capsys):
+    _, folder, _ = native
+    corrupt = tmp_path / "corrupt.pt"
+    with open(os.path.join(folder, "ckpt.pt"), "rb") as f:
+        corrupt.write_bytes(f.read()[:5000])  # a truncated copy
+    no_gpu = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"  # never usable here
+    cases = [
+        (["--ckpt", str(tmp_path / "none")], f"error: {tmp_path / 'none'}: no checkpoint there"),
+        (["--ckpt", str(corrupt)], f"error: {corrupt}: cannot read this checkpoint, truncated or not a PyTorch file"),
+        (["--ckpt", folder, "--top_p", "0"], "error: --top_p must be in (0, 1], got 0.0"),
+        (["--ckpt", folder, "--temperature", "nan"], "error: --temperature must be a number >= 0 (0 = greedy), got nan"),
+        (["--ckpt", folder, "--device", no_gpu], f"error: device '{no_gpu}' asked for, but"),
+        (["--ckpt", folder, "--prompt_file", str(tmp_path / "missing.txt")], f"error: [Errno 2] No such file or directory: '{tmp_path / 'missing.txt'}'"),
+    ]
+    r = run_sample(*cases[0][0])  # the command line itself, once (a subprocess costs seconds)
+    assert r.returncode == 1 and r.stdout == "" and r.stderr == cases[0][1] + "\n"
+    for args, message in cases:  # the rest through main's wrapper, as `python sample.py` runs it
+        assert run_main(sample.main, args) == 1, args
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.count("\n") == 1 and out.err.startswith(message), (args, out.err)
+
+
+def test_no_arguments_samples_what_train_py_just_wrote(native, tmp_path):
+    """train.py's default out_dir is `out`: `python sample.py` alone must sample out/ckpt.pt."""
+    model, folder, enc = native
+    (tmp_path / "out").mkdir()
+    with open(os.path.join(folder, "ckpt.pt"), "rb") as f:
+        (tmp_path / "out" / "ckpt.pt").write_bytes(f.read())
+    r = run_sample("--temperature", "0", "--max_new_tokens", "5", cwd=tmp_path)
+    prompt = sample.DEFAULT_PROMPT
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == prompt + expected_text(model, enc.encode(prompt), 5, enc.decode, enc.eot_token) + "\n"
