@@ -10,8 +10,6 @@ import sys
 import typing
 from dataclasses import MISSING, fields
 
-import torch
-
 
 # ----------------------------------------------------------------------------- files
 @contextlib.contextmanager
@@ -42,6 +40,8 @@ def atomic_write(path, data):
 # ----------------------------------------------------------------------------- devices
 def pick_device(name="auto"):
     """'auto' -> cuda, then mps, then cpu. An explicit name must be usable here, or ValueError says why."""
+    import torch  # here, not at the top: prepare_data.py needs no torch, and importing it takes seconds
+
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
