@@ -1,45 +1,51 @@
 """Tokenize text corpora into binary token shards for train.py.
 
-    python prepare_data.py shakespeare --out data/shakespeare
+    python prepare_data.py shakespeare                   # -> data/shakespeare, what train.py reads by default
     python prepare_data.py notes/ more.jsonl --out data/mine --vocab_size 8192
     python prepare_data.py fineweb-edu cosmopedia --mix 0.7 --max_tokens 1e9 --out data/paper
 
 Design choices:
-- Tokenizer: any tiktoken encoding; `vocab_size=N` keeps its first N-1 BPE merge
-  ranks (a prefix of the ranks is still a valid BPE) and puts <|endoftext|> at id N-1.
-- Documents: a .txt file is one document; .jsonl / .parquet give one document per
-  record (its `text_field`, empty ones skipped); Hub datasets stream one per record.
-  Every document is followed by the end-of-text token.
-- Train/val split: document i (0-based, input order) is val when
-  floor((i+1)*f) > floor(i*f), i.e. every 10th document for f=0.1, spread over the
-  whole corpus rather than taken from its end. If there are too few documents for
-  one of them to be val (fewer than 1/f), each document is cut by characters
-  instead: its first int(len*(1-f)) characters are train, the rest val (so one big
-  .txt file such as tinyshakespeare gets the usual 90/10 character split).
-- Mixtures (`--mix`): documents are drawn from the inputs with the given weights by
-  a seeded RNG (a document-level ratio); the mixture stops when any input runs dry.
-- Budget (`--max_tokens`): whole documents only; stop before the first document
-  that would take train+val past the budget.
-- Parallelism: long documents are cut into ~256k-character pieces only right after
-  "<non-space>\\n" and before a non-space, a point where the tokenizer's regex splits
-  anyway, so tokens equal encoding the whole document at once. Pieces are grouped
-  into batches that a process pool encodes in order: output bytes do not depend
-  on the worker count.
-- Shard file (little-endian): 32-byte header = b"BCGPTTOK", uint32 version (1),
-  uint32 token width in bytes (2 or 4), uint64 token count, 8 zero bytes; then the
-  tokens (uint16 when the vocabulary fits, else uint32). Shards are written to a
-  .tmp file and renamed, and meta.json is written last, so a crash never leaves a
-  shard or a folder that looks complete.
+- Inputs: a .txt file is one document; .jsonl / .parquet give one document per record (its
+  `text_field`, empty ones skipped); folders and globs expand to their files in sorted order. Named
+  corpora: `shakespeare` is tiny Shakespeare, downloaded once into the folder $BCGPT_CORPUS_CACHE
+  (default data/; an offline machine puts tinyshakespeare.txt there); `fineweb-edu`, `cosmopedia` and
+  hf:REPO[:CONFIG] stream a Hugging Face dataset through the optional `datasets` package. A single named
+  corpus is written to data/NAME unless --out says otherwise. Every document ends with end-of-text.
+- Tokenizer: any tiktoken encoding; `vocab_size=N` keeps its first N-1 BPE merge ranks (a prefix of
+  the ranks is still a valid BPE) and puts <|endoftext|> at id N-1.
+- Train/val split: document i (0-based, input order) is val when floor((i+1)*f) > floor(i*f), i.e.
+  every 10th document for f=0.1, spread over the whole corpus rather than taken from its end. If there
+  are too few documents for one of them to be val (fewer than 1/f), each document is cut by characters
+  instead: its first int(len*(1-f)) characters are train, the rest val (so one big .txt file such as
+  tinyshakespeare gets the usual 90/10 character split).
+- Mixtures (`--mix`): documents are drawn from the inputs with the given weights by a seeded RNG (a
+  document-level ratio); the mixture stops when any input runs dry.
+- Budget (`--max_tokens`): whole documents only; stop before the first document that would take
+  train+val past the budget.
+- Parallelism: long documents are cut into ~256k-character pieces only right after "<non-space>\\n"
+  and before a non-space, a point where the tokenizer's regex splits anyway, so tokens equal encoding
+  the whole document at once. Pieces are grouped into batches that a process pool encodes in order:
+  output bytes do not depend on the worker count.
+- Shard file (little-endian): 32-byte header = b"BCGPTTOK", uint32 version (1), uint32 token width in
+  bytes (2 or 4), uint64 token count, 8 zero bytes; then the tokens (uint16 when the vocabulary fits,
+  else uint32).
+- Nothing is lost: every input is opened and its first document read before any work; the new shards
+  go to OUT/.partial and replace the old ones only once all of them are written; meta.json comes last,
+  written atomically. A bad input, a full disk, Ctrl-C or SIGTERM therefore leaves the old data byte
+  for byte, and never a folder that looks complete.
 """
-from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import math
+import multiprocessing as mp
 import os
 import random
 import re
+import shutil
+import signal
 import struct
 import sys
 import time
@@ -48,10 +54,11 @@ from collections import deque
 from functools import lru_cache
 from itertools import chain, islice
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 import tiktoken
+
+from common import atomic_open, atomic_write, parse_int, run_main
 
 MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
 DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
@@ -59,9 +66,9 @@ PIECE_CHARS = 1 << 18  # size of the units sent to workers; does not change the 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 HUB = {"fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),
        "cosmopedia": ("HuggingFaceTB/cosmopedia", "web_samples_v2")}
+NAMED = ("shakespeare", *HUB)
 EXTS = (".txt", ".jsonl", ".parquet")
-# machines without internet keep the corpora beside the checkout (see the project's README)
-OFFLINE_AUSTEN = Path(__file__).resolve().parent.parent / "shared" / "data" / "janeausten.txt"
+STAGING = ".partial"  # subfolder of the output folder that holds a run's shards until all are written
 
 
 class ShardError(ValueError):
@@ -69,7 +76,7 @@ class ShardError(ValueError):
 
 
 # ---------------------------------------------------------------- tokenizer
-@lru_cache(maxsize=8)  # building a cut encoding takes ~0.2 s; forked pool workers inherit the cache
+@lru_cache(maxsize=8)  # building a cut encoding takes ~0.2 s
 def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None) -> tiktoken.Encoding:
     """A tiktoken encoding, optionally cut to its first `vocab_size` - 1 merge ranks + EOT."""
     if encoding not in tiktoken.list_encoding_names():
@@ -91,7 +98,7 @@ def token_dtype(n_vocab: int) -> np.dtype:
     return DTYPES[2] if n_vocab <= 1 << 16 else DTYPES[4]
 
 
-# ---------------------------------------------------------------- shards
+# ---------------------------------------------------------------- shards and meta.json
 def write_shard(path, tokens: np.ndarray) -> None:
     """Write 1-d `tokens` atomically to `path`; uint16/uint32 are kept, other integers narrowed."""
     tokens = np.asarray(tokens)
@@ -100,18 +107,9 @@ def write_shard(path, tokens: np.ndarray) -> None:
             raise ValueError(f"{path}: token ids must be integers in [0, 2**32), got {tokens.dtype}")
         tokens = tokens.astype(token_dtype(int(tokens.max(initial=0)) + 1))
     tokens = np.ascontiguousarray(tokens.ravel(), DTYPES[tokens.itemsize])  # little-endian on any host
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(HEADER.pack(MAGIC, VERSION, tokens.itemsize, tokens.size))
-            f.write(tokens.data)
-            f.flush()
-            os.fsync(f.fileno())  # the rename must not land before the data
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_open(path) as f:
+        f.write(HEADER.pack(MAGIC, VERSION, tokens.itemsize, tokens.size))
+        f.write(tokens.data)
 
 
 def read_shard(path) -> np.ndarray:
@@ -138,18 +136,30 @@ def read_shard(path) -> np.ndarray:
 
 
 def load_meta(folder) -> dict:
-    """meta.json of a prepared folder, checked to list shards that exist."""
+    """meta.json of a prepared folder; ShardError naming the file if it is missing, lacks what its
+    readers use (vocab_size, encoding, the splits' shards and token counts) or lists missing shards."""
     path = Path(folder) / "meta.json"
     if not path.is_file():
         raise ShardError(f"{folder}: no meta.json; run prepare_data.py on it first")
-    meta = json.loads(path.read_text())
-    shards = [s for split in meta.get("splits", {}).values() for s in split["shards"]]
-    if not shards:
-        raise ShardError(f"{folder}: meta.json lists no shards")
-    missing = [s for s in shards if not (Path(folder) / s).is_file()]
+    try:
+        meta = json.loads(path.read_bytes())
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ShardError(f"{path}: not valid JSON ({e})") from None
+    splits = meta.get("splits") if isinstance(meta, dict) else None
+    if not (isinstance(splits, dict) and all(map(_is_split, splits.values())) and splits.get("train", {}).get("shards")
+            and type(meta.get("vocab_size")) is int and meta["vocab_size"] > 0 and isinstance(meta.get("encoding"), str)):
+        raise ShardError(f"{path}: malformed: needs a positive vocab_size, an encoding and splits "
+                         '{"train": {"shards": [file names], "tokens": N}, ...}; prepare the folder again')
+    missing = [s for split in splits.values() for s in split["shards"] if not (Path(folder) / s).is_file()]
     if missing:
         raise ShardError(f"{folder}: missing shards {missing[:3]}")
     return meta
+
+
+def _is_split(split) -> bool:
+    """{"shards": [names], "tokens": N, ...}; a name is a plain file name, so it cannot reach outside the folder."""
+    return (isinstance(split, dict) and type(split.get("tokens")) is int and isinstance(split.get("shards"), list)
+            and all(isinstance(s, str) and s == Path(s).name and s not in ("", "..") for s in split["shards"]))
 
 
 class ShardWriter:
@@ -165,24 +175,26 @@ class ShardWriter:
         self.buf.append(tokens)
         self.buffered += len(tokens)
         self.tokens, self.bytes, self.documents = self.tokens + len(tokens), self.bytes + nbytes, self.documents + 1
-        while self.buffered >= self.size:
-            self._flush(self.size)
+        if self.buffered >= self.size:
+            flat = np.concatenate(self.buf)
+            full = len(flat) - len(flat) % self.size
+            for i in range(0, full, self.size):
+                self._write(flat[i:i + self.size])
+            self.buf, self.buffered = [flat[full:]], len(flat) - full
 
-    def _flush(self, n: int) -> None:
-        flat = np.concatenate(self.buf).astype(self.dtype, copy=False)
+    def _write(self, tokens: np.ndarray) -> None:
         name = f"{self.split}_{len(self.shards):06d}.bin"
-        write_shard(self.out_dir / name, flat[:n])
+        write_shard(self.out_dir / name, tokens.astype(self.dtype, copy=False))
         self.shards.append(name)
-        self.buf, self.buffered = [flat[n:]], len(flat) - n
 
     def close(self) -> dict:
         if self.buffered:
-            self._flush(self.buffered)
+            self._write(np.concatenate(self.buf))
         return {"shards": self.shards, "tokens": self.tokens, "bytes": self.bytes, "documents": self.documents}
 
 
 # ---------------------------------------------------------------- inputs
-def resolve_inputs(inputs: list[str], cache_dir: str) -> list[str]:
+def resolve_inputs(inputs: list[str]) -> list[str]:
     """Expand folders and globs to sorted files, fetch named corpora; fail before any work."""
     out = []
     for arg in inputs:
@@ -194,53 +206,49 @@ def resolve_inputs(inputs: list[str], cache_dir: str) -> list[str]:
         elif os.path.exists(arg) or arg in HUB or arg.startswith("hf:"):
             out.append(arg)
         elif arg == "shakespeare":
-            out.append(download(SHAKESPEARE_URL, Path(cache_dir) / "tinyshakespeare.txt"))
+            out.append(download(SHAKESPEARE_URL, Path(os.environ.get("BCGPT_CORPUS_CACHE", "data")) / "tinyshakespeare.txt"))
         elif any(c in arg for c in "*?["):
             files = sorted(f for f in glob.glob(arg, recursive=True) if os.path.isfile(f))
             if not files:
                 raise ValueError(f"{arg}: no files match this pattern")
             out += files
         else:
-            raise ValueError(f"{arg}: no such file or folder (named inputs: shakespeare, {', '.join(HUB)}, hf:REPO[:CONFIG])")
+            raise ValueError(f"{arg}: no such file or folder (named inputs: {', '.join(NAMED)}, hf:REPO[:CONFIG])")
     return out
 
 
-def default_prose() -> str:
-    """The prose corpus of compare.py and bench.py: Jane Austen where it lies offline beside the
-    checkout, else tiny Shakespeare (downloaded on first use)."""
-    return str(OFFLINE_AUSTEN) if OFFLINE_AUSTEN.is_file() else "shakespeare"
-
-
 def download(url: str, path: Path) -> str:
+    """`path`, downloading `url` there unless it is already there."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
         print(f"downloading {url} -> {path}", file=sys.stderr)
         try:
             with urllib.request.urlopen(url, timeout=60) as r:
                 data = r.read()
         except OSError as e:
-            raise OSError(f"could not download {url} ({e}); save it as {path} by hand") from None
-        Path(f"{path}.tmp").write_bytes(data)
-        os.replace(f"{path}.tmp", path)
+            raise OSError(f"could not download {url} ({e}); save it as {path} by hand, "
+                          f"or set BCGPT_CORPUS_CACHE to a folder that holds {path.name}") from None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data)
     return str(path)
 
 
-def decode_utf8(data: bytes, name: str, offset: int = 0) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{name}: not valid UTF-8 at byte offset {offset + e.start}") from None
+def check_inputs(sources: list[str], text_field: str) -> None:
+    """Open every input and read its first document, so that a missing, unreadable, undecodable or
+    empty input (or a missing optional package) fails before any work."""
+    for source in sources:
+        with contextlib.closing(read_documents(source, text_field)) as docs:
+            if next(docs, None) is None:
+                raise ValueError(f"{source}: no documents (no record has a non-empty {text_field!r})")
 
 
-def read_documents(source: str, text_field: str = "text") -> Iterator[str]:
-    """The documents of one input: a file, a Hub alias or hf:REPO[:CONFIG]."""
+def read_documents(source: str, text_field: str = "text"):
+    """The documents (str) of one input: a file, a Hub alias or hf:REPO[:CONFIG]."""
     if source in HUB or source.startswith("hf:"):
         repo, config = HUB[source] if source in HUB else (source[3:].split(":", 1) + [None])[:2]
         yield from hub_documents(repo, config, text_field)
-        return
-    if os.path.getsize(source) == 0:
+    elif os.path.getsize(source) == 0:
         raise ValueError(f"{source}: empty file")
-    if source.endswith(".jsonl"):
+    elif source.endswith(".jsonl"):
         offset = 0
         with open(source, "rb") as f:
             for lineno, line in enumerate(f, 1):
@@ -268,7 +276,14 @@ def read_documents(source: str, text_field: str = "text") -> Iterator[str]:
         yield text
 
 
-def record_texts(records: Iterable[dict], text_field: str, name: str) -> Iterator[str]:
+def decode_utf8(data: bytes, name: str, offset: int = 0) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name}: not valid UTF-8 at byte offset {offset + e.start}") from None
+
+
+def record_texts(records, text_field: str, name: str):
     """The non-empty `text_field` strings of dict records (JSONL lines, Hub rows)."""
     for record in records:
         text = record.get(text_field) if isinstance(record, dict) else None
@@ -278,7 +293,7 @@ def record_texts(records: Iterable[dict], text_field: str, name: str) -> Iterato
             yield text
 
 
-def hub_documents(repo: str, config: str | None, text_field: str = "text") -> Iterator[str]:
+def hub_documents(repo: str, config: str | None, text_field: str = "text"):
     """Stream a Hugging Face Hub dataset's train split through the optional `datasets`."""
     try:
         import datasets
@@ -289,11 +304,19 @@ def hub_documents(repo: str, config: str | None, text_field: str = "text") -> It
     yield from record_texts(stream, text_field, f"hf:{repo}")
 
 
-def mix_documents(streams: list[Iterable[str]], weights: list[float], seed: int = 0) -> Iterator[str]:
+# ---------------------------------------------------------------- documents -> splits
+def mix_weights(mix: list[float], n_inputs: int) -> list[float]:
+    """One weight per input; `--mix 0.7` with two inputs means 0.7, 0.3."""
+    weights = mix + [1 - sum(mix)] if len(mix) == n_inputs - 1 else mix
+    if len(weights) != n_inputs or not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError(f"--mix needs one non-negative weight per input (or all but the last), "
+                         f"got {mix} for {n_inputs} inputs")
+    return weights
+
+
+def mix_documents(streams: list, weights: list[float], seed: int = 0):
     """Draw each next document from stream k with probability weights[k] (seeded);
     stop when any stream is exhausted, so the ratio holds for everything emitted."""
-    if len(weights) != len(streams) or min(weights) < 0 or sum(weights) <= 0:
-        raise ValueError(f"need one non-negative weight per input, got {weights} for {len(streams)} inputs")
     rng, its = random.Random(seed), [iter(s) for s in streams]
     while True:
         k = rng.choices(range(len(its)), weights)[0]
@@ -303,7 +326,7 @@ def mix_documents(streams: list[Iterable[str]], weights: list[float], seed: int 
         yield doc
 
 
-def split_documents(docs: Iterable[str], val_fraction: float) -> Iterator[tuple[str, str]]:
+def split_documents(docs, val_fraction: float):
     """(split, text) pairs by the rule in the module docstring."""
     it = iter(docs)
     need = math.ceil(1 / val_fraction - 1e-9) if val_fraction > 0 else 1
@@ -318,27 +341,24 @@ def split_documents(docs: Iterable[str], val_fraction: float) -> Iterator[tuple[
         yield ("val" if val else "train"), text
 
 
-# ---------------------------------------------------------------- tokenizing
+# ---------------------------------------------------------------- tokenizing, in parallel
 _SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
 
 
-def pieces(text: str, size: int | None = None) -> Iterator[str]:
-    """Cut a long text where the tokenizer's pre-split regex would cut anyway."""
+def pieces(text: str, size: int | None = None):
+    """(piece, is_last) for a long text cut where the tokenizer's pre-split regex would cut anyway."""
     start, size = 0, size or PIECE_CHARS
-    while len(text) - start > size:
-        m = _SAFE_CUT.search(text, start + size)
-        if not m:
-            break
-        yield text[start:m.start()]
+    while len(text) - start > size and (m := _SAFE_CUT.search(text, start + size)):
+        yield text[start:m.start()], False
         start = m.start()
-    yield text[start:]
+    yield text[start:], True
 
 
-def batches(docs: Iterable[tuple[str, str]], size: int | None = None) -> Iterator[tuple[str, list]]:
-    """Group (piece, ends_document) of one split into batches of about `size` characters."""
+def batches(docs, size: int | None = None):
+    """(split, [(piece, ends_document), ...]) of about `size` characters, all of one split."""
     split, batch, chars, size = None, [], 0, size or PIECE_CHARS
     for doc_split, text in docs:
-        for piece, last in _with_last(pieces(text, size)):
+        for piece, last in pieces(text, size):
             if batch and (doc_split != split or chars >= size):
                 yield split, batch
                 batch, chars = [], 0
@@ -348,24 +368,18 @@ def batches(docs: Iterable[tuple[str, str]], size: int | None = None) -> Iterato
         yield split, batch
 
 
-def _with_last(it: Iterator) -> Iterator[tuple]:
-    prev = next(it)
-    for x in it:
-        yield prev, False
-        prev = x
-    yield prev, True
+_enc = None  # the tokenizer of this pool worker (or of the main process when there is no pool)
 
 
-_enc = None
-
-
-def _init_worker(encoding: str, vocab_size: int | None) -> None:
+def _start_worker(encoding: str, vocab_size: int | None) -> None:
     global _enc
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent alone stops the pool
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool's terminate() ends a worker quietly
     _enc = get_tokenizer(encoding, vocab_size)
 
 
-def _encode(job: tuple[str, list]) -> tuple[str, list]:
-    """-> split, [(tokens of the piece + EOT if it ends a document, UTF-8 bytes, ends)]."""
+def encode_batch(job: tuple) -> tuple:
+    """(split, batch) -> split, [(tokens of the piece + EOT if it ends a document, UTF-8 bytes, ends)]."""
     split, batch = job
     dtype = token_dtype(_enc.n_vocab)
     out = []
@@ -375,157 +389,175 @@ def _encode(job: tuple[str, list]) -> tuple[str, list]:
     return split, out
 
 
-def encoded(jobs: Iterator, encoding: str, vocab_size: int | None, workers: int) -> Iterator:
-    """_encode over jobs, in order. A bounded window of apply_async (not Pool.imap, whose
-    feeder thread would read the whole input into memory ahead of the workers)."""
+def encoded(jobs, encoding: str, vocab_size: int | None, workers: int):
+    """encode_batch over jobs, in order. A bounded window of apply_async (not Pool.imap, whose feeder
+    thread would read the whole input into memory ahead of the workers)."""
+    global _enc
     if workers <= 1:
-        _init_worker(encoding, vocab_size)
-        yield from map(_encode, jobs)
+        _enc = get_tokenizer(encoding, vocab_size)
+        yield from map(encode_batch, jobs)
         return
-    import multiprocessing as mp
-    with mp.Pool(workers, _init_worker, (encoding, vocab_size)) as pool:
+    with mp.Pool(workers, _start_worker, (encoding, vocab_size)) as pool:  # leaving it terminates the workers
         pending = deque()
         for job in jobs:
-            pending.append(pool.apply_async(_encode, (job,)))
+            pending.append(pool.apply_async(encode_batch, (job,)))
             if len(pending) >= 2 * workers:
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
 
 
+def whole_documents(results):
+    """(split, tokens, UTF-8 bytes) of each document, joined from its encoded pieces."""
+    parts = []
+    for split, batch in results:
+        for tokens, nbytes, last in batch:
+            parts.append((tokens, nbytes))
+            if last:
+                yield split, np.concatenate([t for t, _ in parts]), sum(b for _, b in parts)
+                parts = []
+
+
 class Progress:
-    """A one-line progress report on stderr, at most twice a second."""
+    """A one-line progress report, rewritten at most twice a second on a terminal's stderr (not in logs)."""
 
     def __init__(self, total_bytes: int | None, enabled: bool = True):
-        self.total, self.enabled, self.t0 = total_bytes, enabled, time.time()
-        self.last = self.t0
+        self.total, self.enabled, self.t0 = total_bytes, enabled and sys.stderr.isatty(), time.time()
+        self.last, self.shown = self.t0, False
 
-    def update(self, nbytes: int, tokens: int, final: bool = False) -> None:
+    def update(self, nbytes: int, tokens: int) -> None:
         now = time.time()
-        if not self.enabled or (now - self.last < 0.5 and not final):
-            return
-        self.last, mb = now, nbytes / 1e6
-        pct = f"{min(100, 100 * nbytes / self.total):3.0f}% " if self.total else ""
-        sys.stderr.write(f"\r{pct}{mb:,.1f} MB, {tokens:,} tokens, {mb / max(now - self.t0, 1e-9):.1f} MB/s"
-                         + ("\n" if final else ""))
-        sys.stderr.flush()
+        if self.enabled and now - self.last >= 0.5:
+            self.last, self.shown, mb = now, True, nbytes / 1e6
+            pct = f"{min(100, 100 * nbytes / self.total):3.0f}% " if self.total else ""
+            sys.stderr.write(f"\r{pct}{mb:,.1f} MB, {tokens:,} tokens, {mb / (now - self.t0):.1f} MB/s")
+            sys.stderr.flush()
+
+    def end(self) -> None:
+        """Finish the line, so that what comes next (the summary, an error) starts a line of its own."""
+        if self.shown:
+            sys.stderr.write("\n")
+            self.shown = False
 
 
 # ---------------------------------------------------------------- main logic
+def _prepared_files(out: Path) -> list[Path]:
+    """Files of a previous run, meta.json first."""
+    found = [p for p in out.glob("*") if re.fullmatch(r"(train|val)_\d+\.bin|meta\.json", p.name)]
+    return sorted(found, key=lambda p: (p.name != "meta.json", p.name))
+
+
+def write_documents(docs, writers: dict, max_tokens: int | None, bar: Progress) -> None:
+    """Hand each document to its split's writer; stop before the first that would exceed the budget."""
+    nbytes = ntokens = 0
+    try:
+        for split, tokens, size in docs:
+            if max_tokens is not None and ntokens + len(tokens) > max_tokens:
+                break
+            writers[split].add(tokens, size)
+            nbytes, ntokens = nbytes + size, ntokens + len(tokens)
+            bar.update(nbytes, ntokens)
+    finally:
+        bar.end()
+
+
 def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size: int | None = None,
             val_fraction: float = 0.1, shard_tokens: int = 100_000_000, workers: int | None = None,
             overwrite: bool = False, text_field: str = "text", mix: list[float] | None = None,
-            max_tokens: int | None = None, seed: int = 0, cache_dir: str = "data",
-            progress: bool = True) -> dict:
+            max_tokens: int | None = None, seed: int = 0, progress: bool = True) -> dict:
     """Tokenize `inputs` into train/val shards in `out_dir`; returns the meta written there."""
+    # everything that can be checked cheaply is checked before any work and before anything is removed
     if not inputs:
         raise ValueError("no inputs given")
     if not 0 <= val_fraction < 1 or shard_tokens < 1 or (max_tokens is not None and max_tokens < 1):
         raise ValueError(f"need 0 <= val_fraction < 1, shard_tokens >= 1, max_tokens >= 1; "
                          f"got {val_fraction}, {shard_tokens}, {max_tokens}")
-    enc = get_tokenizer(encoding, vocab_size)  # validate everything cheap before any work
-    sources = resolve_inputs(inputs, cache_dir)
+    workers = workers or os.cpu_count() or 1
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    enc = get_tokenizer(encoding, vocab_size)
     out = Path(out_dir)
     old = _prepared_files(out)
     if old and not overwrite:
         raise ValueError(f"{out_dir}: already holds prepared data ({old[0].name}); pass --overwrite to replace it")
-    for p in old:
-        p.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    sources = resolve_inputs(inputs)
+    weights = mix_weights(mix, len(sources)) if mix is not None else None
+    check_inputs(sources, text_field)
 
+    staging = out / STAGING
+    shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
+    staging.mkdir(parents=True)
     streams = [read_documents(s, text_field) for s in sources]
-    if mix is not None:
-        weights = mix + [1 - sum(mix)] if len(mix) == len(streams) - 1 else mix  # "--mix 0.7" for two inputs
-        docs = mix_documents(streams, weights, seed)
-    else:
-        docs = chain.from_iterable(streams)
+    docs = mix_documents(streams, weights, seed) if weights is not None else chain.from_iterable(streams)
     dtype = token_dtype(enc.n_vocab)
-    writers = {s: ShardWriter(out, s, shard_tokens, dtype) for s in ("train", "val")}
+    writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
     local = [s for s in sources if os.path.isfile(s)]
     bar = Progress(sum(map(os.path.getsize, local)) if len(local) == len(sources) else None, progress)
-    try:  # a failure (bad file halfway, Ctrl-C) must not leave shards behind that block the next run
+    try:
         jobs = batches(split_documents(docs, val_fraction))
-        _tokenize(encoded(jobs, encoding, vocab_size, workers or os.cpu_count() or 1), writers, max_tokens, bar)
+        with contextlib.closing(encoded(jobs, encoding, vocab_size, workers)) as results:  # closing stops the pool now
+            write_documents(whole_documents(results), writers, max_tokens, bar)
         splits = {s: w.close() for s, w in writers.items()}
         if not splits["train"]["tokens"]:
-            raise ValueError("no training documents (inputs empty, or --max_tokens below the first document)")
-    except BaseException:
-        for p in _prepared_files(out):
+            raise ValueError("no training documents (--max_tokens is below the first document)")
+        meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
+                "dtype": dtype.name, "splits": splits, "sources": sources, "val_fraction": val_fraction,
+                "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
+        atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
+        # all written: from here on only removals and renames, which need no disk space
+        for p in old:  # meta.json first, so that the folder stops looking complete at once
             p.unlink()
+        for name in [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"]:  # meta.json last
+            os.replace(staging / name, out / name)
+        staging.rmdir()
+    except BaseException:  # a bad input halfway, a full disk, Ctrl-C: the old data stays as it was
+        shutil.rmtree(staging, ignore_errors=True)
         raise
-    meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
-            "dtype": dtype.name, "splits": splits, "sources": sources, "val_fraction": val_fraction,
-            "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
-    (out / "meta.json.tmp").write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(out / "meta.json.tmp", out / "meta.json")  # last: marks the folder complete
     return meta
 
 
-def _prepared_files(out: Path) -> list[Path]:
-    """Files of a previous run, meta.json first so the folder stops looking complete at once."""
-    found = [p for p in out.glob("*") if re.fullmatch(r"((train|val)_\d+\.bin|meta\.json)(\.tmp)?", p.name)]
-    return sorted(found, key=lambda p: (p.name != "meta.json", p.name))
+def parse_weights(s: str) -> list[float]:
+    try:
+        return [float(x) for x in s.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
 
 
-def _tokenize(results: Iterator, writers: dict, max_tokens: int | None, bar: Progress) -> None:
-    """Hand each finished document to its split's writer; stop before exceeding the budget."""
-    total = seen = 0  # tokens kept, source bytes tokenized
-    doc = []  # (tokens, bytes) of the current document's pieces: the budget admits whole documents
-    for split, batch in results:
-        for tokens, nbytes, last in batch:
-            doc.append((tokens, nbytes))
-            seen += nbytes
-            if not last:
-                continue
-            n = sum(len(t) for t, _ in doc)
-            if max_tokens is not None and total + n > max_tokens:
-                results.close()  # stops the pool now, not whenever the generator is collected
-                bar.update(seen, total, final=True)
-                return
-            total += n
-            writers[split].add(np.concatenate([t for t, _ in doc]), sum(b for _, b in doc))
-            doc = []
-        bar.update(seen, total)
-    bar.update(seen, total, final=True)
-
-
-def _count(s: str) -> int:
-    return int(float(s))  # accepts 1e9
-
-
-def _weights(s: str) -> list[float]:
-    return [float(x) for x in s.split(",")]
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Details: the module docstring.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("inputs", nargs="+", help="files (.txt = one document, .jsonl, .parquet), folders, globs, "
+                   f"the named corpora {', '.join(NAMED)}, or hf:REPO[:CONFIG]")
+    p.add_argument("--out", help="output folder for train_*.bin, val_*.bin, meta.json (default for one named corpus: data/NAME)")
+    p.add_argument("--encoding", default="gpt2", help=f"tiktoken encoding: {', '.join(tiktoken.list_encoding_names())}")
+    p.add_argument("--vocab_size", type=parse_int, help="keep the first N-1 BPE ranks, EOT = N-1 (default: the full encoding)")
+    p.add_argument("--val_fraction", type=float, default=0.1, help="share of documents (or characters) for val")
+    p.add_argument("--shard_tokens", type=parse_int, default=100_000_000, help="tokens per shard file, e.g. 1e8")
+    p.add_argument("--text_field", default="text", help="record field holding the text in .jsonl/.parquet/Hub")
+    p.add_argument("--mix", type=parse_weights, help="document weights per input, e.g. 0.7 (two inputs) or 0.5,0.3,0.2 "
+                   "(default: concatenate)")
+    p.add_argument("--max_tokens", type=parse_int, help="token budget for train+val, whole documents, e.g. 1e9 (default: no limit)")
+    p.add_argument("--seed", type=parse_int, default=0, help="seed of the --mix draws")
+    p.add_argument("--workers", type=parse_int, default=os.cpu_count(), help="tokenizer processes; 1 = no pool")
+    p.add_argument("--overwrite", action="store_true", help="replace prepared data already in --out")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Details: the module docstring.")
-    p.add_argument("inputs", nargs="+", help="files (.txt = one document, .jsonl, .parquet), folders, globs, "
-                   f"'shakespeare' (downloaded), Hub datasets {', '.join(HUB)} or hf:REPO[:CONFIG]")
-    p.add_argument("--out", required=True, help="output folder for train_*.bin, val_*.bin, meta.json")
-    p.add_argument("--encoding", default="gpt2", help=f"tiktoken encoding (default: %(default)s): {', '.join(tiktoken.list_encoding_names())}")
-    p.add_argument("--vocab_size", type=int, default=None, help="keep the first N-1 BPE ranks, EOT = N-1 (default: full)")
-    p.add_argument("--val_fraction", type=float, default=0.1, help="share of documents (or characters) for val (default: %(default)s)")
-    p.add_argument("--shard_tokens", type=_count, default=100_000_000, help="tokens per shard file, e.g. 1e8 (default: %(default)s)")
-    p.add_argument("--text_field", default="text", help="record field holding the text in .jsonl/.parquet/Hub (default: %(default)s)")
-    p.add_argument("--mix", type=_weights, default=None,
-                   help="document weights per input, e.g. 0.7 (two inputs) or 0.5,0.3,0.2; default: concatenate")
-    p.add_argument("--max_tokens", type=_count, default=None, help="token budget for train+val, whole documents, e.g. 1e9 (default: no limit)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the --mix draws (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=os.cpu_count(), help="tokenizer processes; 1 = no pool (default: all cores, %(default)s)")
-    p.add_argument("--cache_dir", default="data", help="where named corpora are downloaded (default: %(default)s)")
-    p.add_argument("--overwrite", action="store_true", help="replace prepared data already in --out")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p = build_parser()
     a = p.parse_args(argv)
-    try:
-        meta = prepare(a.inputs, a.out, a.encoding, a.vocab_size, a.val_fraction, a.shard_tokens, a.workers,
-                       a.overwrite, a.text_field, a.mix, a.max_tokens, a.seed, a.cache_dir, not a.quiet)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if a.out is None:
+        if len(a.inputs) != 1 or a.inputs[0] not in NAMED:
+            p.error(f"--out is needed (only a single named corpus, {', '.join(NAMED)}, has a default)")
+        a.out = os.path.join("data", a.inputs[0])
+    meta = prepare(a.inputs, a.out, a.encoding, a.vocab_size, a.val_fraction, a.shard_tokens, a.workers,
+                   a.overwrite, a.text_field, a.mix, a.max_tokens, a.seed)
     for name, s in meta["splits"].items():
         print(f"{name}: {s['tokens']:,} tokens, {s['documents']:,} documents, {s['bytes']:,} bytes, {len(s['shards'])} shards")
+    print(f"wrote {a.out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops like Ctrl-C: the pool ends, the old data stays
+    sys.exit(run_main(main))

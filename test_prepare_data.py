@@ -1,15 +1,18 @@
-"""Tests for prepare_data.py: shard format, tokenizer cut, splits, determinism, inputs, errors."""
-import json, os, struct, sys
+"""Tests for prepare_data.py: shard format, tokenizer cut, splits, determinism, inputs, and that no bad
+input, fault or interrupt loses prepared data or ends in anything but one clean line."""
+import io, json, os, signal, struct, subprocess, sys, time, urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-SHARED = Path(__file__).resolve().parent.parent / "shared"
+ROOT = Path(__file__).resolve().parent
+SHARED = ROOT.parent / "shared"
 if (SHARED / "tiktoken-cache").is_dir():  # offline: use the checked-in BPE files unless CI already chose
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken-cache"))
 
 import prepare_data as P  # noqa: E402
+from common import run_main  # noqa: E402
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"corpus not found at {SHAKESPEARE}")
@@ -38,9 +41,28 @@ def shard_tokens(out, meta, split):
     return np.concatenate([P.read_shard(out / s) for s in meta["splits"][split]["shards"]] or [np.zeros(0, int)])
 
 
-def run_main(capsys, *argv):
-    rc = P.main([str(a) for a in argv])
+def main(capsys, *argv):
+    """prepare_data's command line in this process, as `python prepare_data.py` runs it -> (rc, stderr)."""
+    rc = run_main(P.main, [str(a) for a in argv])
     return rc, capsys.readouterr().err
+
+
+def cli(*argv, **kwargs):
+    """The real command line, in a subprocess."""
+    return subprocess.run([sys.executable, str(ROOT / "prepare_data.py"), *map(str, argv)],
+                          capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir())}
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    """A folder holding prepared data (several shards), and its bytes."""
+    (tmp_path / "old.txt").write_text(words(400))
+    P.prepare([str(tmp_path / "old.txt")], tmp_path / "out", shard_tokens=1000, workers=1, progress=False)
+    return tmp_path / "out", snapshot(tmp_path / "out")
 
 
 # ---------------------------------------------------------------- shard format
@@ -56,7 +78,7 @@ def test_shard_round_trip_and_header(tmp_path, dtype, width):
     back = P.read_shard(path)
     assert back.dtype == np.dtype(dtype) and np.array_equal(back, tokens)
     assert not back.flags.writeable
-    assert not os.path.exists(f"{path}.tmp")
+    assert os.listdir(tmp_path) == ["s.bin"]
 
 
 def test_write_shard_narrows_wide_ints_and_empty(tmp_path):
@@ -66,7 +88,7 @@ def test_write_shard_narrows_wide_ints_and_empty(tmp_path):
     assert P.read_shard(tmp_path / "b.bin").dtype == np.uint16
     P.write_shard(tmp_path / "c.bin", np.zeros(0, np.uint16))
     assert len(P.read_shard(tmp_path / "c.bin")) == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"d.bin: token ids must be integers in \[0, 2\*\*32\)"):
         P.write_shard(tmp_path / "d.bin", np.array([-1]))
 
 
@@ -92,14 +114,52 @@ def test_crash_mid_write_leaves_no_shard(tmp_path, monkeypatch):
     P.write_shard(path, np.arange(3, dtype=np.uint16))
 
     def disk_full(fd):
-        raise OSError("disk full")
-    monkeypatch.setattr(P.os, "fsync", disk_full)
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(OSError):
         P.write_shard(path, np.arange(100, dtype=np.uint16))  # old shard must survive intact
     with pytest.raises(OSError):
         P.write_shard(tmp_path / "new.bin", np.arange(100, dtype=np.uint16))
     assert np.array_equal(P.read_shard(path), np.arange(3))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.bin"]
+
+
+# ---------------------------------------------------------------- meta.json
+def test_load_meta_missing_folder_or_shards(tmp_path, prepared):
+    with pytest.raises(P.ShardError, match=f"{tmp_path}: no meta.json; run prepare_data.py"):
+        P.load_meta(tmp_path)
+    out, _ = prepared
+    (out / "train_000001.bin").unlink()
+    with pytest.raises(P.ShardError, match=r"missing shards \['train_000001.bin'\]"):
+        P.load_meta(out)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: [m],  # a JSON list
+    lambda m: {k: v for k, v in m.items() if k != "vocab_size"},
+    lambda m: {**m, "vocab_size": "512"},
+    lambda m: {**m, "encoding": None},
+    lambda m: {**m, "splits": []},
+    lambda m: {**m, "splits": {"val": m["splits"]["val"]}},  # no train split
+    lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "shards": "train_000000.bin"}}},
+    lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "shards": [0]}}},
+    lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "shards": ["../escape.bin"]}}},
+    lambda m: {**m, "splits": {**m["splits"], "val": {"shards": []}}},  # no token count
+])
+def test_malformed_meta_is_a_shard_error_naming_the_file(prepared, edit):
+    out, _ = prepared
+    meta = json.loads((out / "meta.json").read_text())
+    P.write_shard(out.parent / "escape.bin", np.arange(3))  # exists, but outside the folder
+    (out / "meta.json").write_text(json.dumps(edit(meta)))
+    with pytest.raises(P.ShardError, match=f"^{out / 'meta.json'}: malformed: needs a positive vocab_size"):
+        P.load_meta(out)
+
+
+@pytest.mark.parametrize("raw", [b"{", b"", b'{"vocab_size": 5\xff}'])
+def test_meta_that_is_not_json(tmp_path, raw):
+    (tmp_path / "meta.json").write_bytes(raw)
+    with pytest.raises(P.ShardError, match=f"^{tmp_path / 'meta.json'}: not valid JSON"):
+        P.load_meta(tmp_path)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -132,8 +192,9 @@ def test_pieces_tokenize_like_the_whole_text(gpt2):
     text = words(300) + "end  \nx\n\n\ny \r\nz\t\nw" + words(300, seed=1)
     text += SHAKESPEARE.read_text()[:30000] if SHAKESPEARE.is_file() else ""
     parts = list(P.pieces(text, 500))
-    assert len(parts) > 20 and "".join(parts) == text
-    assert [t for p in parts for t in gpt2.encode_ordinary(p)] == gpt2.encode_ordinary(text)
+    assert len(parts) > 20 and [last for _, last in parts] == [False] * (len(parts) - 1) + [True]
+    assert "".join(p for p, _ in parts) == text
+    assert [t for p, _ in parts for t in gpt2.encode_ordinary(p)] == gpt2.encode_ordinary(text)
 
 
 # ---------------------------------------------------------------- prepare
@@ -151,10 +212,36 @@ def test_shakespeare_char_split_matches_reference(tmp_path, gpt2, shakespeare):
     assert P.load_meta(tmp_path) == meta
 
 
-def test_named_corpus_uses_the_cache(tmp_path):
-    (tmp_path / "tinyshakespeare.txt").write_text(words(50))  # present: nothing is downloaded
-    meta = P.prepare(["shakespeare"], tmp_path / "out", cache_dir=tmp_path, workers=1, progress=False)
-    assert meta["sources"] == [str(tmp_path / "tinyshakespeare.txt")]
+def test_named_corpus_is_downloaded_once_into_the_cache(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("BCGPT_CORPUS_CACHE", str(tmp_path / "cache"))
+    offline = OSError("network unreachable")
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: (_ for _ in ()).throw(offline))
+    rc, err = main(capsys, "shakespeare", "--out", tmp_path / "a", "--workers", "1")
+    assert rc == 1 and err.splitlines()[-1] == (
+        f"error: could not download {P.SHAKESPEARE_URL} (network unreachable); save it as "
+        f"{tmp_path / 'cache' / 'tinyshakespeare.txt'} by hand, or set BCGPT_CORPUS_CACHE to a folder "
+        "that holds tinyshakespeare.txt")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "cache").exists()
+
+    text = words(50)
+    urls = []
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: urls.append(url) or io.BytesIO(text.encode()))
+    for out in ("a", "b"):  # the second run finds it in the cache
+        meta = P.prepare(["shakespeare"], tmp_path / out, workers=1, progress=False)
+        assert meta["sources"] == [str(tmp_path / "cache" / "tinyshakespeare.txt")]
+    assert urls == [P.SHAKESPEARE_URL] and os.listdir(tmp_path / "cache") == ["tinyshakespeare.txt"]
+    assert (tmp_path / "cache" / "tinyshakespeare.txt").read_text() == text
+
+
+def test_command_line_defaults_to_data_shakespeare(tmp_path):
+    """`python prepare_data.py shakespeare` writes where train.py reads by default, from a pre-seeded cache."""
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "tinyshakespeare.txt").write_text(words(200))
+    r = cli("shakespeare", "--workers", "1", cwd=tmp_path, env={**os.environ, "BCGPT_CORPUS_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0 and r.stderr == "" and r.stdout.splitlines()[-1] == "wrote data/shakespeare", r.stderr
+    meta = P.load_meta(tmp_path / "data" / "shakespeare")
+    assert meta["sources"] == [str(tmp_path / "cache" / "tinyshakespeare.txt")]
+    assert sorted(os.listdir(tmp_path)) == ["cache", "data"] and os.listdir(tmp_path / "data") == ["shakespeare"]
 
 
 def test_meta_and_shards_agree(tmp_path, gpt2):
@@ -172,6 +259,7 @@ def test_meta_and_shards_agree(tmp_path, gpt2):
     assert meta["splits"]["train"]["shards"][:2] == ["train_000000.bin", "train_000001.bin"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["meta.json"] + meta["splits"]["train"]["shards"] + meta["splits"]["val"]["shards"])
+    assert P.load_meta(out) == meta
 
 
 def test_document_split_and_cut_tokenizer(tmp_path, gpt2):
@@ -241,7 +329,7 @@ def test_max_tokens_keeps_whole_documents(tmp_path):
 
 # ---------------------------------------------------------------- mixtures (the Hub path, in memory)
 def records(prefix, n):
-    return [{"text": f"{prefix} {i} " + words(1, seed=i)} for i in range(n)]
+    return [{"text": f"{prefix} {i} the king over the hill"} for i in range(n)]
 
 
 def test_mix_documents_ratio_and_determinism():
@@ -254,24 +342,31 @@ def test_mix_documents_ratio_and_determinism():
     assert again == docs
     other = list(P.mix_documents([(r["text"] for r in records(p, 5000)) for p in "AB"], [0.7, 0.3], seed=2))
     assert other != docs
-    with pytest.raises(ValueError, match="weight"):
-        list(P.mix_documents([[], []], [1.0]))
+
+
+def test_mix_weights():
+    assert P.mix_weights([0.7], 2) == [0.7, 1 - 0.7]  # the last input takes the rest
+    assert P.mix_weights([0.5, 0.5], 3) == [0.5, 0.5, 0.0]
+    assert P.mix_weights([2, 1], 2) == [2, 1]  # relative weights
+    for mix, n in [([1.5], 2), ([0.5], 3), ([float("nan")], 2), ([0.0, 0.0], 2), ([0.2] * 4, 3)]:
+        with pytest.raises(ValueError, match=r"--mix needs one non-negative weight per input \(or all but the last\)"):
+            P.mix_weights(mix, n)
 
 
 def test_hub_mixture_with_budget(tmp_path, monkeypatch):
     datasets = pytest.importorskip("datasets")
-    fake = {"HuggingFaceFW/fineweb-edu": records("FW", 3000), "HuggingFaceTB/cosmopedia": records("CO", 3000)}
+    fake = {"HuggingFaceFW/fineweb-edu": records("FW", 2000), "HuggingFaceTB/cosmopedia": records("CO", 2000)}
     calls = []
 
     def load_dataset(repo, config, split, streaming):
         calls.append((repo, config, split, streaming))
         return datasets.Dataset.from_list(fake[repo]).to_iterable_dataset()
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    kw = dict(mix=[0.7], max_tokens=20_000, seed=3, workers=2, progress=False)
+    kw = dict(mix=[0.7], max_tokens=10_000, seed=3, workers=2, progress=False)
     meta = P.prepare(["fineweb-edu", "cosmopedia"], tmp_path / "a", **kw)
     assert calls[0] == ("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", True)
     total = sum(s["tokens"] for s in meta["splits"].values())
-    assert 19_900 < total <= 20_000
+    assert 9_980 < total <= 10_000
     text = P.get_tokenizer().decode(shard_tokens(tmp_path / "a", meta, "train").tolist())
     docs = text.split("<|endoftext|>")[:-1]
     assert abs(sum(d.startswith("FW") for d in docs) / len(docs) - 0.7) < 0.06
@@ -289,60 +384,129 @@ def test_optional_packages_missing_give_clear_errors(tmp_path, monkeypatch):
         P.prepare([str(tmp_path / "d.parquet")], tmp_path / "b", workers=1, progress=False)
 
 
-# ---------------------------------------------------------------- bad input
-def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
+# ---------------------------------------------------------------- bad input, faults, interrupts: nothing lost
+def test_bad_inputs_are_one_line_and_keep_the_old_data(tmp_path, capsys, prepared):
+    out, before = prepared
     (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "blank.txt").write_text(" \n\n")
     (tmp_path / "latin1.txt").write_bytes("ok so far ".encode() + "café".encode("latin-1"))
     (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"text": \n')
     (tmp_path / "nofield.jsonl").write_text('{"text": "a"}\n{"body": "b"}\n')
+    (tmp_path / "nodocs.jsonl").write_text('{"text": ""}\n\n')
     (tmp_path / "ok.txt").write_text(words(20))
-    out = tmp_path / "out"
+    ok = tmp_path / "ok.txt"
     cases = [
         ([tmp_path / "empty.txt"], "empty.txt: empty file"),
-        ([tmp_path / "latin1.txt"], "latin1.txt: not valid UTF-8 at byte offset 13"),
-        ([tmp_path / "bad.jsonl"], "bad.jsonl:2: invalid JSON"),
-        ([tmp_path / "nofield.jsonl"], "nofield.jsonl:2: record has no string field 'text'"),
-        ([tmp_path / "ok.txt", "--encoding", "gpt5"], "unknown encoding 'gpt5'"),
-        ([tmp_path / "ok.txt", "--vocab_size", "100"], "vocab_size must be in [257, 50257]"),
-        ([tmp_path / "missing.txt"], "missing.txt: no such file or folder"),
+        ([tmp_path / "blank.txt"], "blank.txt: empty file (only whitespace)"),
+        ([ok, tmp_path / "latin1.txt"], "latin1.txt: not valid UTF-8 at byte offset 13"),
+        ([ok, tmp_path / "bad.jsonl"], "bad.jsonl:2: invalid JSON (Expecting value)"),
+        ([tmp_path / "nofield.jsonl"], "nofield.jsonl:2: record has no string field 'text' (try --text_field)"),
+        ([tmp_path / "nodocs.jsonl"], "nodocs.jsonl: no documents (no record has a non-empty 'text')"),
+        ([ok, "--encoding", "gpt5"], "unknown encoding 'gpt5'"),
+        ([ok, "--vocab_size", "100"], "vocab_size must be in [257, 50257]"),
+        ([ok, tmp_path / "missing.txt"], "missing.txt: no such file or folder"),
         ([tmp_path / "*.nothing"], "no files match"),
+        ([ok, ok, "--mix", "1.5"], "--mix needs one non-negative weight per input"),
+        ([ok, "--val_fraction", "1"], "need 0 <= val_fraction < 1"),
+        ([ok, "--workers", "-1"], "workers must be at least 1, got -1"),
+        ([ok, "--max_tokens", "1"], "no training documents"),
     ]
     for args, msg in cases:
-        rc, err = run_main(capsys, *args, "--out", out, "--workers", "1", "--quiet")
-        assert rc == 2 and err.startswith("error: ") and msg in err and err.count("\n") == 1, (msg, err)
-    assert not (out / "meta.json").exists()
+        rc, err = main(capsys, "--out", out, "--workers", "1", "--overwrite", *args)
+        assert rc == 1 and err.startswith("error: ") and msg in err and err.count("\n") == 1, (msg, err)
+        assert snapshot(out) == before, msg
+
+
+@pytest.mark.parametrize("argv,msg", [(["a.txt", "--shard_tokens", "2.5"], "expected an integer, got '2.5'"),
+                                      (["a.txt", "--mix", "0.5,x"], "expected comma-separated numbers, got '0.5,x'"),
+                                      (["a.txt"], "--out is needed (only a single named corpus")])
+def test_command_line_errors(capsys, argv, msg):
+    with pytest.raises(SystemExit) as e:
+        P.main(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_input_bad_halfway_keeps_the_old_data(tmp_path, prepared):
+    """Through the real command line: the first records pass the up-front check, a later one is broken."""
+    out, before = prepared
+    src = tmp_path / "late.jsonl"
+    src.write_text("".join(json.dumps({"text": words(3, seed=i)}) + "\n" for i in range(200)) + '{"text": \n')
+    r = cli(src, "--out", out, "--overwrite", "--shard_tokens", "100", "--workers", "2")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == f"error: {src}:201: invalid JSON (Expecting value)\n"
+    assert snapshot(out) == before
 
 
 def test_failure_halfway_leaves_no_shards(tmp_path, monkeypatch):
-    monkeypatch.setattr(P, "PIECE_CHARS", 200)  # so shards are written before the bad file is read
+    monkeypatch.setattr(P, "PIECE_CHARS", 200)  # so shards are written before the bad record is read
     for i in range(11):
         (tmp_path / f"{i:02d}.txt").write_text(words(100, seed=i))
-    (tmp_path / "zz.txt").write_bytes(b"\xff")
+    (tmp_path / "zz.jsonl").write_bytes(b'{"text": "passes the up-front check"}\n{"text": "\xff"}\n')
     written = []
     monkeypatch.setattr(P, "write_shard", lambda path, t, w=P.write_shard: written.append(path) or w(path, t))
-    with pytest.raises(ValueError, match="zz.txt: not valid UTF-8 at byte offset 0"):
-        P.prepare([str(tmp_path / "*.txt")], tmp_path / "out", shard_tokens=100, workers=2, progress=False)
+    with pytest.raises(ValueError, match="zz.jsonl: not valid UTF-8 at byte offset 48"):
+        P.prepare([str(tmp_path)], tmp_path / "out", shard_tokens=100, workers=2, progress=False)
     assert len(written) > 10 and os.listdir(tmp_path / "out") == []
 
 
-def test_refuses_prepared_folder_unless_overwrite(tmp_path, capsys):
-    (tmp_path / "a.txt").write_text(words(400))
+def test_full_disk_keeps_the_old_data(tmp_path, capsys, monkeypatch, prepared):
+    out, before = prepared
+    (tmp_path / "new.txt").write_text(words(400, seed=1))
+    fsync, calls = os.fsync, []
+
+    def fills_up(fd):
+        calls.append(fd)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        fsync(fd)
+    monkeypatch.setattr(os, "fsync", fills_up)
+    rc, err = main(capsys, tmp_path / "new.txt", "--out", out, "--overwrite", "--shard_tokens", "1000", "--workers", "1")
+    assert (rc, err) == (1, "error: [Errno 28] No space left on device\n")
+    assert snapshot(out) == before
+
+
+def test_refuses_prepared_folder_unless_overwrite(tmp_path, capsys, prepared):
+    out, before = prepared
     (tmp_path / "b.txt").write_text(words(20))
-    out = tmp_path / "out"
-    assert run_main(capsys, tmp_path / "a.txt", "--out", out, "--shard_tokens", "1000", "--quiet")[0] == 0
-    rc, err = run_main(capsys, tmp_path / "b.txt", "--out", out, "--quiet")
-    assert rc == 2 and "already holds prepared data" in err and "--overwrite" in err
-    assert run_main(capsys, tmp_path / "b.txt", "--out", out, "--overwrite", "--quiet")[0] == 0
+    rc, err = main(capsys, tmp_path / "b.txt", "--out", out)
+    assert rc == 1 and err == f"error: {out}: already holds prepared data (meta.json); pass --overwrite to replace it\n"
+    assert snapshot(out) == before
+    assert main(capsys, tmp_path / "b.txt", "--out", out, "--overwrite")[0] == 0
     meta = P.load_meta(out)  # no stale shards from the bigger first run
     assert sorted(os.listdir(out)) == sorted(["meta.json", *meta["splits"]["train"]["shards"], *meta["splits"]["val"]["shards"]])
+    assert len(meta["splits"]["train"]["shards"]) < len([n for n in before if n.startswith("train_")])
 
 
-def test_load_meta_errors_name_the_folder(tmp_path):
-    with pytest.raises(P.ShardError, match=str(tmp_path)):
-        P.load_meta(tmp_path)
-    (tmp_path / "meta.json").write_text(json.dumps({"splits": {"train": {"shards": ["train_000000.bin"]}}}))
-    with pytest.raises(P.ShardError, match="missing shards"):
-        P.load_meta(tmp_path)
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_interrupt_is_one_line_and_keeps_the_old_data(tmp_path, prepared, how):
+    """Ctrl-C reaches the whole process group (parent and workers); `kill` reaches the parent only."""
+    out, before = prepared
+    big = tmp_path / "big.jsonl"
+    lines = words(2000).splitlines()
+    records = "".join(json.dumps({"text": "\n".join(lines[i:i + 20])}) + "\n" for i in range(0, 2000, 20))
+    big.write_text(records * 300)  # 30,000 documents, ~30 MB: the first shards come at once, the rest takes seconds
+    proc = subprocess.Popen([sys.executable, str(ROOT / "prepare_data.py"), str(big), "--out", str(out), "--overwrite",
+                             "--shard_tokens", "20000", "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 60
+    while not (out / ".partial" / "train_000000.bin").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()  # still working: the interrupt lands mid-run
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert (proc.returncode, stdout, stderr) == (130, "", "interrupted\n")
+    assert snapshot(out) == before
+    for _ in range(100):  # and no worker outlives it
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("pool workers still running after the interrupt")
 
 
 def test_help(capsys):
