@@ -3,24 +3,26 @@ Train the binary-code GPT of model.py on token shards written by prepare_data.py
 
     python prepare_data.py shakespeare && python train.py    # the small model on tiny Shakespeare, a CPU, minutes
     python train.py --resume                                  # continue out/ckpt.pt
-    torchrun --standalone --nproc_per_node=8 train.py --preset=paper --data_dir=data/paper --batch_size=16 \
-        --max_steps=20000 --lr=6e-4 --min_lr=6e-5 --warmup_steps=1000 --eval_interval=500 --save_interval=500
+    torchrun --standalone --nproc_per_node=8 train.py --preset=paper --vocab_size=65536 --data_dir=data/paper \
+        --batch_size=16 --grad_accum=4 --compile --max_steps=2000 --warmup_steps=100 --lr=6e-4 --min_lr=6e-5 \
+        --eval_interval=250 --eval_steps=20 --save_interval=250                # GPUs: DDP, GPU-sized settings
 
 Design choices, up front:
 - Every setting is a field of one dataclass, TrainConfig, whose defaults are the CPU quickstart; the
   command line is generated from its fields (common.config_parser). `train(cfg) -> summary` and
-  `main(argv)` are importable. The loop at the bottom calls one function per step: set_up, restore,
-  optimizer_step, check_state, save, log_step.
+  `main(argv)` are importable. The loop (_train, at the bottom) calls one function per step: set_up
+  (with restore), evaluate_and_log, save (after check_state), optimizer_step, log_step; they share
+  one Run, the state a checkpoint holds.
 - Model shape, lowest to highest precedence: the preset, the checkpoint's model_config (--resume or
   --init_from), explicit overrides (--n_layer=...). vocab_size comes from the data's meta.json unless a
   checkpoint or --vocab_size says otherwise; every shard's largest token id is checked once at load, and
   a checkpoint's tokenizer must be the data's.
 - Data: each split is cut into windows of block_size+1 tokens at stride block_size (never across a
   shard boundary). Training reads an endless stream of windows: epoch e is a permutation of all of
-  them drawn from (seed, e). A step takes the B = batch_size*grad_accum*world_size stream positions
-  [p, p+B); rank r's micro-step m takes the batch_size positions from p + (r*grad_accum + m)*batch_size.
+  them drawn from (seed, e). A step takes the N = batch_size*grad_accum*world_size stream positions
+  [p, p+N); rank r's micro-step m takes the batch_size positions from p + (r*grad_accum + m)*batch_size.
   So ranks read disjoint windows, a global batch is the same however it is split into processes and
-  micro-steps, and a checkpoint only needs p (= step*B while the batch size is unchanged).
+  micro-steps, and a checkpoint only needs p (= step*N while the batch size is unchanged).
   Validation uses the same eval_steps*batch_size*world_size windows, spread evenly over the val
   split, at every evaluation; the loss is averaged over ranks.
 - Determinism: a checkpoint holds weights, AdamW state, stream position and every RNG state (torch,
@@ -404,7 +406,7 @@ def restore(run, ckpt, source):
     if not {"optimizer", "step", "data", "rng"} <= ckpt.keys():
         raise ValueError(f"{source}: holds weights but no training state to resume; start from it with --init_from")
     run.optimizer.load_state_dict(ckpt["optimizer"])
-    run.step, run.position, run.best_val = ckpt["step"], ckpt["data"]["position"], ckpt["best_val_loss"]
+    run.step, run.position, run.best_val = ckpt["step"], ckpt["data"]["position"], ckpt.get("best_val_loss")
     run.eval_step, run.val_loss, run.saved_step = ckpt.get("eval_step"), ckpt.get("val_loss"), ckpt["step"]
     if len(ckpt["rng"]) == run.world:
         set_rng_state(ckpt["rng"][run.rank], run.device)
