@@ -50,9 +50,9 @@ from model import GPT, get_config
 from prepare_data import load_meta
 
 # the default study: ~2 h on 2 CPU cores with --jobs 2
-DEFAULTS = dict(sizes="2x48,3x80,4x128,6x192", affine_sizes="2x48,4x128", ablation="4x128", long_factor=4,
-                long_seeds=1, steps=400, seeds=2, evals=8, n_head=4, block_size=128, batch_size=16, lr=2e-3, eval_batches=8,
-                vocab_size=8192)
+DEFAULTS = dict(sizes="2x48,3x80,4x128,6x192", affine_sizes="2x48,4x128", ablation="4x128", long_factor=3,
+                long_seeds=1, steps=400, seeds=2, evals=8, n_head=4, block_size=128, batch_size=16, lr=2e-3,
+                eval_batches=8, vocab_size=8192)
 QUICK = dict(sizes="1x16,1x32,2x48,2x64", affine_sizes="1x16,2x48", ablation="2x64", long_factor=3, long_seeds=2,
              steps=30, evals=3, block_size=64, batch_size=8, eval_batches=4)
 # one large point for a single H200 (bf16 autocast, --compile): 12 x 768 learned vs binary, 2 seeds,
@@ -114,14 +114,21 @@ def run_args(args, point):
                            eval_batches=args.eval_batches, compile=args.compile)
 
 
-def _worker_init(threads):
+def _worker_init(threads, stop):
+    global _stop
     torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches training through train's own handler only
+    _stop = stop
+
+
+_stop = None  # in a worker: the sweep's "stop" event, set on Ctrl-C, so queued jobs do not start
 
 
 def _run(job):
     """One run; None when it was stopped (Ctrl-C: train saved it), so the sweep can say so."""
     point, variant, seed, args = job
+    if _stop is not None and _stop.is_set():
+        return None
     try:
         return point[0], compare.run_one(run_args(args, point), load_meta(args.data), variant, seed)
     except SystemExit as e:
@@ -134,13 +141,14 @@ def run_all(args, jobs):
     work = [(point, variant, seed, args) for point, variant, seed in jobs]
     done = []
     if args.jobs > 1:
-        threads = max(1, torch.get_num_threads() // args.jobs)
-        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"), initializer=_worker_init,
-                                 initargs=(threads,)) as pool:
+        ctx = get_context("spawn")
+        stop, threads = ctx.Event(), max(1, torch.get_num_threads() // args.jobs)
+        with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads, stop)) as pool:
             futures = [pool.submit(_run, w) for w in work]
             try:
                 done = [f.result() for f in futures]
-            except KeyboardInterrupt:  # the running jobs save and stop; the queued ones never start
+            except KeyboardInterrupt:  # running jobs save and stop; queued ones return at once
+                stop.set()
                 pool.shutdown(cancel_futures=True)
                 raise
     else:
