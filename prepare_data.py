@@ -68,7 +68,6 @@ HUB = {"fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),
        "cosmopedia": ("HuggingFaceTB/cosmopedia", "web_samples_v2")}
 NAMED = ("shakespeare", *HUB)
 EXTS = (".txt", ".jsonl", ".parquet")
-STAGING = ".partial"  # subfolder of the output folder that holds a run's shards until all are written
 
 
 class ShardError(ValueError):
@@ -407,39 +406,6 @@ def encoded(jobs, encoding: str, vocab_size: int | None, workers: int):
             yield pending.popleft().get()
 
 
-def whole_documents(results):
-    """(split, tokens, UTF-8 bytes) of each document, joined from its encoded pieces."""
-    parts = []
-    for split, batch in results:
-        for tokens, nbytes, last in batch:
-            parts.append((tokens, nbytes))
-            if last:
-                yield split, np.concatenate([t for t, _ in parts]), sum(b for _, b in parts)
-                parts = []
-
-
-class Progress:
-    """A one-line progress report, rewritten at most twice a second on a terminal's stderr (not in logs)."""
-
-    def __init__(self, total_bytes: int | None, enabled: bool = True):
-        self.total, self.enabled, self.t0 = total_bytes, enabled and sys.stderr.isatty(), time.time()
-        self.last, self.shown = self.t0, False
-
-    def update(self, nbytes: int, tokens: int) -> None:
-        now = time.time()
-        if self.enabled and now - self.last >= 0.5:
-            self.last, self.shown, mb = now, True, nbytes / 1e6
-            pct = f"{min(100, 100 * nbytes / self.total):3.0f}% " if self.total else ""
-            sys.stderr.write(f"\r{pct}{mb:,.1f} MB, {tokens:,} tokens, {mb / (now - self.t0):.1f} MB/s")
-            sys.stderr.flush()
-
-    def end(self) -> None:
-        """Finish the line, so that what comes next (the summary, an error) starts a line of its own."""
-        if self.shown:
-            sys.stderr.write("\n")
-            self.shown = False
-
-
 # ---------------------------------------------------------------- main logic
 def _prepared_files(out: Path) -> list[Path]:
     """Files of a previous run, meta.json first."""
@@ -447,18 +413,32 @@ def _prepared_files(out: Path) -> list[Path]:
     return sorted(found, key=lambda p: (p.name != "meta.json", p.name))
 
 
-def write_documents(docs, writers: dict, max_tokens: int | None, bar: Progress) -> None:
-    """Hand each document to its split's writer; stop before the first that would exceed the budget."""
-    nbytes = ntokens = 0
+def write_documents(results, writers: dict, max_tokens: int | None, total_bytes: int | None, progress: bool) -> None:
+    """Join the encoded pieces into documents and hand each to its split's writer; stop before the
+    first document that would exceed the budget. With `progress`, a line on a terminal's stderr (not
+    in logs) says how far it got."""
+    seen = kept = 0  # source bytes encoded, tokens kept
+    doc = []  # (tokens, bytes) of the current document's pieces: the budget admits whole documents
+    t0 = shown = time.time()
+    progress = progress and sys.stderr.isatty()
     try:
-        for split, tokens, size in docs:
-            if max_tokens is not None and ntokens + len(tokens) > max_tokens:
-                break
-            writers[split].add(tokens, size)
-            nbytes, ntokens = nbytes + size, ntokens + len(tokens)
-            bar.update(nbytes, ntokens)
+        for split, batch in results:
+            for tokens, nbytes, last in batch:
+                doc.append((tokens, nbytes))
+                seen += nbytes
+                if last:
+                    tokens = np.concatenate([t for t, _ in doc])
+                    if max_tokens is not None and kept + len(tokens) > max_tokens:
+                        return
+                    writers[split].add(tokens, sum(b for _, b in doc))
+                    kept, doc = kept + len(tokens), []
+            if progress and time.time() - shown >= 0.5:  # at most twice a second
+                shown, mb = time.time(), seen / 1e6
+                pct = f"{min(100, 100 * seen / total_bytes):3.0f}% " if total_bytes else ""
+                print(f"\r{pct}{mb:,.1f} MB, {mb / (shown - t0):.1f} MB/s", end="", file=sys.stderr, flush=True)
     finally:
-        bar.end()
+        if progress and shown > t0:
+            print(file=sys.stderr)  # what comes next (the summary, an error) starts a line of its own
 
 
 def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size: int | None = None,
@@ -484,7 +464,7 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
     weights = mix_weights(mix, len(sources)) if mix is not None else None
     check_inputs(sources, text_field)
 
-    staging = out / STAGING
+    staging = out / ".partial"  # holds this run's files until all are written
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
     staging.mkdir(parents=True)
     streams = [read_documents(s, text_field) for s in sources]
@@ -492,11 +472,11 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
     dtype = token_dtype(enc.n_vocab)
     writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
     local = [s for s in sources if os.path.isfile(s)]
-    bar = Progress(sum(map(os.path.getsize, local)) if len(local) == len(sources) else None, progress)
+    total_bytes = sum(map(os.path.getsize, local)) if len(local) == len(sources) else None  # for the progress line
     try:
         jobs = batches(split_documents(docs, val_fraction))
         with contextlib.closing(encoded(jobs, encoding, vocab_size, workers)) as results:  # closing stops the pool now
-            write_documents(whole_documents(results), writers, max_tokens, bar)
+            write_documents(results, writers, max_tokens, total_bytes, progress)
         splits = {s: w.close() for s, w in writers.items()}
         if not splits["train"]["tokens"]:
             raise ValueError("no training documents (--max_tokens is below the first document)")

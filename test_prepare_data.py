@@ -1,6 +1,6 @@
 """Tests for prepare_data.py: shard format, tokenizer cut, splits, determinism, inputs, and that no bad
 input, fault or interrupt loses prepared data or ends in anything but one clean line."""
-import io, json, os, signal, struct, subprocess, sys, time, urllib.request
+import io, json, os, signal, struct, subprocess, sys, time, types, urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -354,14 +354,13 @@ def test_mix_weights():
 
 
 def test_hub_mixture_with_budget(tmp_path, monkeypatch):
-    datasets = pytest.importorskip("datasets")
-    fake = {"HuggingFaceFW/fineweb-edu": records("FW", 2000), "HuggingFaceTB/cosmopedia": records("CO", 2000)}
+    fake = {"HuggingFaceFW/fineweb-edu": records("FW", 1000), "HuggingFaceTB/cosmopedia": records("CO", 1000)}
     calls = []
 
     def load_dataset(repo, config, split, streaming):
         calls.append((repo, config, split, streaming))
-        return datasets.Dataset.from_list(fake[repo]).to_iterable_dataset()
-    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+        return iter(fake[repo])  # a streaming dataset yields one dict a row
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     kw = dict(mix=[0.7], max_tokens=10_000, seed=3, workers=2, progress=False)
     meta = P.prepare(["fineweb-edu", "cosmopedia"], tmp_path / "a", **kw)
     assert calls[0] == ("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", True)
