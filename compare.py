@@ -88,8 +88,11 @@ def run_one(args, meta, variant, seed):
             batch_size=args.batch_size, max_steps=args.steps, lr=args.lr, min_lr=args.lr / 10,
             warmup_steps=max(1, args.steps // 20), eval_interval=max(1, args.steps // args.evals),
             eval_steps=args.eval_batches, log_interval=max(1, args.steps // 10), save_interval=max(1, args.steps // 4),
-            resume=os.path.exists(os.path.join(out, "ckpt.pt")), compile=args.compile,
+            compile=args.compile,
         )
+        # the folder is this run's own: continue its checkpoint, or start afresh over a hard-killed start
+        cfg.resume = os.path.exists(os.path.join(out, "ckpt.pt"))
+        cfg.overwrite = not cfg.resume
         print(f"\n=== {variant}, seed {seed} ===", flush=True)
         summary = train(cfg)
         if summary["interrupted"]:

@@ -67,6 +67,9 @@ SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/da
 HUB = {"fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),
        "cosmopedia": ("HuggingFaceTB/cosmopedia", "web_samples_v2")}
 NAMED = ("shakespeare", *HUB)
+# the quickstart's corpus gets the small preset's vocabulary by default: GPT-2 cut to 8,192 tokens keeps
+# the output head (V x n_embd) CPU-sized
+DEFAULT_VOCAB = {"shakespeare": 8192}
 EXTS = (".txt", ".jsonl", ".parquet")
 
 
@@ -510,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"the named corpora {', '.join(NAMED)}, or hf:REPO[:CONFIG]")
     p.add_argument("--out", help="output folder for train_*.bin, val_*.bin, meta.json (default for one named corpus: data/NAME)")
     p.add_argument("--encoding", default="gpt2", help=f"tiktoken encoding: {', '.join(tiktoken.list_encoding_names())}")
-    p.add_argument("--vocab_size", type=parse_int, help="keep the first N-1 BPE ranks, EOT = N-1 (default: the full encoding)")
+    p.add_argument("--vocab_size", type=parse_int, help="keep the first N-1 BPE ranks, EOT = N-1 (default: 8192 for shakespeare, else the full encoding)")
     p.add_argument("--val_fraction", type=float, default=0.1, help="share of documents (or characters) for val")
     p.add_argument("--shard_tokens", type=parse_int, default=100_000_000, help="tokens per shard file, e.g. 1e8")
     p.add_argument("--text_field", default="text", help="record field holding the text in .jsonl/.parquet/Hub")
@@ -530,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(a.inputs) != 1 or a.inputs[0] not in NAMED:
             p.error(f"--out is needed (only a single named corpus, {', '.join(NAMED)}, has a default)")
         a.out = os.path.join("data", a.inputs[0])
+    if a.vocab_size is None and len(a.inputs) == 1:
+        a.vocab_size = DEFAULT_VOCAB.get(a.inputs[0])
     meta = prepare(a.inputs, a.out, a.encoding, a.vocab_size, a.val_fraction, a.shard_tokens, a.workers,
                    a.overwrite, a.text_field, a.mix, a.max_tokens, a.seed)
     for name, s in meta["splits"].items():
