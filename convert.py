@@ -1,36 +1,59 @@
 """
 Convert checkpoints between the paper's Hugging Face releases and this project's native format.
 
-    python convert.py hf2native HF_FOLDER OUT_FOLDER --layout tile|interleave
-    python convert.py native2hf CKPT OUT_FOLDER [--dtype float32]
+    python convert.py hf2native HF_FOLDER OUT_FOLDER [--layout auto|tile|interleave] [--overwrite]
+    python convert.py native2hf CKPT OUT_FOLDER [--dtype float32] [--overwrite]
 
-hf2native reads a local copy of one of the released checkpoints (config.json with the BVVConfig
-fields, weights as safetensors, sharded or single, or pytorch_model.bin, tokenizer files) and writes
-OUT_FOLDER/ckpt.pt, which sample.py and train.py --init_from load. The released state-dict names are
-not public, so names go through one table, MAPPING, covering nanoGPT, GPT-NeoX and Llama-style names
-(and this project's own). Nothing is guessed silently: an unmapped or missing name, a wrong shape, a
-non-canonical code table or an affine checkpoint without its A and b stops the conversion with a list.
+hf2native reads a local copy of a released checkpoint (config.json with the BVVConfig fields; weights
+as safetensors, sharded or single, or pytorch_model.bin; tokenizer files) and writes OUT/ckpt.pt, which
+sample.py and train.py --init_from load. native2hf writes a stock GPTNeoXForCausalLM folder (no remote
+code) that AutoModelForCausalLM, AutoTokenizer, generate() and lm-evaluation-harness load directly.
 
-native2hf writes a stock GPTNeoXForCausalLM folder (no remote code) that AutoModelForCausalLM,
-AutoTokenizer, generate() and lm-evaluation-harness's `hf` backend load directly: the fixed code
-becomes its V x n_embd input table (the code lifted to model width), missing biases become zeros.
-config.json keeps a "native_gpt" entry, so hf2native restores the original native model exactly.
+Design choices:
+- The released state-dict names are not public, so names go through one table, MAPPING: nanoGPT,
+  GPT-NeoX and Llama-style names (and this project's own). Nothing is guessed: an unmapped or missing
+  name, a wrong shape, a table that is not the fixed code, NaN/inf weights, or an affine checkpoint
+  without its A and b stops the conversion with a list of what was found.
+- Nothing public says how the release lifts its K code bits to model width either. `--layout auto`
+  (the default) builds the model both ways, scores each by next-token loss on a short English
+  paragraph (ENGLISH below, tokenized with the checkpoint's tokenizer) and keeps the better one.
+- The export writes the fixed code as GPT-NeoX's V x n_embd input table (the code lifted to width),
+  absent biases as zeros, and keeps a "native_gpt" entry in config.json so that hf2native restores
+  the native model exactly.
+- Output folders: every file is written atomically; a non-empty OUT is refused unless --overwrite,
+  which replaces the model and tokenizer files and removes old ones the new folder does not have
+  (a stale shard index would otherwise be read with the new weights). Other files are left alone.
+- File names read from a config or checkpoint (shards, tokenizer) must be plain names in their folder.
 
-Dependencies: torch; safetensors (reading/writing .safetensors); tokenizers (writing a tokenizer.json
-for tiktoken-native checkpoints). transformers is not needed here.
+Needs torch; safetensors for .safetensors files; tokenizers for tokenizer.json (scoring layouts with a
+release's tokenizer, exporting a tiktoken one). transformers is not needed here.
 """
 
 import argparse
 import json
 import os
 import re
-import shutil
 import sys
+from dataclasses import replace
 
 import torch
 
-from model import GPT, GPTConfig, binary_code, checkpoint_dict, code_bits, load_checkpoint
-from prepare_data import get_tokenizer
+from common import atomic_open, atomic_write, run_main
+from model import GPT, GPTConfig, canonical_code, checkpoint_dict, code_bits, load_checkpoint, model_from_weights
+from sample import load_text_codec
+
+# layout auto scores both layouts on this (any plain English works; a model that reads its input
+# through the wrong layout sees scrambled bits and cannot predict it)
+ENGLISH = (
+    "The sun rises in the east and sets in the west. Water boils at one hundred degrees at sea level, "
+    "and it freezes at zero. Paris is the capital of France, and Berlin is the capital of Germany. "
+    "Children learn to read and write at school, where their teachers help them to understand the world. "
+    "Many people drink a cup of coffee or tea in the morning before they go to work."
+)
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json"]  # what sample.py and the export read
+# what a loader may read beside tokenizer.json: removed from OUT by an --overwrite that does not write them
+OLD_TOKENIZER_FILES = TOKENIZER_FILES + ["special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model",
+                                         "added_tokens.json"]
 
 
 class ConversionError(ValueError):
@@ -78,105 +101,138 @@ MAPPING = [
     ("affine code", r"(?:\w+\.)?(?:affine_A|code_A|recode_A|A)", "embed.A", None),
     ("affine code", r"(?:\w+\.)?(?:affine_b|code_b|recode_b|b)", "embed.b", None),
 ]
-# Known non-weights, skipped on purpose: rotary tables, causal-mask buffers, our lift index.
-SKIP = [
-    r"(?:^|\.)inv_freq$",
-    r"(?:^|\.)(?:rope|rotary)\w*\.(?:cos|sin)\w*$",
-    r"(?:^|\.)(?:cos|sin)_cached$",
-    r"(?:^|\.)rope_(?:cos|sin)$",
-    r"(?:^|\.)attn\.(?:bias|masked_bias)$",  # nanoGPT / GPT-2 causal mask buffers
-    r"(?:^|\.)attention\.(?:bias|masked_bias)$",  # old GPT-NeoX causal mask buffers
-    r"(?:^|\.)(?:causal_)?mask$",
-    r"(?:^|\.)lift$",
-]
-_ROWS = [(conv, re.compile(PREFIX + pat + "$"), tmpl, how) for conv, pat, tmpl, how in MAPPING]
-_SKIP = [re.compile(p) for p in SKIP]
-TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model", "added_tokens.json"]
-EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]
+ROWS = [(conv, re.compile(PREFIX + pat + "$"), tmpl, how) for conv, pat, tmpl, how in MAPPING]
+# known non-weights, skipped on purpose: rotary tables, causal-mask buffers, our lift index
+SKIP = re.compile(r"(?:^|\.)(?:inv_freq|(?:rope|rotary)\w*\.(?:cos|sin)\w*|(?:cos|sin)_cached|rope_(?:cos|sin)"
+                  r"|attn\.(?:bias|masked_bias)|attention\.(?:bias|masked_bias)|(?:causal_)?mask|lift)$")
 
 
 def map_name(name):
     """Source tensor name -> (convention, native name, how), "skip", or None when unmapped."""
-    if any(p.search(name) for p in _SKIP):
+    if SKIP.search(name):
         return "skip"
-    for conv, rx, tmpl, how in _ROWS:
+    for conv, rx, tmpl, how in ROWS:
         m = rx.match(name)
         if m:
             return conv, m.expand(tmpl), how
     return None
 
 
-def _listing(named, limit=60):
+def listing(named, limit=60):
     rows = [f"  {n}: {tuple(t.shape) if hasattr(t, 'shape') else t}" for n, t in named]
-    more = [f"  ... and {len(rows) - limit} more"] if len(rows) > limit else []
-    return "\n".join(rows[:limit] + more)
+    return "\n".join(rows[:limit] + ([f"  ... and {len(rows) - limit} more"] if len(rows) > limit else []))
+
+
+# ----------------------------------------------------------------------------------- files and folders
+def file_in(folder, name, what):
+    """The path of `name` in `folder`; `name` comes from a config or checkpoint, so it must be a plain
+    file name (no directories, no ..): a file outside the folder is never read or copied."""
+    if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name or "\\" in name:
+        raise ConversionError(f"{what} names {name!r}, which is not a file name inside {folder}: refused")
+    return os.path.join(folder, name)
+
+
+def check_out(out, overwrite):
+    """Refuse a non-empty OUT unless --overwrite (checked before any work is done)."""
+    if os.path.isdir(out) and os.listdir(out) and not overwrite:
+        raise ConversionError(f"{out} is not empty (it holds {', '.join(sorted(os.listdir(out))[:6])}): pass "
+                              "--overwrite to replace its model and tokenizer files (other files are kept)")
+
+
+def remove_stale(out, written, weights):
+    """After an --overwrite: remove the old tokenizer files (and, for an HF folder, weight files and
+    shard indexes) that this conversion did not write, so that none is read with the new files."""
+    for f in os.listdir(out):
+        old_weights = weights and re.search(r"\.safetensors$|\.index\.json$|^pytorch_model.*\.bin$", f)
+        if f not in written and (f in OLD_TOKENIZER_FILES or old_weights):
+            os.remove(os.path.join(out, f))
+
+
+def copy_file(src, dst):
+    with open(src, "rb") as f:
+        atomic_write(dst, f.read())
+
+
+def check_finite(tensors, what):
+    bad = [n for n, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ConversionError(f"{what} holds NaN or inf values in {', '.join(bad[:10])}: refusing to convert "
+                              "a diverged or corrupt checkpoint")
+
+
+def check_tokenizer_entry(entry, folder):
+    """A checkpoint's tokenizer entry: None, {"kind": "tiktoken", ...} or {"kind": "hf", "file": name}."""
+    if entry is None or isinstance(entry, dict) and entry.get("kind") == "tiktoken":
+        return entry
+    if isinstance(entry, dict) and entry.get("kind") == "hf":
+        file_in(folder, entry.get("file", "tokenizer.json"), "the tokenizer entry")
+        return entry
+    raise ConversionError(f"unknown tokenizer entry {entry!r}")
 
 
 # ------------------------------------------------------------------------------------- reading
-def _load_safetensors(path):
+def read_json(path):
     try:
-        from safetensors.torch import load_file
-    except ImportError:
-        raise ConversionError("reading .safetensors files needs the safetensors package: pip install safetensors") from None
-    try:
-        return load_file(path, device="cpu")
-    except Exception as e:
-        raise ConversionError(f"cannot read {path}: {e} (is the file truncated or corrupt?)") from None
-
-
-def _load_bin(path):
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ConversionError(f"cannot read {path}: {e} (is the file truncated or corrupt?)") from None
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConversionError(f"{path} holds a {type(raw).__name__}, expected a JSON object")
+    return raw
 
 
 def read_weights(folder):
     """All tensors of an HF folder: sharded (*.index.json) or single safetensors, else pytorch_model.bin."""
     files = sorted(os.listdir(folder))
     index = next((f for f in ("model.safetensors.index.json", "pytorch_model.bin.index.json") if f in files), None)
-    if index:
-        with open(os.path.join(folder, index)) as f:
-            weight_map = json.load(f)["weight_map"]
-        shards = sorted(set(weight_map.values()))
-    else:
-        shards = [f for f in files if f.endswith(".safetensors")] or [f for f in files if f == "pytorch_model.bin"]
-        weight_map = None
+    weight_map = read_json(os.path.join(folder, index)).get("weight_map") if index else None
+    if index and not isinstance(weight_map, dict):
+        raise ConversionError(f"{index} has no weight_map object")
+    shards = sorted(set(weight_map.values())) if index else (
+        [f for f in files if f.endswith(".safetensors")] or [f for f in files if f == "pytorch_model.bin"])
     if not shards:
         raise ConversionError(f"no weights in {folder}: expected *.safetensors (optionally with "
                               f"model.safetensors.index.json) or pytorch_model.bin; found {files}")
+    paths = {shard: file_in(folder, shard, index or folder) for shard in shards}
+    if any(s.endswith(".safetensors") for s in shards):
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise ConversionError("reading .safetensors files needs the safetensors package: pip install safetensors") from None
     tensors = {}
-    for shard in shards:
-        path = os.path.join(folder, shard)
+    for shard, path in paths.items():
         if not os.path.isfile(path):
             raise ConversionError(f"{index} lists {shard}, which is not in {folder}")
-        part = _load_safetensors(path) if shard.endswith(".safetensors") else _load_bin(path)
-        if not isinstance(part, dict):
+        try:  # torch.load maps the file instead of reading it
+            part = (load_file(path, device="cpu") if shard.endswith(".safetensors")
+                    else torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+        except Exception as e:
+            raise ConversionError(f"cannot read {path}: {str(e)[:200]} (is the file truncated or corrupt?)") from None
+        if not isinstance(part, dict) or not all(isinstance(t, torch.Tensor) for t in part.values()):
             raise ConversionError(f"{path} does not hold a dict of tensors")
         for name, t in part.items():
             if name in tensors:
                 raise ConversionError(f"tensor {name} appears in more than one weight file (again in {shard})")
             tensors[name] = t
-    if weight_map is not None:
-        lost = sorted(n for n in weight_map if n not in tensors)
-        if lost:
-            raise ConversionError(f"{index} lists tensors that its shards do not hold: {lost[:20]}")
+    lost = sorted(n for n in weight_map or {} if n not in tensors)
+    if lost:
+        raise ConversionError(f"{index} lists tensors that its shards do not hold: {lost[:20]}")
     return tensors
 
 
 def read_hf_config(folder):
-    """The GPTConfig fields a BVV (or GPT-NeoX / GPT-2 / Llama-like) config.json gives, plus its raw dict."""
+    """The GPTConfig fields a BVV (or GPT-NeoX / GPT-2 / Llama-like) config.json gives, and its raw dict."""
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise ConversionError(f"no config.json in {folder}: is this a Hugging Face model folder?")
-    with open(path) as f:
-        raw = json.load(f)
+    raw = read_json(path)
 
     def first(*keys, default=None):
         return next((raw[k] for k in keys if raw.get(k) is not None), default)
 
     rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope = rope if isinstance(rope, dict) else {}
     fields = {
         "vocab_size": first("vocab_size"),
         "block_size": first("block_size", "max_position_embeddings", "n_positions", "n_ctx", "seq_len"),
@@ -184,44 +240,106 @@ def read_hf_config(folder):
         "n_layer": first("n_layer", "num_hidden_layers", "num_layers"),
         "n_head": first("n_head", "num_attention_heads", "n_heads"),
         "pad_token_id": first("pad_token_id", "pad_id"),
-        "rope_base": first("rope_base", "rope_theta", "rotary_emb_base", default=rope.get("rope_theta", 10000.0)),
+        "rope_base": first("rope_base", "rope_theta", "rotary_emb_base", default=rope.get("rope_theta")),
     }
-    if not any(k in raw for k in ("rope_base", "rope_theta", "rotary_emb_base")) and "rope_theta" not in rope:
-        print("note: config.json gives no RoPE base; assuming 10000 (inferred, not confirmed for the release)",
-              file=sys.stderr)
     missing = [k for k in ("vocab_size", "block_size", "n_head") if fields[k] is None]
     if missing:
         raise ConversionError(f"{path} lacks {missing}; it has {sorted(raw)}")
+    for k in ("vocab_size", "block_size", "n_embd", "n_layer", "n_head", "pad_token_id"):
+        v = fields[k]
+        if v is not None and (type(v) is not int or v < (k != "pad_token_id")):
+            raise ConversionError(f"{path}: {k} must be a {'positive' if k != 'pad_token_id' else 'non-negative'} "
+                                  f"integer, got {v!r}")
+    if fields["rope_base"] is None:
+        print("note: config.json gives no RoPE base; assuming 10000 (not confirmed for the release)", file=sys.stderr)
+        fields["rope_base"] = 10000.0
+    if type(fields["rope_base"]) not in (int, float):
+        raise ConversionError(f"{path}: the RoPE base must be a number, got {fields['rope_base']!r}")
     eps = raw.get("layer_norm_eps", raw.get("layer_norm_epsilon"))
-    if eps is not None and abs(eps - 1e-5) > 1e-12:
+    if type(eps) in (int, float) and abs(eps - 1e-5) > 1e-12:
         print(f"note: config layer_norm_eps = {eps}; the native model uses 1e-5", file=sys.stderr)
-    return fields, raw
+    meta = raw.get("native_gpt") or {}
+    if not isinstance(meta, dict):
+        raise ConversionError(f"{path}: native_gpt must be an object, got {meta!r}")
+    return fields, raw, meta
 
 
 def variant_from_model_type(model_type):
-    """PAPER.md's table: model_n_embed_16_binary_* -> binary, *affine* -> affine, model_n_embed_1024_* -> learned."""
-    mt = (model_type or "").lower()
+    """The release's names: model_n_embed_16_binary_* -> binary, *affine* -> affine, model_n_embed_1024_* -> learned."""
+    mt = model_type.lower() if isinstance(model_type, str) else ""
     if "affine" in mt:
         return "affine"
     if "binary" in mt:
         return "binary"
-    if re.match(r"model_n_embed_\d+_n_layer", mt):
-        return "learned"
-    return None
+    return "learned" if re.match(r"model_n_embed_\d+_n_layer", mt) else None
 
 
-# ------------------------------------------------------------------------------ codes and tables
-def canonical_code(vocab_size, pad_token_id=None):
-    """The release's V x K table: bit i of row t = (t >> i) & 1, the pad row all zeros."""
-    table = binary_code(torch.arange(vocab_size), code_bits(vocab_size))
-    if pad_token_id is not None:
-        table[pad_token_id] = 0.0
-    return table
+# ------------------------------------------------------------------------------------ HF -> native
+def gather(tensors, n_head, n_embd):
+    """Rename source tensors through MAPPING; return (native dict, native -> source names, conventions)."""
+    mapped, unmapped = {}, []
+    for name, t in tensors.items():
+        m = map_name(name)
+        if m is None:
+            unmapped.append((name, t))
+        elif m != "skip":
+            mapped[name] = m
+    if unmapped:
+        raise ConversionError("tensors with no row in convert.MAPPING (add one if the release uses them):\n"
+                              + listing(unmapped) + "\nall tensors found:\n" + listing(sorted(tensors.items())))
+    # HF-GPT2 Conv1D stores (in, out): detectable from the fused qkv or fc shape, never square
+    conv1d = any(how == "conv1d" and native.endswith(("qkv.weight", "fc.weight")) and tensors[name].shape[0] == n_embd
+                 for name, (_, native, how) in mapped.items())
+    out, origin, parts = {}, {}, {}
+    for name, (conv, native, how) in mapped.items():
+        t = tensors[name]
+        if how == "conv1d" and conv1d and t.dim() == 2:
+            t = t.t()
+        elif how == "neox_qkv":
+            if t.shape[0] != 3 * n_embd:
+                raise ConversionError(f"{name} has shape {tuple(t.shape)}, expected first dim 3 * {n_embd}")
+            # (H, 3, D, ...) -> (3, H, D, ...): per-head [q_h, k_h, v_h] rows -> ours, [q; k; v]
+            t = t.reshape(n_head, 3, n_embd // n_head, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+        if how in ("q", "k", "v"):
+            parts.setdefault(native, {})[how] = (name, t)
+        elif native in out:
+            raise ConversionError(f"{name} and {origin[native]} both map to {native}")
+        else:
+            out[native], origin[native] = t.contiguous(), name
+    for native, qkv in parts.items():
+        if sorted(qkv) != ["k", "q", "v"]:
+            raise ConversionError(f"{native}: found only the {sorted(qkv)} projections: {[n for n, _ in qkv.values()]}")
+        out[native] = torch.cat([qkv[p][1] for p in "qkv"], dim=0)
+        origin[native] = "+".join(qkv[p][0] for p in "qkv")
+    return out, origin, sorted({conv for conv, _, _ in mapped.values()})
 
 
-def check_code_table(table, pad_token_id):
-    """A stored V x K table must be the canonical code. Returns the pad id the native model needs
-    (the config's if its row is zero, None if the table keeps that row's plain code)."""
+def input_variant(emb, sd, hint, V, K, n_embd, origin, raw, tensors):
+    """Which input interface the weights hold; the config's word for it (hint) must agree."""
+    if "embed.A" in sd or "embed.b" in sd or (emb is None and hint == "affine"):
+        variant = "affine"
+    elif emb is None:
+        raise ConversionError("found no input table and no affine A/b buffers; the tensors are:\n"
+                              + listing(sorted(tensors.items())))
+    elif tuple(emb.shape) == (V, K) and K != n_embd:
+        variant = "binary"
+    elif tuple(emb.shape) == (V, n_embd):  # a learned table, or a code already lifted (our own export)
+        variant = hint if hint in ("binary", "affine") else "learned"
+    else:
+        raise ConversionError(f"input table {origin['embed.weight']} has shape {tuple(emb.shape)}: expected "
+                              f"V x K = ({V}, {K}) for the code or V x n_embd = ({V}, {n_embd}) for a learned table")
+    if hint is not None and hint != variant:
+        found = [(origin[n], t) for n, t in [("embed.weight", emb)] + [(n, sd.get(n)) for n in ("embed.A", "embed.b")]
+                 if t is not None]
+        raise ConversionError(f"config says the {hint} variant (model_type {raw.get('model_type')!r}) but the weights "
+                              f"hold the {variant} one; input tensors:\n" + listing(found))
+    return variant
+
+
+def code_table_pad(table, pad_token_id):
+    """A stored V x K table must be model.py's canonical code (bit i of row t = (t >> i) & 1, the pad
+    row zero). Returns the pad id the native model needs: the config's, or None when the table keeps
+    that row's plain code."""
     V, K = table.shape
     t = table.float()
     if not bool(((t == 0) | (t == 1)).all()):
@@ -238,207 +356,166 @@ def check_code_table(table, pad_token_id):
                           f"pad row {pad_token_id} zero): {len(bad)} rows differ, the first:\n{shown}")
 
 
+def affine_A_b(sd, meta, K, tensors):
+    """The affine recoding, stored as tensors or (our export) in config.json; never invented."""
+    if meta.get("A") is not None:
+        try:
+            sd["embed.A"], sd["embed.b"] = torch.tensor(meta["A"]), torch.tensor(meta["b"])
+        except (TypeError, ValueError, RuntimeError, KeyError):
+            raise ConversionError("config.json's native_gpt A / b are not matrices of 0/1") from None
+    missing = [n for n in ("embed.A", "embed.b") if n not in sd]
+    if missing:
+        raise ConversionError(f"the affine variant needs its recoding A (K x K) and b (K) to be stored; {missing} "
+                              "not found (they are never invented). Tensors found:\n" + listing(sorted(tensors.items())))
+    A, b = sd["embed.A"].float(), sd["embed.b"].float()
+    if tuple(A.shape) != (K, K) or tuple(b.shape) != (K,) or not all(bool(((x == 0) | (x == 1)).all()) for x in (A, b)):
+        raise ConversionError(f"affine A {tuple(A.shape)} / b {tuple(b.shape)} must be 0/1 of shapes ({K}, {K}) / ({K},)")
+
+
+def keep_biases(sd, config, meta, origin):
+    """Biases are all or nothing in the native model: with some absent, the present ones must be zero
+    (and are dropped). Returns config.bias."""
+    names = [n for n in shapes_of(replace(config, bias=True)) if n.endswith(".bias")]
+    present = [n for n in names if n in sd]
+    bias = meta.get("bias", len(present) == len(names))
+    nonzero = [(origin[n], sd[n]) for n in present if bool(sd[n].any())]
+    if not bias and nonzero:
+        raise ConversionError("some biases are nonzero but others are missing (the native model has all or none):\n"
+                              + listing(nonzero) + "\nmissing:\n" + "\n".join(f"  {n}" for n in names if n not in sd))
+    for n in present if not bias else []:
+        del sd[n]
+    return bias
+
+
+def check_names(sd, want, origin):
+    missing = [(n, want[n]) for n in want if n not in sd]
+    extra = [(origin.get(n, n), sd[n]) for n in sd if n not in want]
+    shapes = [f"  {n} (from {origin.get(n, n)}): expected {tuple(want[n].shape)}, found {tuple(sd[n].shape)}"
+              for n in sd if n in want and sd[n].shape != want[n].shape]
+    msg = ((["missing (native name: expected shape):\n" + listing(missing)] if missing else [])
+           + (["not used by the model (source name: shape):\n" + listing(extra)] if extra else [])
+           + (["wrong shapes:\n" + "\n".join(shapes)] if shapes else []))
+    if msg:
+        raise ConversionError("the weights do not fit the model the config describes\n" + "\n".join(msg))
+
+
+def shapes_of(config):
+    """The native state dict's names, shapes and dtypes for `config` (on the meta device: no memory)."""
+    with torch.device("meta"):
+        return GPT(config).state_dict()
+
+
 def lifted_table(model):
     """The model's input as a V x n_embd table (what a stock embedding layer must hold)."""
     with torch.no_grad():
         return model.embed(torch.arange(model.config.vocab_size)[None])[0].float().contiguous()
 
 
-# ------------------------------------------------------------------------------------ HF -> native
-def _gather(tensors, n_head, n_embd):
-    """Rename source tensors through MAPPING; return (native dict, native -> source names, conventions)."""
-    out, origin, parts, conventions, unmapped = {}, {}, {}, set(), []
-    mapped = {}
-    for name, t in tensors.items():
-        m = map_name(name)
-        if m == "skip":
-            continue
-        if m is None:
-            unmapped.append((name, t))
-            continue
-        mapped[name] = m
-    if unmapped:
-        raise ConversionError("tensors with no row in convert.MAPPING (add one if the release uses them):\n"
-                              + _listing(unmapped) + "\nall tensors found:\n" + _listing(sorted(tensors.items())))
-    # HF-GPT2 Conv1D stores (in, out): detectable from the fused qkv or fc shape, never square
-    conv1d = any(how == "conv1d" and native.endswith(("qkv.weight", "fc.weight")) and tensors[name].shape[0] == n_embd
-                 for name, (_, native, how) in mapped.items())
-    for name, (conv, native, how) in mapped.items():
-        t = tensors[name]
-        conventions.add(conv)
-        if how == "conv1d" and conv1d and t.dim() == 2:
-            t = t.t()
-        elif how == "neox_qkv":
-            D = n_embd // n_head
-            if t.shape[0] != 3 * n_embd:
-                raise ConversionError(f"{name} has shape {tuple(t.shape)}, expected first dim 3 * {n_embd}")
-            t = t.reshape(n_head, 3, D, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
-        if how in ("q", "k", "v"):
-            parts.setdefault(native, {})[how] = (name, t)
-            continue
-        if native in out:
-            raise ConversionError(f"{name} and {origin[native]} both map to {native}")
-        out[native], origin[native] = t.contiguous(), name
-    for native, qkv in parts.items():
-        if sorted(qkv) != ["k", "q", "v"]:
-            raise ConversionError(f"{native}: found only the {sorted(qkv)} projections: {[n for n, _ in qkv.values()]}")
-        out[native] = torch.cat([qkv[p][1] for p in "qkv"], dim=0)
-        origin[native] = "+".join(qkv[p][0] for p in "qkv")
-    return out, origin, sorted(conventions)
+def pick_layout(config, sd, tokenizer, folder):
+    """--layout auto: the model built with each layout, scored by next-token loss on ENGLISH -> the better model."""
+    if tokenizer is None:
+        raise ConversionError("--layout auto scores both layouts on English text, but the folder has no tokenizer.json: "
+                              "pass --layout tile or --layout interleave")
+    ids = load_text_codec({"tokenizer": tokenizer}, folder).encode(ENGLISH)[: config.block_size + 1]
+    if len(ids) < 2 or max(ids) >= config.vocab_size:
+        raise ConversionError(f"the tokenizer gives {len(ids)} tokens (largest id {max(ids, default=None)}) for English "
+                              f"text, not a sequence the model's vocabulary ({config.vocab_size}) can score: pass --layout")
+    x = torch.tensor(ids)[None]
+    # both models hold the same tensors (assigned, not copied); only the lift index differs
+    models = {layout: model_from_weights(replace(config, layout=layout), sd, folder).eval() for layout in ("tile", "interleave")}
+    with torch.no_grad():
+        loss = {layout: model(x[:, :-1], x[:, 1:])[1].item() for layout, model in models.items()}
+    best = min(loss, key=loss.get)
+    print(f"layout auto: next-token loss on {len(ids) - 1} tokens of English: tile {loss['tile']:.3f}, "
+          f"interleave {loss['interleave']:.3f} -> {best}")
+    if abs(loss["tile"] - loss["interleave"]) < 0.01 * loss[best]:
+        print("warning: the two layouts score alike, so the choice is not reliable: check samples, or force --layout",
+              file=sys.stderr)
+    return models[best]
 
 
-def hf_to_native(folder, layout=None, input=None):
+def hf_to_native(folder, layout="auto", input=None):
     """Read an HF folder; return (GPT model, tokenizer entry, info dict). See the module docstring."""
-    fields, raw = read_hf_config(folder)
-    meta = raw.get("native_gpt") or {}
+    fields, raw, meta = read_hf_config(folder)
     tensors = read_weights(folder)
-    n_embd = fields["n_embd"]
-    if n_embd is None:  # infer the width from any final norm
-        n_embd = next((t.shape[0] for n, t in tensors.items() if re.search(r"(ln_f|norm)\.weight$", n)), None)
-        if n_embd is None:
-            raise ConversionError("config.json gives no width (n_embd / d_model / hidden_size) and none can be inferred")
-    sd, origin, conventions = _gather(tensors, fields["n_head"], n_embd)
+    check_finite(tensors, folder)
+    n_embd = fields["n_embd"] or next((t.shape[0] for n, t in tensors.items() if re.search(r"(ln_f|norm)\.weight$", n)), None)
+    if n_embd is None:
+        raise ConversionError("config.json gives no width (n_embd / d_model / hidden_size) and no final norm shows it")
+    sd, origin, conventions = gather(tensors, fields["n_head"], n_embd)
     layers = {int(m.group(1)) for n in sd for m in [re.match(r"blocks\.(\d+)\.", n)] if m}
-    n_layer = fields["n_layer"] if fields["n_layer"] is not None else (max(layers) + 1 if layers else 0)
+    n_layer = fields["n_layer"] if fields["n_layer"] is not None else max(layers, default=-1) + 1
     V, K = fields["vocab_size"], code_bits(fields["vocab_size"])
+    if meta.get("layout") and layout not in ("auto", meta["layout"]):
+        raise ConversionError(f"--layout {layout} contradicts the layout {meta['layout']} recorded in config.json")
 
-    # which input interface: metadata of our own export, the model_type, and the weights must agree
-    hint = meta.get("input") or input or variant_from_model_type(raw.get("model_type"))
+    # the input: metadata of our own export, the model_type and the weights must agree
     emb = sd.pop("embed.weight", None)
-    if "embed.A" in sd or "embed.b" in sd or (emb is None and hint == "affine"):
-        found = "affine"
-    elif emb is None:
-        raise ConversionError("found no input table and no affine A/b buffers; the tensors are:\n"
-                              + _listing(sorted(tensors.items())))
-    elif tuple(emb.shape) == (V, K) and K != n_embd:
-        found = "binary"
-    elif tuple(emb.shape) == (V, n_embd):  # a learned table, or a code already lifted (our own export)
-        found = hint if hint in ("binary", "affine") else "learned"
-    else:
-        raise ConversionError(f"input table {origin['embed.weight']} has shape {tuple(emb.shape)}: expected "
-                              f"V x K = ({V}, {K}) for the code or V x n_embd = ({V}, {n_embd}) for a learned table")
-    if hint is not None and hint != found:
-        raise ConversionError(f"config says the {hint} variant (model_type {raw.get('model_type')!r}) but the weights "
-                              f"hold the {found} one; input tensors: "
-                              + ", ".join(f"{origin.get(n, n)} {tuple(t.shape)}" for n, t in [("embed.weight", emb)]
-                                          + [(n, sd[n]) for n in ("embed.A", "embed.b") if n in sd] if t is not None))
-    variant = found
-    layout = _pick_layout(layout, meta) if variant != "learned" else (layout or meta.get("layout"))
-    lifted = emb if variant != "learned" and emb is not None and tuple(emb.shape) == (V, n_embd) else None
-
+    variant = input_variant(emb, sd, meta.get("input") or input or variant_from_model_type(raw.get("model_type")),
+                            V, K, n_embd, origin, raw, tensors)
     pad = meta.get("pad_token_id", fields["pad_token_id"])
-    config = dict(vocab_size=V, block_size=fields["block_size"], n_layer=n_layer, n_head=fields["n_head"],
-                  n_embd=n_embd, input=variant, layout=layout or "tile", pad_token_id=pad,
-                  rope_base=float(fields["rope_base"]), affine_seed=meta.get("affine_seed", 0))
     if variant == "learned":
         sd["embed.weight"] = emb
-    elif variant == "binary" and lifted is None:
-        config["pad_token_id"] = check_code_table(emb, pad)
-        sd["embed.weight"] = emb.float()
-    elif variant == "affine":
-        if meta.get("A") is not None:  # our export: A and b are in config.json, the weights hold the lifted table
-            sd["embed.A"], sd["embed.b"] = torch.tensor(meta["A"]).float(), torch.tensor(meta["b"]).float()
-        missing = [n for n in ("embed.A", "embed.b") if n not in sd]
-        if missing:
-            raise ConversionError(f"the affine variant needs its recoding A (K x K) and b (K) to be stored; {missing} "
-                                  "not found (they are never invented). Tensors found:\n" + _listing(sorted(tensors.items())))
-        A, b = sd["embed.A"].float(), sd["embed.b"].float()
-        if tuple(A.shape) != (K, K) or tuple(b.shape) != (K,) or not all(bool(((x == 0) | (x == 1)).all()) for x in (A, b)):
-            raise ConversionError(f"affine A {tuple(A.shape)} / b {tuple(b.shape)} must be 0/1 of shapes ({K}, {K}) / ({K},)")
-        sd["embed.A"], sd["embed.b"] = A, b
-        if emb is not None and tuple(emb.shape) == (V, K):  # a stored recoded table must be A c XOR b
-            want_code = (binary_code(torch.arange(V), K) @ A.T + b) % 2
-            if not torch.equal(emb.float(), want_code):
-                bad = (emb.float() != want_code).any(dim=1).nonzero().flatten()[:8].tolist()
-                raise ConversionError(f"the stored {V} x {K} table is not A c XOR b of the stored A, b (rows {bad} differ)")
+    elif variant == "binary" and emb.shape[1] == K:
+        pad = code_table_pad(emb, pad)
+        sd["embed.weight"] = emb
+    elif variant == "binary":  # a lifted table: the model keeps its own code, checked against it below
+        sd["embed.weight"] = canonical_code(V, pad)
+    else:
+        affine_A_b(sd, meta, K, tensors)
 
-    # bias: all or nothing in the native model; biases that are absent elsewhere must be zero to drop
-    bias_names = [n for n in GPT_names(n_layer, True) if n.endswith(".bias")]
-    present = [n for n in bias_names if n in sd]
-    config["bias"] = meta.get("bias", len(present) == len(bias_names) and len(present) > 0)
-    if not config["bias"]:
-        nonzero = [(origin[n], sd[n]) for n in present if bool(sd[n].any())]
-        if nonzero:
-            absent = [n for n in bias_names if n not in sd]
-            raise ConversionError("some biases are nonzero but others are missing (the native model has all or none):\n"
-                                  + _listing(nonzero) + "\nmissing:\n" + "\n".join(f"  {n}" for n in absent))
-        for n in present:
-            sd.pop(n)
-
-    model = GPT(GPTConfig(**config))
-    want = model.state_dict()
-    if variant == "binary" and lifted is not None:
-        sd["embed.weight"] = want["embed.weight"]  # the canonical table; the lifted one is checked below
-    _check_names(sd, want, origin, tensors)
-    model.load_state_dict({n: t.to(want[n].dtype) for n, t in sd.items()}, strict=True)
-    if lifted is not None and not torch.equal(lifted.float(), lifted_table(model)):
-        raise ConversionError(f"the stored {V} x {n_embd} input table is not the {variant} code lifted with layout "
-                              f"{config['layout']}: it was changed, so it is not the fixed code")
-    tok = meta.get("tokenizer") or ({"kind": "hf", "file": "tokenizer.json"}
-                                    if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None)
-    info = {"format": "hf", "path": os.path.abspath(folder), "model_type": raw.get("model_type"),
-            "conventions": conventions, "variant": variant, "layout": config["layout"]}
+    config = GPTConfig(vocab_size=V, block_size=fields["block_size"], n_layer=n_layer, n_head=fields["n_head"],
+                       n_embd=n_embd, input=variant, pad_token_id=pad, rope_base=float(fields["rope_base"]),
+                       affine_seed=meta.get("affine_seed", 0))
+    config = replace(config, bias=keep_biases(sd, config, meta, origin))
+    want = shapes_of(config)
+    check_names(sd, want, origin)
+    sd = {n: t.to(want[n].dtype) for n, t in sd.items()}  # once, so that both layouts' models share the tensors
+    tok = check_tokenizer_entry(meta.get("tokenizer") or ({"kind": "hf", "file": "tokenizer.json"}
+                                if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None), folder)
+    if variant != "learned" and not meta.get("layout") and layout == "auto":
+        model = pick_layout(config, sd, tok, folder)
+    else:
+        layout = meta.get("layout") or ("tile" if layout == "auto" else layout)
+        model = model_from_weights(replace(config, layout=layout), sd, folder).eval()
+    if emb is not None and variant != "learned":  # a stored code table must be exactly the model's input
+        stored = emb.float() if emb.shape[1] == n_embd else emb.float()[:, model.embed.lift]  # (V, K) -> (V, n_embd)
+        if not torch.equal(stored, lifted_table(model)):
+            raise ConversionError(f"the stored {V} x {emb.shape[1]} input table is not the {variant} code lifted with "
+                                  f"layout {model.config.layout}: it was changed, so it is not the fixed code")
+    info = {"model_type": raw.get("model_type"), "conventions": conventions, "variant": variant,
+            "layout": model.config.layout}
     return model, tok, info
 
 
-def GPT_names(n_layer, bias):
-    """The native state-dict names for a config (cheap: no model built)."""
-    names = []
-    for i in range(n_layer):
-        for m in ("ln_1", "attn.qkv", "attn.proj", "ln_2", "mlp.fc", "mlp.proj"):
-            names += [f"blocks.{i}.{m}.weight"] + ([f"blocks.{i}.{m}.bias"] if bias else [])
-    return names + ["ln_f.weight"] + (["ln_f.bias"] if bias else []) + ["lm_head.weight"]
-
-
-def _pick_layout(layout, meta):
-    if meta.get("layout") and layout and layout != meta["layout"]:
-        raise ConversionError(f"--layout {layout} contradicts the layout {meta['layout']} recorded in config.json")
-    layout = layout or meta.get("layout")
-    if layout not in ("tile", "interleave"):
-        raise ConversionError("code variants need --layout tile|interleave: nothing public says how the release lifts "
-                              "its K bits to model width (tile: dim j carries bit j mod K; interleave: bit k fills a "
-                              "contiguous block of n_embd/K dims)")
-    return layout
-
-
-def _check_names(sd, want, origin, tensors):
-    missing = [(n, want[n]) for n in want if n not in sd]
-    extra = [(origin.get(n, n), sd[n]) for n in sd if n not in want]
-    shapes = [f"  {n} (from {origin.get(n, n)}): expected {tuple(want[n].shape)}, found {tuple(sd[n].shape)}"
-              for n in sd if n in want and sd[n].shape != want[n].shape]
-    if missing or extra or shapes:
-        msg = []
-        if missing:
-            msg.append("missing (native name: expected shape):\n" + _listing(missing))
-        if extra:
-            msg.append("not used by the model (source name: shape):\n" + _listing(extra))
-        if shapes:
-            msg.append("wrong shapes:\n" + "\n".join(shapes))
-        raise ConversionError("the weights do not fit the model the config describes\n" + "\n".join(msg)
-                              + "\nall tensors found:\n" + _listing(sorted(tensors.items())))
-
-
 def copy_tokenizer_files(src, dst):
-    copied = []
-    for f in TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(src, f)) and os.path.abspath(src) != os.path.abspath(dst):
-            shutil.copyfile(os.path.join(src, f), os.path.join(dst, f))
-            copied.append(f)
+    """Copy the tokenizer files `src` has to `dst`; returns their names."""
+    copied = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(src, f))]
+    if os.path.abspath(src) != os.path.abspath(dst):
+        for f in copied:
+            copy_file(os.path.join(src, f), os.path.join(dst, f))
     return copied
 
 
-def convert_hf_to_native(folder, out_dir, layout=None, input=None):
+def convert_hf_to_native(folder, out_dir, layout="auto", input=None, overwrite=False):
+    check_out(out_dir, overwrite)
     model, tok, info = hf_to_native(folder, layout, input)
     os.makedirs(out_dir, exist_ok=True)
-    info["tokenizer_files"] = copy_tokenizer_files(folder, out_dir)
+    copied = copy_tokenizer_files(folder, out_dir)
     if tok is None:
         print(f"warning: {folder} has no tokenizer.json; sample.py will need one in {out_dir}", file=sys.stderr)
     path = os.path.join(out_dir, "ckpt.pt")
-    torch.save(checkpoint_dict(model, tok, source=info), path)
+    with atomic_open(path) as f:
+        torch.save(checkpoint_dict(model, tok, source={**info, "tokenizer_files": copied}), f)
+    remove_stale(out_dir, copied + ["ckpt.pt"], weights=False)
     return path, model, info
 
 
 # ------------------------------------------------------------------------------------ native -> HF
+NEOX_NAMES = {"ln_1": "input_layernorm", "attn.qkv": "attention.query_key_value", "attn.proj": "attention.dense",
+              "ln_2": "post_attention_layernorm", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
+
+
 def to_neox_qkv(t, n_head):
     """Our fused rows [q; k; v] (heads contiguous in each) -> GPT-NeoX's [q_h, k_h, v_h] per head."""
     D = t.shape[0] // (3 * n_head)
@@ -446,33 +523,22 @@ def to_neox_qkv(t, n_head):
 
 
 def neox_state_dict(model):
-    """Our weights under GPTNeoXForCausalLM's names; absent biases become zeros."""
+    """Our weights under GPTNeoXForCausalLM's names; absent biases become zeros (but NeoX has no
+    attention biases when attention_bias = config.bias is false)."""
     c, sd = model.config, model.state_dict()
-
-    def get(name, size):
-        return sd[name] if name in sd else torch.zeros(size)
-
-    C = c.n_embd
     out = {"gpt_neox.embed_in.weight": lifted_table(model)}
     for i in range(c.n_layer):
-        p, q = f"gpt_neox.layers.{i}.", f"blocks.{i}."
-        out[p + "input_layernorm.weight"] = sd[q + "ln_1.weight"]
-        out[p + "input_layernorm.bias"] = get(q + "ln_1.bias", C)
-        out[p + "attention.query_key_value.weight"] = to_neox_qkv(sd[q + "attn.qkv.weight"], c.n_head)
-        out[p + "attention.dense.weight"] = sd[q + "attn.proj.weight"]
-        if c.bias:  # attention_bias = config.bias: NeoX has no attention biases then
-            out[p + "attention.query_key_value.bias"] = to_neox_qkv(sd[q + "attn.qkv.bias"], c.n_head)
-            out[p + "attention.dense.bias"] = sd[q + "attn.proj.bias"]
-        out[p + "post_attention_layernorm.weight"] = sd[q + "ln_2.weight"]
-        out[p + "post_attention_layernorm.bias"] = get(q + "ln_2.bias", C)
-        out[p + "mlp.dense_h_to_4h.weight"] = sd[q + "mlp.fc.weight"]
-        out[p + "mlp.dense_h_to_4h.bias"] = get(q + "mlp.fc.bias", 4 * C)
-        out[p + "mlp.dense_4h_to_h.weight"] = sd[q + "mlp.proj.weight"]
-        out[p + "mlp.dense_4h_to_h.bias"] = get(q + "mlp.proj.bias", C)
+        for ours, theirs in NEOX_NAMES.items():
+            for kind in ("weight", "bias"):
+                t = sd.get(f"blocks.{i}.{ours}.{kind}")
+                if t is None and ours.startswith("attn."):
+                    continue
+                t = torch.zeros(sd[f"blocks.{i}.{ours}.weight"].shape[0]) if t is None else t
+                out[f"gpt_neox.layers.{i}.{theirs}.{kind}"] = to_neox_qkv(t, c.n_head) if ours == "attn.qkv" else t
     out["gpt_neox.final_layer_norm.weight"] = sd["ln_f.weight"]
-    out["gpt_neox.final_layer_norm.bias"] = get("ln_f.bias", C)
+    out["gpt_neox.final_layer_norm.bias"] = sd.get("ln_f.bias", torch.zeros(c.n_embd))
     out["embed_out.weight"] = sd["lm_head.weight"]
-    return {n: t.detach().clone().contiguous() for n, t in out.items()}
+    return {n: t.detach().contiguous() for n, t in out.items()}
 
 
 def tiktoken_to_hf(enc):
@@ -509,70 +575,55 @@ def tiktoken_to_hf(enc):
     return tk
 
 
-def _token_id(tk, names):
-    return next((tk.token_to_id(n) for n in names if tk.token_to_id(n) is not None), None)
-
-
-def export_tokenizer(ckpt, ckpt_dir, out_dir, block_size):
-    """Write tokenizer.json + tokenizer_config.json (+ special_tokens_map.json); return (bos, eos) ids."""
-    entry = ckpt.get("tokenizer")
-    if not entry:
+def export_tokenizer(entry, ckpt_dir, out_dir, block_size):
+    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json; return (their names,
+    bos id, eos id)."""
+    if entry is None:
         print("warning: the checkpoint names no tokenizer; none exported", file=sys.stderr)
-        return None, None
-    if entry.get("kind") == "tiktoken":
-        tiktoken_to_hf(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size"))).save(os.path.join(out_dir, "tokenizer.json"))
-        src_cfg = {}
-    elif entry.get("kind") == "hf":
-        src = os.path.join(ckpt_dir, entry.get("file", "tokenizer.json"))
-        if not os.path.isfile(src):
-            raise ConversionError(f"the checkpoint's tokenizer {src} does not exist")
-        copy_tokenizer_files(ckpt_dir, out_dir)
-        if os.path.basename(src) != "tokenizer.json":
-            shutil.copyfile(src, os.path.join(out_dir, "tokenizer.json"))
-        cfg_path = os.path.join(ckpt_dir, "tokenizer_config.json")
-        src_cfg = json.load(open(cfg_path)) if os.path.isfile(cfg_path) else {}
+        return [], None, None
+    codec = load_text_codec({"tokenizer": entry}, ckpt_dir)  # the tokenizer sample.py uses, and its end-of-text
+    ours = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+    if entry["kind"] == "tiktoken":
+        tk, src_cfg = tiktoken_to_hf(codec.enc), {}
+        atomic_write(os.path.join(out_dir, "tokenizer.json"), tk.to_str())
     else:
-        raise ConversionError(f"unknown tokenizer entry {entry!r}")
-    from tokenizers import Tokenizer
-
-    tk = Tokenizer.from_file(os.path.join(out_dir, "tokenizer.json"))
-    eos = src_cfg.get("eos_token") if isinstance(src_cfg.get("eos_token"), str) else None
-    eos_id = tk.token_to_id(eos) if eos else _token_id(tk, EOS_CANDIDATES)
-    bos_id = _token_id(tk, ["<s>", "<|begin_of_text|>", "<bos>"]) if entry["kind"] == "hf" else eos_id
+        tk = codec.tk
+        copy_file(os.path.join(ckpt_dir, entry.get("file", "tokenizer.json")), os.path.join(out_dir, "tokenizer.json"))
+        cfg_path = os.path.join(ckpt_dir, "tokenizer_config.json")
+        src_cfg = read_json(cfg_path) if os.path.isfile(cfg_path) else {}
+    eos_id = codec.eos_token_id
+    bos_id = next((tk.token_to_id(n) for n in ("<s>", "<|begin_of_text|>", "<bos>") if tk.token_to_id(n) is not None),
+                  None) if entry["kind"] == "hf" else eos_id
     cfg = {k: v for k, v in src_cfg.items() if k not in ("auto_map", "tokenizer_class", "added_tokens_decoder")}
     # a stock fast tokenizer: no remote code; no BOS added (the card's protocol: add_bos_token=False)
     cfg.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=block_size, add_bos_token=False,
                add_eos_token=False, clean_up_tokenization_spaces=False)
-    special = {}
-    for key, i in (("eos_token", eos_id), ("bos_token", bos_id)):
-        if i is not None:
-            special[key] = tk.id_to_token(i)
-    for key in ("unk_token", "pad_token"):
-        if isinstance(src_cfg.get(key), str):
-            special[key] = src_cfg[key]
+    special = {key: tk.id_to_token(i) for key, i in (("eos_token", eos_id), ("bos_token", bos_id)) if i is not None}
+    special.update({key: src_cfg[key] for key in ("unk_token", "pad_token") if isinstance(src_cfg.get(key), str)})
     cfg.update(special)
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-    with open(os.path.join(out_dir, "special_tokens_map.json"), "w") as f:
-        json.dump(special, f, indent=2)
-    return bos_id, eos_id
+    atomic_write(os.path.join(out_dir, "tokenizer_config.json"), json.dumps(cfg, indent=2))
+    atomic_write(os.path.join(out_dir, "special_tokens_map.json"), json.dumps(special, indent=2))
+    return ours, bos_id, eos_id
 
 
-def convert_native_to_hf(ckpt_path, out_dir, dtype="float32"):
+def convert_native_to_hf(ckpt_path, out_dir, dtype="float32", overwrite=False):
     """Write a GPTNeoXForCausalLM folder: config.json, model.safetensors, generation_config.json, tokenizer."""
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise ConversionError("writing model.safetensors needs the safetensors package: pip install safetensors") from None
+    check_out(out_dir, overwrite)
     model, ckpt = load_checkpoint(ckpt_path, "cpu")
+    check_finite(model.state_dict(), ckpt_path)
     c = model.config
     ckpt_dir = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
-    os.makedirs(out_dir, exist_ok=True)
+    entry = check_tokenizer_entry(ckpt.get("tokenizer"), ckpt_dir)
+    try:
+        from safetensors.torch import save
+    except ImportError:
+        raise ConversionError("writing model.safetensors needs the safetensors package: pip install safetensors") from None
     tensors = {n: t.to(getattr(torch, dtype)) for n, t in neox_state_dict(model).items()}
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    bos_id, eos_id = export_tokenizer(ckpt, ckpt_dir, out_dir, c.block_size)
+    os.makedirs(out_dir, exist_ok=True)
+    written, bos_id, eos_id = export_tokenizer(entry, ckpt_dir, out_dir, c.block_size)
+    atomic_write(os.path.join(out_dir, "model.safetensors"), save(tensors, metadata={"format": "pt"}))
     meta = {"input": c.input, "layout": c.layout, "affine_seed": c.affine_seed, "pad_token_id": c.pad_token_id,
-            "bias": c.bias, "tokenizer": ckpt.get("tokenizer") if (ckpt.get("tokenizer") or {}).get("kind") == "tiktoken" else None}
+            "bias": c.bias, "tokenizer": entry if entry and entry["kind"] == "tiktoken" else None}
     if c.input == "affine":
         meta.update(A=model.embed.A.int().tolist(), b=model.embed.b.int().tolist())
     config = {
@@ -589,47 +640,44 @@ def convert_native_to_hf(ckpt_path, out_dir, dtype="float32"):
         "torch_dtype": dtype, "dtype": dtype,
         "native_gpt": meta,  # lets hf2native restore the exact native model
     }
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
-        json.dump({"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": c.pad_token_id}, f, indent=2)
+    atomic_write(os.path.join(out_dir, "config.json"), json.dumps(config, indent=2))
+    atomic_write(os.path.join(out_dir, "generation_config.json"),
+                 json.dumps({"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": c.pad_token_id}, indent=2))
+    remove_stale(out_dir, written + ["model.safetensors"], weights=True)
     return out_dir
 
 
 # ------------------------------------------------------------------------------------------- CLI
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(), formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="examples:\n  python convert.py hf2native ./llm-fix-min-fixed-minimal-binary-code out/fixmin --layout tile\n"
+                                epilog="examples:\n  python convert.py hf2native ./llm-fix-min-fixed-minimal-binary-code out/fixmin\n"
                                        "  python convert.py native2hf out/fixmin out/fixmin-hf")
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("hf2native", help="a released HF folder -> OUT/ckpt.pt")
     a.add_argument("src", help="local HF model folder (config.json, *.safetensors or pytorch_model.bin, tokenizer files)")
     a.add_argument("out", help="output folder; ckpt.pt and the tokenizer files are written there")
-    a.add_argument("--layout", choices=["tile", "interleave"], default=None,
-                   help="how the K code bits are lifted to model width; required for the binary and affine variants "
-                        "(nothing public says which the release uses). tile: dim j carries bit j mod K; "
-                        "interleave: bit k fills dims [k*n_embd/K, (k+1)*n_embd/K)")
+    a.add_argument("--layout", choices=["auto", "tile", "interleave"], default="auto",
+                   help="how the K code bits are lifted to model width (tile: dim j carries bit j mod K; interleave: "
+                        "bit k fills a contiguous block of dims). auto: the one with the lower loss on English text")
     a.add_argument("--input", choices=["binary", "affine", "learned"], default=None,
                    help="the variant, if config.json's model_type does not say (it is checked against the weights)")
     b = sub.add_parser("native2hf", help="a native checkpoint -> a stock GPTNeoXForCausalLM folder")
     b.add_argument("src", help="native checkpoint: a .pt file or a folder holding ckpt.pt")
     b.add_argument("out", help="output folder (config.json, model.safetensors, tokenizer.json, ...)")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="weight dtype written")
+    for s in (a, b):
+        s.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT, replacing its model files")
     args = p.parse_args(argv)
-    try:
-        if args.cmd == "hf2native":
-            path, model, info = convert_hf_to_native(args.src, args.out, args.layout, args.input)
-            n = model.num_params()
-            print(f"wrote {path}: {info['variant']} input, layout {info['layout']}, names {', '.join(info['conventions'])}, "
-                  f"{n['trainable']:,} trainable parameters, {n['frozen']:,} frozen values")
-        else:
-            out = convert_native_to_hf(args.src, args.out, args.dtype)
-            print(f"wrote {out}: GPTNeoXForCausalLM (load with AutoModelForCausalLM.from_pretrained({out!r}))")
-    except (ConversionError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    if args.cmd == "hf2native":
+        path, model, info = convert_hf_to_native(args.src, args.out, args.layout, args.input, args.overwrite)
+        n = model.num_params()
+        print(f"wrote {path}: {info['variant']} input, layout {info['layout']}, names {', '.join(info['conventions'])}, "
+              f"{n['trainable']:,} trainable parameters, {n['frozen']:,} frozen values")
+    else:
+        out = convert_native_to_hf(args.src, args.out, args.dtype, args.overwrite)
+        print(f"wrote {out}: GPTNeoXForCausalLM (load with AutoModelForCausalLM.from_pretrained({out!r}))")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -2,20 +2,30 @@
 
 A native tiny model is renamed/reshaped into a released-style HF folder (BVV config.json + weights
 under nanoGPT, GPT-NeoX or Llama names), converted back, and compared exactly; native -> HF -> native
-must be exact; the exported GPTNeoXForCausalLM must reproduce our logits and greedy generations.
+must be exact; the exported GPTNeoXForCausalLM must reproduce our logits and greedy generations. The
+command line is run for real (a subprocess) for what a user meets there: refusals, one-line errors,
+the surviving bytes of what must not be replaced, and --layout auto's choice. Tests that need
+safetensors, tokenizers or transformers (requirements-extras.txt) skip without them.
 """
 
+import contextlib
+import io
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import convert
-from model import GPT, checkpoint_dict, code_bits, get_config
+from common import run_main
+from model import GPT, canonical_code, checkpoint_dict, code_bits, get_config, load_checkpoint
 from prepare_data import get_tokenizer
+from test_sample import char_tokenizer
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 SHAKESPEARE = """First Citizen:
 Before we proceed any further, hear me speak.
 
@@ -34,13 +44,27 @@ We know't, we know't. Let us kill him, and we'll have corn at our own price.
   Is't a verdict?   O, 'tis   a  night\t\tof 1234567 stars!!\r\n
 Naïve café — “quoted” 日本語 🎉 emoji\u00a0nbsp <|endoftext|> end.
 """
+TIKTOKEN_512 = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}
 
 
-def tiny(input="binary", bias=False, layout="tile", vocab_size=512, pad_token_id=None, seed=0):
+def run(*args, real=False):
+    """convert.py's command line -> (exit code, stdout, stderr): `python convert.py ARGS` in a subprocess
+    when real, else its main under the same wrapper in this process (a subprocess costs an import of torch)."""
+    if real:
+        p = subprocess.run([sys.executable, os.path.join(HERE, "convert.py"), *map(str, args)], capture_output=True,
+                           text=True, cwd=HERE)
+        return p.returncode, p.stdout, p.stderr
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_main(convert.main, [str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def tiny(input="binary", bias=False, layout="tile", vocab_size=256, pad_token_id=None, seed=0, **overrides):
     """A tiny model whose norms and biases are not at their init values (so mix-ups show)."""
     torch.manual_seed(seed)
     cfg = get_config("tiny", vocab_size=vocab_size, input=input, bias=bias, layout=layout,
-                     pad_token_id=pad_token_id, affine_seed=seed, rope_base=500.0)
+                     pad_token_id=pad_token_id, affine_seed=seed, rope_base=500.0, **overrides)
     model = GPT(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -51,8 +75,7 @@ def tiny(input="binary", bias=False, layout="tile", vocab_size=512, pad_token_id
 
 def save_native(model, folder, tokenizer=None):
     os.makedirs(folder, exist_ok=True)
-    tok = tokenizer or {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": None}
-    torch.save(checkpoint_dict(model, tok), os.path.join(folder, "ckpt.pt"))
+    torch.save(checkpoint_dict(model, tokenizer), os.path.join(folder, "ckpt.pt"))
     return folder
 
 
@@ -117,9 +140,8 @@ def bvv_config(model):
     return cfg
 
 
-def write_hf(folder, tensors, config, fmt="safetensors", shards=1):
-    from safetensors.torch import save_file
-
+def write_hf(folder, tensors, config, fmt="bin", shards=1):
+    """A released-style folder; fmt "bin" (pytorch_model.bin) needs nothing beyond torch."""
     os.makedirs(folder, exist_ok=True)
     if config is not None:
         with open(os.path.join(folder, "config.json"), "w") as f:
@@ -127,6 +149,7 @@ def write_hf(folder, tensors, config, fmt="safetensors", shards=1):
     if fmt == "bin":
         torch.save(tensors, os.path.join(folder, "pytorch_model.bin"))
         return folder
+    save_file = pytest.importorskip("safetensors.torch").save_file
     if shards == 1:
         save_file(tensors, os.path.join(folder, "model.safetensors"))
         return folder
@@ -151,65 +174,66 @@ def assert_same_model(a, b):
         assert torch.equal(a(x)[0], b(x)[0])
 
 
+# ------------------------------------------------------------------------------------ conversions
 CASES = [  # convention, input, layout, bias, format, shards, conv1d
     ("nanogpt", "binary", "tile", False, "safetensors", 1, False),
     ("neox", "binary", "interleave", True, "safetensors", 3, False),
     ("llama", "learned", "tile", False, "safetensors", 1, False),
     ("nanogpt", "learned", "tile", True, "bin", 1, True),
-    ("llama", "binary", "interleave", True, "safetensors", 1, False),
-    ("neox", "affine", "tile", False, "safetensors", 1, False),
+    ("llama", "binary", "interleave", True, "bin", 1, False),
+    ("neox", "affine", "tile", False, "bin", 1, False),
 ]
 
 
 @pytest.mark.parametrize("conv,input,layout,bias,fmt,shards,conv1d", CASES)
 def test_hf2native_conventions(tmp_path, conv, input, layout, bias, fmt, shards, conv1d):
-    model = tiny(input, bias, layout, pad_token_id=300 if input == "binary" else None)
+    model = tiny(input, bias, layout, pad_token_id=200 if input == "binary" else None)
     src = write_hf(tmp_path / "hf", to_convention(model, conv, conv1d), bvv_config(model), fmt, shards)
     (src / "tokenizer.json").write_text("{}")
     args = ["hf2native", str(src), str(tmp_path / "out")] + (["--layout", layout] if input != "learned" else [])
     assert convert.main(args) == 0
-    from model import load_checkpoint
-
     back, ckpt = load_checkpoint(str(tmp_path / "out"))
     assert back.config == model.config
     assert_same_model(model, back)
     assert ckpt["tokenizer"] == {"kind": "hf", "file": "tokenizer.json"}
-    assert (tmp_path / "out" / "tokenizer.json").exists()
+    assert (tmp_path / "out" / "tokenizer.json").read_text() == "{}"
 
 
-def test_code_table_pad_row_and_layout_flag(tmp_path):
-    model = tiny("binary", pad_token_id=5)
-    src = write_hf(tmp_path / "hf", to_convention(model, "nanogpt"), bvv_config(model))
-    with pytest.raises(convert.ConversionError, match="--layout"):
-        convert.hf_to_native(str(src))
+def test_code_table_pad_row(tmp_path):
     # a table that keeps the plain code on the pad row loads as pad_token_id None (same table)
+    model = tiny("binary", pad_token_id=5)
     t = to_convention(model, "nanogpt")
-    t["transformer.wte.weight"] = convert.canonical_code(512)
-    write_hf(tmp_path / "hf2", t, bvv_config(model))
-    back, _, _ = convert.hf_to_native(str(tmp_path / "hf2"), "tile")
-    assert back.config.pad_token_id is None and torch.equal(back.embed.weight, convert.canonical_code(512))
+    t["transformer.wte.weight"] = canonical_code(256)
+    write_hf(tmp_path / "hf", t, bvv_config(model))
+    back, _, _ = convert.hf_to_native(str(tmp_path / "hf"), "tile")
+    assert back.config.pad_token_id is None and torch.equal(back.embed.weight, canonical_code(256))
+    assert back.embed.weight[5].tolist() == [1, 0, 1, 0, 0, 0, 0, 0]
 
 
-@pytest.mark.parametrize("input", ["binary", "affine", "learned"])
-def test_native_hf_native_exact(tmp_path, input):
-    model = tiny(input, bias=input == "affine", layout="interleave", pad_token_id=7 if input == "binary" else None)
-    native = save_native(model, tmp_path / "native", {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512})
-    convert.convert_native_to_hf(str(native), str(tmp_path / "hf"))
+@pytest.mark.parametrize("input,layout,vocab_size,tokenizer", [("binary", "interleave", 256, None),
+                                                               ("affine", "tile", 512, TIKTOKEN_512),
+                                                               ("learned", "interleave", 512, TIKTOKEN_512)])
+def test_native_hf_native_exact(tmp_path, input, layout, vocab_size, tokenizer):
+    pytest.importorskip("safetensors")
+    if tokenizer:
+        pytest.importorskip("tokenizers")
+    model = tiny(input, bias=input == "affine", layout=layout, vocab_size=vocab_size,
+                 pad_token_id=7 if input == "binary" else None)
+    convert.convert_native_to_hf(save_native(model, tmp_path / "native", tokenizer), str(tmp_path / "hf"))
     path, back, info = convert.convert_hf_to_native(str(tmp_path / "hf"), str(tmp_path / "again"))
     assert back.config == model.config
     assert_same_model(model, back)
-    assert torch.load(path, weights_only=True)["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}
+    assert torch.load(path, weights_only=True)["tokenizer"] == tokenizer
 
 
 def test_exported_table_is_checked(tmp_path):
-    model = tiny("binary")
-    convert.convert_native_to_hf(str(save_native(model, tmp_path / "n")), str(tmp_path / "hf"))
-    from safetensors.torch import load_file, save_file
-
-    t = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    safetensors = pytest.importorskip("safetensors.torch")
+    convert.convert_native_to_hf(str(save_native(tiny("binary"), tmp_path / "n")), str(tmp_path / "hf"))
+    t = safetensors.load_file(str(tmp_path / "hf" / "model.safetensors"))
     t["gpt_neox.embed_in.weight"][3, 0] += 0.5
-    save_file(t, str(tmp_path / "hf" / "model.safetensors"))
-    with pytest.raises(convert.ConversionError, match="not the binary code lifted"):
+    safetensors.save_file(t, str(tmp_path / "hf" / "model.safetensors"))
+    with pytest.raises(convert.ConversionError, match="the stored 256 x 32 input table is not the binary code lifted with "
+                                                      "layout tile"):
         convert.hf_to_native(str(tmp_path / "hf"))
 
 
@@ -217,9 +241,8 @@ def test_exported_table_is_checked(tmp_path):
                                         ("affine", True), ("learned", False), ("learned", True)])
 def test_transformers_matches(tmp_path, input, bias):
     transformers = pytest.importorskip("transformers")
-    model = tiny(input, bias, "interleave" if bias else "tile", pad_token_id=9 if input == "binary" else None)
-    native = save_native(model, tmp_path / "native", {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512})
-    convert.convert_native_to_hf(str(native), str(tmp_path / "hf"))
+    model = tiny(input, bias, "interleave" if bias else "tile", vocab_size=512, pad_token_id=9 if input == "binary" else None)
+    convert.convert_native_to_hf(save_native(model, tmp_path / "native", TIKTOKEN_512), str(tmp_path / "hf"))
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
     assert type(hf).__name__ == "GPTNeoXForCausalLM"
     x = torch.randint(0, 512, (2, model.config.block_size))
@@ -236,6 +259,7 @@ def test_transformers_matches(tmp_path, input, bias):
 
 @pytest.mark.parametrize("vocab_size", [None, 1000])
 def test_tokenizer_matches_tiktoken(tmp_path, vocab_size):
+    pytest.importorskip("tokenizers")
     enc = get_tokenizer("gpt2", vocab_size)
     tk = convert.tiktoken_to_hf(enc)
     texts = [SHAKESPEARE, SHAKESPEARE.upper(), "  leading spaces", "a\n\n\nb", "x" * 300, "1234567890 3.14159", ""]
@@ -244,7 +268,7 @@ def test_tokenizer_matches_tiktoken(tmp_path, vocab_size):
         assert tk.encode(text, add_special_tokens=False).ids == want
         assert tk.decode(want, skip_special_tokens=False) == text
     transformers = pytest.importorskip("transformers")
-    model = tiny("learned", vocab_size=enc.n_vocab if vocab_size else 50304)
+    model = tiny("learned", vocab_size=enc.n_vocab)
     save_native(model, tmp_path / "n", {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": vocab_size})
     convert.convert_native_to_hf(str(tmp_path / "n"), str(tmp_path / "hf"))
     auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
@@ -252,107 +276,12 @@ def test_tokenizer_matches_tiktoken(tmp_path, vocab_size):
     assert auto.eos_token_id == enc.eot_token and auto.bos_token_id == enc.eot_token
 
 
-# ------------------------------------------------------------------------------------ bad inputs
-@pytest.fixture
-def good(tmp_path):
-    model = tiny("binary", pad_token_id=3)
-    return model, to_convention(model, "neox"), bvv_config(model)
-
-
-def test_error_no_config(tmp_path, good):
-    _, t, _ = good
-    write_hf(tmp_path / "hf", t, None)
-    with pytest.raises(convert.ConversionError, match="no config.json"):
-        convert.hf_to_native(str(tmp_path / "hf"), "tile")
-    assert convert.main(["hf2native", str(tmp_path / "hf"), str(tmp_path / "o"), "--layout", "tile"]) == 1
-
-
-def test_error_unknown_names(tmp_path, good):
-    _, t, cfg = good
-    t["gpt_neox.layers.0.attention.mystery_gate.weight"] = torch.zeros(4, 4)
-    write_hf(tmp_path / "hf", t, cfg)
-    with pytest.raises(convert.ConversionError, match=r"mystery_gate\.weight: \(4, 4\)"):
-        convert.hf_to_native(str(tmp_path / "hf"), "tile")
-
-
-def test_error_missing_names(tmp_path, good):
-    _, t, cfg = good
-    del t["gpt_neox.layers.1.mlp.dense_4h_to_h.weight"], t["embed_out.weight"]
-    write_hf(tmp_path / "hf", t, cfg)
-    with pytest.raises(convert.ConversionError) as e:
-        convert.hf_to_native(str(tmp_path / "hf"), "tile")
-    assert "blocks.1.mlp.proj.weight: (32, 128)" in str(e.value) and "lm_head.weight: (512, 32)" in str(e.value)
-
-
-def test_error_wrong_shapes(tmp_path, good):
-    _, t, cfg = good
-    cfg["n_embd"] = cfg["d_model"] = 64
-    write_hf(tmp_path / "hf", t, cfg)
-    with pytest.raises(convert.ConversionError, match="wrong shapes|expected first dim"):
-        convert.hf_to_native(str(tmp_path / "hf"), "tile")
-    _, t, cfg = good
-    t["gpt_neox.layers.0.mlp.dense_h_to_4h.weight"] = torch.zeros(100, 32)
-    write_hf(tmp_path / "hf2", t, bvv_config(good[0]))
-    with pytest.raises(convert.ConversionError, match=r"blocks.0.mlp.fc.weight .*expected \(128, 32\), found \(100, 32\)"):
-        convert.hf_to_native(str(tmp_path / "hf2"), "tile")
-
-
-def test_error_truncated_safetensors(tmp_path, good):
-    _, t, cfg = good
-    write_hf(tmp_path / "hf", t, cfg, shards=2)
-    shard = tmp_path / "hf" / "model-00002-of-00002.safetensors"
-    shard.write_bytes(shard.read_bytes()[:-1000])
-    with pytest.raises(convert.ConversionError, match="model-00002-of-00002.safetensors"):
-        convert.hf_to_native(str(tmp_path / "hf"), "tile")
-
-
-def test_error_noncanonical_code(tmp_path, good):
-    _, t, cfg = good
-    t["gpt_neox.embed_in.weight"][[10, 20]] = t["gpt_neox.embed_in.weight"][[20, 10]]
-    write_hf(tmp_path / "hf", t, cfg)
-    with pytest.raises(convert.ConversionError) as e:
-        convert.hf_to_native(str(tmp_path / "hf"), "tile")
-    msg = str(e.value)
-    assert "2 rows differ" in msg and "id 10: expected [0, 1, 0, 1, 0, 0, 0, 0, 0], found [0, 0, 1, 0, 1, 0, 0, 0, 0]" in msg
-
-
-def test_error_affine_without_A_b(tmp_path):
-    model = tiny("affine")
-    t = {n: v for n, v in to_convention(model, "llama").items() if "input_code" not in n}
-    write_hf(tmp_path / "hf", t, bvv_config(model))
-    with pytest.raises(convert.ConversionError, match=r"(?s)never invented.*model\.norm\.weight: \(32,\)"):
-        convert.hf_to_native(str(tmp_path / "hf"), "tile")
-
-
-def test_error_variant_mismatch(tmp_path):
-    model = tiny("learned")
-    cfg = bvv_config(model)
-    cfg["model_type"] = "model_n_embed_9_binary_n_layer_2"
-    write_hf(tmp_path / "hf", to_convention(model, "nanogpt"), cfg)
-    with pytest.raises(convert.ConversionError, match="not the binary code lifted"):
-        convert.hf_to_native(str(tmp_path / "hf"), "tile")
-
-
-def test_help(capsys):
-    for args in (["--help"], ["hf2native", "--help"], ["native2hf", "--help"]):
-        with pytest.raises(SystemExit) as e:
-            convert.main(args)
-        assert e.value.code == 0
-    assert "--layout" in capsys.readouterr().out
-
-
 def test_release_tokenizer_to_transformers(tmp_path):
     """Release-style folder (Llama names, code-point tokenizer.json with </s>) -> native -> HF -> transformers."""
     transformers = pytest.importorskip("transformers")
-    tokenizers = pytest.importorskip("tokenizers")
     model = tiny("binary", layout="interleave", vocab_size=128, pad_token_id=0)
     src = write_hf(tmp_path / "release", to_convention(model, "llama"), bvv_config(model))
-    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + [chr(c) for c in range(32, 127)])}
-    tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [], unk_token="<unk>"))
-    tk.pre_tokenizer = tokenizers.pre_tokenizers.Split("", behavior="isolated")
-    tk.decoder = tokenizers.decoders.Fuse()
-    tk.add_special_tokens(["<pad>", "<s>", "</s>", "<unk>"])
-    tk.save(str(src / "tokenizer.json"))
+    tk = char_tokenizer(str(src))
     (src / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>", "pad_token": "<pad>",
                                                            "unk_token": "<unk>", "auto_map": {"AutoTokenizer": ["x.Y", None]}}))
     convert.convert_hf_to_native(str(src), str(tmp_path / "native"), "interleave")
@@ -372,3 +301,243 @@ def test_release_tokenizer_to_transformers(tmp_path):
         return seq[: seq.index(2, len(ids)) + 1] if 2 in seq[len(ids):] else seq
 
     assert cut(ours) == cut(theirs) and len(cut(ours)) > len(ids)
+
+
+# ------------------------------------------------------------------------------------ --layout auto
+def trained(layout, steps=60):
+    """A tiny model over a character tokenizer, fitted to the first block of convert.ENGLISH through
+    `layout`: read through the other layout its input bits are scrambled."""
+    model = tiny("binary", layout=layout, vocab_size=128, block_size=64, pad_token_id=0)
+    ids = [4 + ord(ch) - 32 for ch in convert.ENGLISH[:65]]  # char_tokenizer's ids: 4 specials, then ASCII
+    x = torch.tensor(ids)[None]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = model(x[:, :-1], x[:, 1:])[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.mark.parametrize("layout", ["tile", "interleave"])
+def test_layout_auto_picks_the_trained_layout(tmp_path, layout):
+    model = trained(layout)
+    src = write_hf(tmp_path / "hf", to_convention(model, "neox"), bvv_config(model))
+    char_tokenizer(str(src))
+    code, out, err = run("hf2native", src, tmp_path / "out")
+    assert code == 0, err
+    m = re.search(r"layout auto: next-token loss on 64 tokens of English: tile (\S+), interleave (\S+) -> (\w+)\n", out)
+    assert m and m.group(3) == layout, out
+    losses = {"tile": float(m.group(1)), "interleave": float(m.group(2))}
+    other = "tile" if layout == "interleave" else "interleave"
+    assert losses[layout] < 1.0 < 3.0 < losses[other]
+    back, _ = load_checkpoint(str(tmp_path / "out"))
+    assert back.config == model.config
+    assert_same_model(model, back)
+    # the user may still force a layout
+    code, out, err = run("hf2native", src, tmp_path / "forced", "--layout", other)
+    assert code == 0 and "layout auto" not in out and load_checkpoint(str(tmp_path / "forced"))[0].config.layout == other
+
+
+def test_layout_auto_needs_a_tokenizer(tmp_path):
+    model = tiny("binary")
+    src = write_hf(tmp_path / "hf", to_convention(model, "neox"), bvv_config(model))
+    code, out, err = run("hf2native", src, tmp_path / "out")
+    assert (code, out) == (1, "")
+    assert err == ("error: --layout auto scores both layouts on English text, but the folder has no tokenizer.json: "
+                   "pass --layout tile or --layout interleave\n")
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------ nothing lost
+def test_hf2native_never_replaces_a_checkpoint(tmp_path):
+    model = tiny("binary", pad_token_id=3)
+    src = write_hf(tmp_path / "hf", to_convention(model, "nanogpt"), bvv_config(model))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "ckpt.pt").write_bytes(b"a resumable training checkpoint")
+    (out / "tokenizer_config.json").write_text("stale")
+    code, stdout, err = run("hf2native", src, out, "--layout", "tile", real=True)
+    assert (code, stdout) == (1, "")
+    assert err == (f"error: {out} is not empty (it holds ckpt.pt, tokenizer_config.json): pass --overwrite to replace "
+                   "its model and tokenizer files (other files are kept)\n")
+    assert (out / "ckpt.pt").read_bytes() == b"a resumable training checkpoint"
+    code, stdout, err = run("hf2native", src, out, "--layout", "tile", "--overwrite", real=True)
+    assert code == 0, err
+    assert stdout == (f"wrote {out / 'ckpt.pt'}: binary input, layout tile, names any, nanoGPT, 32,928 trainable "
+                      "parameters, 2,048 frozen values\n")
+    assert_same_model(model, load_checkpoint(str(out))[0])
+    assert sorted(os.listdir(out)) == ["ckpt.pt"]  # the stale tokenizer file went, no temp file stayed
+
+
+def test_native2hf_overwrite_leaves_no_stale_files(tmp_path):
+    pytest.importorskip("safetensors")
+    model = tiny("binary", bias=True)
+    native = save_native(model, tmp_path / "native")
+    out = tmp_path / "hf"
+    out.mkdir()
+    old = {"model.safetensors.index.json": '{"weight_map": {"x": "model-00001-of-00002.safetensors"}}',
+           "model-00001-of-00002.safetensors": "old shard", "vocab.json": "{}", "README.md": "my model card"}
+    for name, text in old.items():
+        (out / name).write_text(text)
+    code, stdout, err = run("native2hf", native, out)
+    assert (code, stdout) == (1, "")
+    assert err.startswith(f"error: {out} is not empty (it holds README.md, model-00001-of-00002.safetensors, ")
+    assert {name: (out / name).read_text() for name in old} == old
+    code, stdout, err = run("native2hf", native, out, "--overwrite")
+    assert code == 0, err
+    assert err == "warning: the checkpoint names no tokenizer; none exported\n"
+    assert sorted(os.listdir(out)) == ["README.md", "config.json", "generation_config.json", "model.safetensors"]
+    assert (out / "README.md").read_text() == "my model card"
+    _, back, _ = convert.convert_hf_to_native(str(out), str(tmp_path / "again"))
+    assert_same_model(model, back)
+
+
+# ------------------------------------------------------------------------------------ bad inputs: one line
+def test_nan_weights_are_refused(tmp_path):
+    model = tiny("binary")
+    t = to_convention(model, "neox")
+    t["gpt_neox.layers.1.mlp.dense_4h_to_h.weight"][0, 3] = float("nan")
+    src = write_hf(tmp_path / "hf", t, bvv_config(model))
+    code, out, err = run("hf2native", src, tmp_path / "out", "--layout", "tile")
+    assert (code, out) == (1, "")
+    assert err == (f"error: {src} holds NaN or inf values in gpt_neox.layers.1.mlp.dense_4h_to_h.weight: "
+                   "refusing to convert a diverged or corrupt checkpoint\n")
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight[1, 1] = float("inf")
+    save_native(model, tmp_path / "native")
+    code, out, err = run("native2hf", tmp_path / "native", tmp_path / "hf2")
+    assert (code, out) == (1, "")
+    assert err == (f"error: {tmp_path / 'native'} holds NaN or inf values in blocks.0.attn.qkv.weight: "
+                   "refusing to convert a diverged or corrupt checkpoint\n")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "hf2").exists()  # a failed conversion creates nothing
+
+
+@pytest.mark.parametrize("config,message", [
+    ("{not json", "is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+    ("[1, 2]", "holds a list, expected a JSON object"),
+    ('{"vocab_size": "256", "block_size": 32, "n_head": 2}', "vocab_size must be a positive integer, got '256'"),
+    ('{"vocab_size": 256.5, "block_size": 32, "n_head": 2}', "vocab_size must be a positive integer, got 256.5"),
+    ('{"vocab_size": 256, "n_head": 2}', "lacks ['block_size']; it has ['n_head', 'vocab_size']"),
+])
+def test_garbage_config_is_one_line(tmp_path, config, message):
+    model = tiny("binary")
+    src = write_hf(tmp_path / "hf", to_convention(model, "neox"), None)
+    (src / "config.json").write_text(config)
+    code, out, err = run("hf2native", src, tmp_path / "out", "--layout", "tile")
+    assert (code, out, err) == (1, "", f"error: {src / 'config.json'}{':' if 'must be' in message else ''} {message}\n")
+
+
+def test_paths_stay_inside_their_folder(tmp_path):
+    # a checkpoint whose tokenizer entry points outside its folder
+    save_native(tiny("binary"), tmp_path / "native", {"kind": "hf", "file": "../../../../etc/passwd"})
+    code, out, err = run("native2hf", tmp_path / "native", tmp_path / "hf")
+    assert (code, out) == (1, "")
+    assert err == (f"error: the tokenizer entry names '../../../../etc/passwd', which is not a file name inside "
+                   f"{tmp_path / 'native'}: refused\n")
+    assert not (tmp_path / "hf").exists()
+    # a config naming its tokenizer or its weight shards outside the folder
+    model = tiny("binary")
+    cfg = bvv_config(model) | {"native_gpt": {"tokenizer": {"kind": "hf", "file": "/etc/passwd"}}}
+    src = write_hf(tmp_path / "src", to_convention(model, "neox"), cfg)
+    code, out, err = run("hf2native", src, tmp_path / "out", "--layout", "tile")
+    assert (code, out, err) == (1, "", f"error: the tokenizer entry names '/etc/passwd', which is not a file name "
+                                       f"inside {src}: refused\n")
+    (src / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": "../outside.bin"}}))
+    code, out, err = run("hf2native", src, tmp_path / "out", "--layout", "tile")
+    assert (code, out, err) == (1, "", "error: pytorch_model.bin.index.json names '../outside.bin', which is not a "
+                                       f"file name inside {src}: refused\n")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def good():
+    model = tiny("binary", pad_token_id=3)
+    return model, to_convention(model, "neox"), bvv_config(model)
+
+
+def test_error_no_config(tmp_path, good):
+    write_hf(tmp_path / "hf", good[1], None)
+    code, out, err = run("hf2native", tmp_path / "hf", tmp_path / "o", "--layout", "tile")
+    assert (code, out, err) == (1, "", f"error: no config.json in {tmp_path / 'hf'}: is this a Hugging Face model folder?\n")
+
+
+def test_error_unknown_names(tmp_path, good):
+    _, t, cfg = good
+    t["gpt_neox.layers.0.attention.mystery_gate.weight"] = torch.zeros(4, 4)
+    write_hf(tmp_path / "hf", t, cfg)
+    with pytest.raises(convert.ConversionError, match=r"mystery_gate\.weight: \(4, 4\)"):
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+
+
+def test_error_missing_names(tmp_path, good):
+    _, t, cfg = good
+    del t["gpt_neox.layers.1.mlp.dense_4h_to_h.weight"], t["embed_out.weight"]
+    write_hf(tmp_path / "hf", t, cfg)
+    with pytest.raises(convert.ConversionError) as e:
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+    assert "blocks.1.mlp.proj.weight: (32, 128)" in str(e.value) and "lm_head.weight: (256, 32)" in str(e.value)
+
+
+def test_error_wrong_shapes(tmp_path, good):
+    _, t, cfg = good
+    write_hf(tmp_path / "hf", t, cfg | {"n_embd": 64, "d_model": 64})
+    with pytest.raises(convert.ConversionError, match=r"gpt_neox.layers.0.attention.query_key_value.weight has shape "
+                                                      r"\(96, 32\), expected first dim 3 \* 64"):
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+    t["gpt_neox.layers.0.mlp.dense_h_to_4h.weight"] = torch.zeros(100, 32)
+    write_hf(tmp_path / "hf2", t, cfg)
+    with pytest.raises(convert.ConversionError, match=r"blocks.0.mlp.fc.weight .*expected \(128, 32\), found \(100, 32\)"):
+        convert.hf_to_native(str(tmp_path / "hf2"), "tile")
+
+
+@pytest.mark.parametrize("fmt,shards,file", [("bin", 1, "pytorch_model.bin"),
+                                             ("safetensors", 2, "model-00002-of-00002.safetensors")])
+def test_error_truncated_weights(tmp_path, good, fmt, shards, file):
+    write_hf(tmp_path / "hf", good[1], good[2], fmt, shards)
+    path = tmp_path / "hf" / file
+    path.write_bytes(path.read_bytes()[:-1000])
+    code, out, err = run("hf2native", tmp_path / "hf", tmp_path / "o", "--layout", "tile")
+    assert (code, out) == (1, "") and err.count("\n") == 1
+    assert err.startswith(f"error: cannot read {path}: ") and err.endswith("(is the file truncated or corrupt?)\n")
+
+
+def test_error_noncanonical_code(tmp_path, good):
+    _, t, cfg = good
+    t["gpt_neox.embed_in.weight"][[10, 20]] = t["gpt_neox.embed_in.weight"][[20, 10]]
+    write_hf(tmp_path / "hf", t, cfg)
+    with pytest.raises(convert.ConversionError) as e:
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+    msg = str(e.value)
+    assert "2 rows differ" in msg and "id 10: expected [0, 1, 0, 1, 0, 0, 0, 0], found [0, 0, 1, 0, 1, 0, 0, 0]" in msg
+
+
+def test_error_affine_without_A_b(tmp_path):
+    model = tiny("affine")
+    t = {n: v for n, v in to_convention(model, "llama").items() if "input_code" not in n}
+    write_hf(tmp_path / "hf", t, bvv_config(model))
+    with pytest.raises(convert.ConversionError, match=r"(?s)never invented.*model\.norm\.weight: \(32,\)"):
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+
+
+def test_error_affine_table_not_A_c_xor_b(tmp_path):
+    model = tiny("affine")
+    t = to_convention(model, "neox")
+    code = torch.tensor([[(i >> k) & 1 for k in range(8)] for i in range(256)], dtype=torch.float32)
+    t["gpt_neox.embed_in.weight"] = code  # the plain code, not the recoded one
+    write_hf(tmp_path / "hf", t, bvv_config(model))
+    with pytest.raises(convert.ConversionError, match="the stored 256 x 8 input table is not the affine code lifted"):
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+
+
+def test_error_variant_mismatch(tmp_path):
+    model = tiny("learned")
+    cfg = bvv_config(model) | {"model_type": "model_n_embed_9_binary_n_layer_2"}
+    write_hf(tmp_path / "hf", to_convention(model, "nanogpt"), cfg)
+    with pytest.raises(convert.ConversionError, match="the stored 256 x 32 input table is not the binary code lifted"):
+        convert.hf_to_native(str(tmp_path / "hf"), "tile")
+
+
+def test_help():
+    code, out, err = run("hf2native", "--help", real=True)
+    assert code == 0 and "--layout {auto,tile,interleave}" in out and "--overwrite" in out
