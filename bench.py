@@ -30,7 +30,6 @@ Design choices, up front:
 - Targets are ratios measured in the same run; each prints PASS or MISS (or "not measured").
 """
 
-import argparse
 import contextlib
 import io
 import json
@@ -40,8 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
-import typing
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -49,34 +47,40 @@ import torch
 import model as M
 import prepare_data as P
 import train as T
+from common import config_parser, pick_device, run_main
 
 VARIANTS = ("binary", "affine", "learned")
+SECTIONS = ("train", "sample", "load", "prep")
 
 
 @dataclass
 class BenchConfig:
-    device: str = "auto"  # auto | cpu | cuda
-    sections: str = "train,sample,prep"  # which sections to run
-    repeats: int = 5  # interleaved rounds (training: train() calls per variant; sampling, prep: timings)
+    device: str = T.setting("auto", "auto | cpu | cuda | cuda:N")
+    sections: str = T.setting("train,sample,prep", f"comma-separated, any of {','.join(SECTIONS)}")
+    repeats: int = T.setting(5, "interleaved rounds of every timing")
+    threads: int | None = T.setting(None, "torch CPU threads (default: torch's; 1 is steadier on a busy machine)")
     # training
-    preset: str | None = None  # default: small (CPU), paper (CUDA)
-    block_size: int | None = None  # default: 128 (CPU), 1024 (CUDA)
-    batch_size: int | None = None  # default: 8
-    train_repeats: int | None = None  # train() calls per variant; default: repeats (CPU), 1 (CUDA: compiles)
-    steps: int = 6  # timed optimizer steps per train() call
-    warmup: int = 2  # optimizer steps dropped before them
-    compile: bool | None = None  # default: on for CUDA
-    matmul_n: int | None = None  # side of the square matmul; default 1024 (CPU), 8192 (CUDA)
+    preset: str | None = T.setting(None, "training preset (default: small on CPU, paper on CUDA)")
+    block_size: int | None = T.setting(None, "training sequence length (default: 128 CPU, 1024 CUDA)")
+    batch_size: int | None = T.setting(None, "sequences per step (default 8)")
+    train_repeats: int | None = T.setting(None, "train() calls per variant (default: --repeats on CPU, 1 on CUDA: compiles)")
+    steps: int = T.setting(6, "timed optimizer steps per train() call")
+    warmup: int = T.setting(2, "optimizer steps dropped before them")
+    compile: bool | None = T.setting(None, "torch.compile in training (default: on CUDA only)")
+    matmul_n: int | None = T.setting(None, "side of the measured square matmul (default: 2048 CPU, 8192 CUDA)")
     # sampling
-    sample_preset: str = "small"
-    prompt_len: int = 16
-    new_tokens: int = 64
-    sample_batches: str = "1,8"
+    sample_preset: str = T.setting("small", "model preset for sampling")
+    prompt_len: int = T.setting(16, "prompt tokens")
+    new_tokens: int = T.setting(64, "tokens generated")
+    sample_batches: str = T.setting("1,8", "comma-separated batch sizes")
+    # loading
+    load_preset: str = T.setting("paper", "model preset of the checkpoint loaded (paper: a 1.9 GB file in a temp dir)")
+    load_repeats: int = T.setting(1, "child processes per loading path, interleaved")
     # data preparation
-    corpus: str | None = None  # default: prepare_data.default_prose()
-    prep_copies: int = 8
-    workers: int | None = None  # default: os.cpu_count()
-    json: bool = False
+    corpus: str | None = T.setting(None, "text file for data preparation (default: Jane Austen offline, else tiny Shakespeare)")
+    prep_copies: int = T.setting(8, "copies of the corpus concatenated")
+    workers: int | None = T.setting(None, "prep workers for 'all cores' (default: cpu count)")
+    json: bool = T.setting(False, "print JSON instead of the table")
 
 
 def median_time(fn, repeats, sync=lambda: None):
@@ -129,7 +133,7 @@ def bench_train(cfg, device, tmp):
             out = os.path.join(tmp, f"train_{v}")
             tc = T.TrainConfig(data_dir=data, out_dir=out, preset=preset, block_size=block, input=v, batch_size=batch,
                                max_steps=cfg.warmup + cfg.steps, warmup_steps=1, eval_interval=0, save_interval=0,
-                               log_interval=10**9, device=str(device), compile=compile_, seed=1337 + r)
+                               log_interval=10**9, device=str(device), compile=compile_, seed=1337 + r, overwrite=True)
             with contextlib.redirect_stdout(io.StringIO()):
                 T.train(tc)
             with open(os.path.join(out, "log.jsonl")) as f:
@@ -190,9 +194,60 @@ def bench_sample(cfg, device, tmp):
                     times[k].append(median_time(fn, 1, sync))
         assert torch.equal(outs["recompute"], outs["kv_cache"]), "KV-cache and recompute greedy tokens differ"
         rows[B] = {k: B * cfg.new_tokens / statistics.median(t) for k, t in times.items()}
-        rows[B]["same_tokens_recompute"] = bool(torch.equal(outs["recompute"], outs["kv_cache"]))
         rows[B]["same_tokens_hf"] = bool(torch.equal(outs["hf_generate"].cpu(), outs["kv_cache"].cpu()))
     return {"preset": cfg.sample_preset, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens, "batches": rows}
+
+
+# ----------------------------------------------------------------------------- loading
+LOAD_CHILD = """
+import sys, time
+t0 = time.perf_counter()
+import torch
+import model as M
+path, way = sys.argv[1], sys.argv[2]
+t1 = time.perf_counter()
+if way == "old":  # the path before issue 12: random init, a full read, a copy into the model
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    model = M.GPT(M.GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+else:
+    model, ckpt = M.load_checkpoint(path)
+model.eval().generate(torch.zeros(1, 8, dtype=torch.long), 1, temperature=0)
+print(time.perf_counter() - t1, time.perf_counter() - t0)
+"""
+
+
+def run_load_child(path, way):
+    """(seconds from reading the file to the first generated token, seconds since the interpreter
+    started running the child's code, peak RSS in bytes) of a fresh process."""
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.Popen([sys.executable, "-c", LOAD_CHILD, path, way], cwd=here, stdout=subprocess.PIPE, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (ru_maxrss: KiB on Linux)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"the {way} loading child failed (exit {proc.returncode})")
+    first, total = map(float, out.split())
+    return first, total, usage.ru_maxrss * 1024
+
+
+def bench_load(cfg, tmp):
+    """Time to the first token and peak memory of a fresh process that loads a checkpoint of
+    `load_preset` and generates one token, the old way and model.load_checkpoint's, interleaved."""
+    path = os.path.join(tmp, "load.pt")
+    torch.manual_seed(0)
+    torch.save(M.checkpoint_dict(M.GPT(M.get_config(cfg.load_preset)), None), path)
+    size = os.path.getsize(path)
+    runs = {"old": [], "new": []}
+    for _ in range(cfg.load_repeats):
+        for way in runs:
+            runs[way].append(run_load_child(path, way))
+    os.remove(path)
+    rows = {way: {"first_token_s": statistics.median(r[0] for r in rs), "process_s": statistics.median(r[1] for r in rs),
+                  "peak_rss": max(r[2] for r in rs)} for way, rs in runs.items()}
+    return {"preset": cfg.load_preset, "ckpt_bytes": size, "repeats": cfg.load_repeats, "ways": rows}
 
 
 # ----------------------------------------------------------------------------- data preparation
@@ -245,26 +300,33 @@ def bench_prep(cfg, tmp):
 
 # ----------------------------------------------------------------------------- report
 def run(cfg: BenchConfig) -> dict:
-    """Run the chosen sections; returns {"device", "train", "sample", "prep", "targets"} (absent sections: None)."""
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if cfg.device == "auto" else cfg.device)
+    """Run the chosen sections; returns {"device", "train", "sample", "load", "prep", "targets"} (absent sections: None)."""
     sections = set(cfg.sections.split(","))
+    if not sections <= set(SECTIONS):
+        raise ValueError(f"unknown section(s) {', '.join(sorted(sections - set(SECTIONS)))}: choose from {','.join(SECTIONS)}")
+    device = pick_device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     res = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
-           "config": asdict(cfg), "train": None, "sample": None, "prep": None, "load_before": os.getloadavg()[0]}
+           "config": asdict(cfg), "train": None, "sample": None, "load": None, "prep": None,
+           "threads": torch.get_num_threads(), "load_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
         if "train" in sections:
             res["train"] = bench_train(cfg, device, tmp)
         if "sample" in sections:
             res["sample"] = bench_sample(cfg, device, tmp)
+        if "load" in sections:
+            res["load"] = bench_load(cfg, tmp)
         if "prep" in sections:
             res["prep"] = bench_prep(cfg, tmp)
     res["load_after"] = os.getloadavg()[0]  # 1-minute load average: > cores means other jobs competed
-    tr, sa, pr = res["train"], res["sample"], res["prep"]
+    tr, sa, lo, pr = res["train"], res["sample"], res["load"], res["prep"]
     targets = []
 
-    def target(name, value, goal, measured=True):
-        targets.append({"target": name, "ratio": value if measured else None, "goal": goal,
-                        "verdict": "not measured" if not measured else "PASS" if value >= goal else "MISS"})
+    def target(name, value, goal, measured=True, at_most=False):
+        met = measured and (value <= goal if at_most else value >= goal)
+        targets.append({"target": name, "ratio": value if measured else None, "goal": f"{'<=' if at_most else '>='} {goal:g}",
+                        "verdict": "not measured" if not measured else "PASS" if met else "MISS"})
 
     if tr and device.type == "cpu":
         v = tr["variants"]
@@ -272,6 +334,11 @@ def run(cfg: BenchConfig) -> dict:
     if sa and 1 in sa["batches"]:
         b = sa["batches"][1]
         target("KV-cache / HF generate tokens/s, batch 1", b["kv_cache"] / b["hf_generate"], 1.5)
+    if lo:
+        old, new = lo["ways"]["old"], lo["ways"]["new"]
+        target(f"time to first token, load_checkpoint / old path ({lo['preset']})", new["first_token_s"] / old["first_token_s"],
+               round(1 / 3, 2), at_most=True)
+        target(f"peak RSS, load_checkpoint / checkpoint size ({lo['preset']})", new["peak_rss"] / lo["ckpt_bytes"], 1.2, at_most=True)
     if pr:
         target(f"prep all cores / ({pr['workers']} x one worker) MB/s", pr["mb_s_all"] / (pr["workers"] * pr["mb_s_1"]), 0.8)
     h200 = tr is not None and "H200" in res["device"] and tr["preset"] == "paper"
@@ -285,8 +352,9 @@ def fmt(x, spec=",.0f"):
 
 
 def table(res) -> str:
-    lines = [f"device: {res['device']}; 1-min load average {res['load_before']:.2f} before, {res['load_after']:.2f} after", ""]
-    tr, sa, pr = res["train"], res["sample"], res["prep"]
+    lines = [f"device: {res['device']}, {res['threads']} torch threads; 1-min load average {res['load_before']:.2f} before, "
+             f"{res['load_after']:.2f} after", ""]
+    tr, sa, lo, pr = res["train"], res["sample"], res["load"], res["prep"]
     if tr:
         lines += [f"training: preset {tr['preset']}, block {tr['block_size']}, batch {tr['batch_size']}, {tr['dtype']}, "
                   f"compile {tr['compile']}; measured matmul {tr['matmul_flops'] / 1e9:,.1f} GFLOP/s, "
@@ -298,12 +366,21 @@ def table(res) -> str:
         lines.append("")
     if sa:
         lines += [f"sampling: preset {sa['preset']}, prompt {sa['prompt_len']}, {sa['new_tokens']} new tokens, greedy",
-                  "| batch | KV cache tok/s | recompute tok/s | HF generate tok/s | KV/recompute | KV/HF | same tokens (recompute, HF) |",
+                  "| batch | KV cache tok/s | recompute tok/s | HF generate tok/s | KV/recompute | KV/HF | same tokens as HF |",
                   "|---:|---:|---:|---:|---:|---:|---|"]
         for B, r in sa["batches"].items():
             lines.append(f"| {B} | {r['kv_cache']:,.0f} | {r['recompute']:,.0f} | {r['hf_generate']:,.0f} | "
                          f"{r['kv_cache'] / r['recompute']:.2f}x | {r['kv_cache'] / r['hf_generate']:.2f}x | "
-                         f"{r['same_tokens_recompute']}, {r['same_tokens_hf']} |")
+                         f"{r['same_tokens_hf']} |")
+        lines.append("")
+    if lo:
+        lines += [f"loading: preset {lo['preset']}, checkpoint {lo['ckpt_bytes'] / 1e9:.2f} GB, a fresh process per load "
+                  f"(median of {lo['repeats']}); first token: from reading the file, after imports",
+                  "| path | first token s | whole process s | peak RSS GB | peak RSS / checkpoint |", "|---|---:|---:|---:|---:|"]
+        for way, r in lo["ways"].items():
+            name = "old: random init + load_state_dict copy" if way == "old" else "load_checkpoint: meta build + mmap + assign"
+            lines.append(f"| {name} | {r['first_token_s']:.2f} | {r['process_s']:.2f} | {r['peak_rss'] / 1e9:.2f} | "
+                         f"{r['peak_rss'] / lo['ckpt_bytes']:.2f}x |")
         lines.append("")
     if pr:
         lines += [f"data preparation: {pr['mb']:.1f} MB corpus, vocab 8192",
@@ -313,31 +390,12 @@ def table(res) -> str:
                   f"{pr['python_scaling']:.2f}x | {pr['tiktoken_scaling']:.2f}x | {pr['mb_s_all'] / pr['mb_s_1'] / pr['python_scaling']:.2f} |", ""]
     lines += ["| target | ratio | goal | verdict |", "|---|---:|---:|---|"]
     for t in res["targets"]:
-        lines.append(f"| {t['target']} | {fmt(t['ratio'], '.2f')} | >= {t['goal']} | {t['verdict']} |")
+        lines.append(f"| {t['target']} | {fmt(t['ratio'], '.2f')} | {t['goal']} | {t['verdict']} |")
     return "\n".join(lines)
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0], epilog="Design choices: the module docstring.")
-    helps = {"device": "auto | cpu | cuda", "sections": "comma-separated: train,sample,prep",
-             "repeats": "interleaved rounds of every timing", "preset": "training preset (default: small on CPU, paper on CUDA)",
-             "block_size": "training sequence length (default: 128 CPU, 1024 CUDA)", "batch_size": "sequences per step (default 8)",
-             "steps": "timed optimizer steps per train() call",
-             "train_repeats": "train() calls per variant (default: --repeats on CPU, 1 on CUDA)", "warmup": "optimizer steps dropped before them",
-             "compile": "torch.compile in training (default: on CUDA only)", "matmul_n": "side of the measured square matmul (default: 2048 CPU, 8192 CUDA)",
-             "sample_preset": "model preset for sampling", "prompt_len": "prompt tokens", "new_tokens": "tokens generated",
-             "sample_batches": "comma-separated batch sizes", "corpus": "text file for data preparation (default: Jane Austen offline, else tiny Shakespeare)",
-             "prep_copies": "copies of the corpus concatenated", "workers": "prep workers for 'all cores' (default: cpu count)",
-             "json": "print JSON instead of the table"}
-    for f in fields(BenchConfig):
-        kind = next(t for t in typing.get_args(f.type) or (f.type,) if t is not type(None))
-        kind = T.parse_bool if kind is bool else kind
-        if f.name == "json":
-            p.add_argument("--json", action="store_true", help=helps[f.name])
-        else:
-            default = "" if f.default is None else f" (default: {f.default})"
-            p.add_argument(f"--{f.name}", type=kind, default=f.default, help=helps[f.name] + default)
-    return p
+    return config_parser(BenchConfig, __doc__.strip().split("\n\n")[0])
 
 
 def main(argv=None) -> int:
@@ -348,4 +406,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -299,6 +299,8 @@ class GPT(nn.Module):
         cos, sin = rotary_cos_sin(torch.arange(config.block_size, device="cpu"), config.n_embd // config.n_head, config.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        if self.lm_head.weight.is_meta:  # shapes only, or weights that follow: nothing to draw
+            return
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):  # residual projections: keep the stream's variance flat in depth
