@@ -8,7 +8,7 @@ import contextlib
 import os
 import sys
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, field, fields
 
 
 # ----------------------------------------------------------------------------- files
@@ -80,6 +80,11 @@ def parse_bool(s):
     if s.lower() in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
+def setting(default, help):
+    """A dataclass field with its --help text, for config_parser."""
+    return field(default=default, metadata={"help": help})
 
 
 def config_parser(cls, description):
