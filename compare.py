@@ -147,19 +147,27 @@ def verdict(rows):
             f"(the paper: 2.36 vs 2.44, -3.3%, inside its 4.8% spread).")
 
 
+def markdown_table(header, rows):
+    """A Markdown table: header is [(title, align)] with align "l" or "r"; rows are lists of cell strings."""
+    lines = ["| " + " | ".join(t for t, _ in header) + " |", "|" + "|".join("---:" if a == "r" else "---" for _, a in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
+def pm(ms, fmt):
+    """mean ± std, or a dash when there is no value."""
+    return "—" if ms is None else f"{ms[0]:{fmt}} ± {ms[1]:{fmt}}"
+
+
 def table(rows):
-    pm = lambda ms, f: f"{ms[0]:{f}} ± {ms[1]:{f}}"  # noqa: E731
-    lines = ["| input | seeds | trainable params | input-interface params | frozen stored values | val loss "
-             "| perplexity | bits/byte | tokens/s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['input']} | {r['seeds']} | {r['trainable']:,} | {r['input_params']:,} | {r['frozen']:,} "
-                     f"| {pm(r['val_loss'], '.4f')} | {pm(r['perplexity'], '.3f')} | {pm(r['bits_per_byte'], '.4f')} "
-                     f"| {pm(r['tokens_per_s'], ',.0f')} |")
-    return "\n".join(lines)
+    header = [("input", "l"), ("seeds", "r"), ("trainable params", "r"), ("input-interface params", "r"),
+              ("frozen stored values", "r"), ("val loss", "r"), ("perplexity", "r"), ("bits/byte", "r"), ("tokens/s", "r")]
+    return markdown_table(header, [[r["input"], str(r["seeds"]), f"{r['trainable']:,}", f"{r['input_params']:,}",
+                                     f"{r['frozen']:,}", pm(r["val_loss"], ".4f"), pm(r["perplexity"], ".3f"),
+                                     pm(r["bits_per_byte"], ".4f"), pm(r["tokens_per_s"], ",.0f")] for r in rows])
 
 
-def plot(runs, path):
-    """Validation loss against tokens seen: the mean over seeds per input, with a min-max band."""
+def pyplot():
+    """matplotlib.pyplot drawing to files, or None (with a note) when matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -167,6 +175,13 @@ def plot(runs, path):
         import matplotlib.pyplot as plt
     except ImportError:
         print("note: matplotlib is not installed (pip install matplotlib): table only, no plot")
+        return None
+    return plt
+
+
+def plot(runs, path):
+    """Validation loss against tokens seen: the mean over seeds per input, with a min-max band."""
+    if (plt := pyplot()) is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for variant in dict.fromkeys(r["variant"] for r in runs):
@@ -204,6 +219,13 @@ def build_parser():
     return p
 
 
+def write_results(out, report, results, png):
+    """results.md and results.json into out, atomically; the report (and where the plot went) to stdout."""
+    atomic_write(os.path.join(out, "results.md"), report)
+    atomic_write(os.path.join(out, "results.json"), json.dumps(results, indent=1))
+    print("\n" + report + (f"plot: {png}\n" if png else ""))
+
+
 def prepared(args):
     """The meta.json of args.data (default <out>/data), preparing args.corpus there on first use."""
     args.data = args.data or os.path.join(args.out, "data")
@@ -234,11 +256,8 @@ def main(argv=None):
               f"tokens; {cfg.n_layer} layers x {cfg.n_embd}, {cfg.n_head} heads, vocab {cfg.vocab_size} "
               f"(K = {cfg.code_bits} bits); data {args.data} ({meta['encoding']}, "
               f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)")
-    report = f"{header}\n\n{table(rows)}\n\n{verdict(rows)}\n"
-    atomic_write(os.path.join(args.out, "results.md"), report)
-    atomic_write(os.path.join(args.out, "results.json"), json.dumps({"rows": rows, "runs": runs}, indent=1))
     png = plot(runs, os.path.join(args.out, "val_loss.png"))
-    print("\n" + report + (f"plot: {png}\n" if png else ""))
+    write_results(args.out, f"{header}\n\n{table(rows)}\n\n{verdict(rows)}\n", {"rows": rows, "runs": runs}, png)
     return rows
 
 

@@ -31,7 +31,6 @@ Design choices, up front:
 """
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -45,7 +44,7 @@ import numpy as np
 import torch
 
 import compare
-from common import atomic_write, run_main
+from common import run_main
 from model import GPT, get_config
 from prepare_data import load_meta
 
@@ -240,15 +239,14 @@ def size_rows(runs_by_point, meta):
 
 
 def table(rows):
-    pm = lambda ms, f: "—" if ms is None else f"{ms[0]:{f}} ± {ms[1]:{f}}"  # noqa: E731
     pct = lambda ms: "—" if ms is None else f"{100 * ms[0]:+.1f}% ± {100 * ms[1]:.1f}"  # noqa: E731
-    lines = ["| size | input | seeds | trainable params | val loss | perplexity | bits/byte | gap to learned (nats) "
-             "| gap (perplexity %) | seed spread (ppl) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['point']} | {r['input']} | {r['seeds']} | {r['trainable']:,} | {pm(r['val_loss'], '.4f')} "
-                     f"| {pm(r['perplexity'], '.2f')} | {pm(r['bits_per_byte'], '.4f')} | {pm(r['gap_nats'], '.4f')} "
-                     f"| {pct(r['gap_pct'])} | {100 * r['ppl_spread']:.1f}% |")
-    return "\n".join(lines)
+    header = [("size", "l"), ("input", "l"), ("seeds", "r"), ("trainable params", "r"), ("val loss", "r"),
+              ("perplexity", "r"), ("bits/byte", "r"), ("gap to learned (nats)", "r"), ("gap (perplexity %)", "r"),
+              ("seed spread (ppl)", "r")]
+    return compare.markdown_table(header, [
+        [r["point"], r["input"], str(r["seeds"]), f"{r['trainable']:,}", compare.pm(r["val_loss"], ".4f"),
+         compare.pm(r["perplexity"], ".2f"), compare.pm(r["bits_per_byte"], ".4f"), compare.pm(r["gap_nats"], ".4f"),
+         pct(r["gap_pct"]), f"{100 * r['ppl_spread']:.1f}%"] for r in rows])
 
 
 def analyse(runs_by_point, args, vocab_size):
@@ -314,13 +312,7 @@ def reading(result):
 def plot(result, path):
     """Left: gap against binary trainable params (log x), seed bands, fit, paper's point. Right: gap
     against tokens seen for the long run."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("note: matplotlib is not installed (pip install matplotlib): table only, no plot")
+    if (plt := compare.pyplot()) is None:
         return None
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.5))
     n = [p["trainable"] for p in result["axis"]]
@@ -399,12 +391,9 @@ def main(argv=None):
               f"{args.seeds} seeds, lr {args.lr}, {args.n_head} heads; data {args.data} ({meta['encoding']} cut to "
               f"{meta['vocab_size']}, {meta['splits']['train']['tokens']:,} train / "
               f"{meta['splits']['val']['tokens']:,} val tokens)")
-    report = f"{header}\n\n{table(rows)}\n\n{reading(result)}\n"
-    atomic_write(os.path.join(args.out, "results.md"), report)
-    atomic_write(os.path.join(args.out, "results.json"),
-                 json.dumps({"rows": rows, "analysis": result, "runs": runs_by_point}, indent=1))
     png = plot(result, os.path.join(args.out, "scaling.png"))
-    print("\n" + report + (f"plot: {png}\n" if png else ""))
+    compare.write_results(args.out, f"{header}\n\n{table(rows)}\n\n{reading(result)}\n",
+                          {"rows": rows, "analysis": result, "runs": runs_by_point}, png)
     return rows, result
 
 

@@ -10,25 +10,15 @@ from pathlib import Path
 import pytest
 
 import compare
-from prepare_data import prepare
 
 ROOT = Path(__file__).resolve().parent
-SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 COLUMNS = ["input", "seeds", "trainable params", "input-interface params", "frozen stored values", "val loss",
            "perplexity", "bits/byte", "tokens/s"]
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """Shards prepared once for every test (compare.py would prepare them itself from --corpus)."""
-    folder = tmp_path_factory.mktemp("corpus")
-    text = folder / "text.txt"
-    if SHAKESPEARE.is_file():
-        text.write_text(SHAKESPEARE.read_text()[:60_000])
-    else:
-        text.write_text("\n".join(f"line {i}: the quick brown fox {i % 7} jumps over {i % 11} dogs" for i in range(2000)))
-    prepare([str(text)], str(folder / "data"), vocab_size=512, workers=1, progress=False)
-    return str(folder / "data")
+@pytest.fixture
+def data(tiny_data):
+    return tiny_data
 
 
 def run(data, out, variants="learned,binary", seeds=1):

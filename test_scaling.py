@@ -4,28 +4,18 @@ synthetic numbers with a known answer."""
 import json
 import math
 import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import scaling
-from prepare_data import prepare
 
-SHAKESPEARE = Path(__file__).resolve().parent.parent / "shared" / "data" / "tinyshakespeare.txt"
 V = 512
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("corpus")
-    text = folder / "text.txt"
-    if SHAKESPEARE.is_file():
-        text.write_text(SHAKESPEARE.read_text()[:12_000])
-    else:
-        text.write_text("\n".join(f"line {i}: the quick brown fox {i % 7} jumps over {i % 11} dogs" for i in range(300)))
-    prepare([str(text)], str(folder / "data"), vocab_size=V, workers=1, progress=False)
-    return str(folder / "data")
+@pytest.fixture
+def data(tiny_data):
+    return tiny_data
 
 
 def sweep(data, out, sizes="1x16,1x32"):

@@ -1,0 +1,23 @@
+"""Fixtures shared by the test files that train small models."""
+
+from pathlib import Path
+
+import pytest
+
+from prepare_data import prepare
+
+SHAKESPEARE = Path(__file__).resolve().parent.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """Token shards of ~20k characters of English at vocab 512 (K = 9), prepared once per session:
+    tiny Shakespeare where it lies offline beside the checkout, else generated sentences."""
+    folder = tmp_path_factory.mktemp("tiny_corpus")
+    text = folder / "text.txt"
+    if SHAKESPEARE.is_file():
+        text.write_text(SHAKESPEARE.read_text()[:20_000])
+    else:
+        text.write_text("\n".join(f"line {i}: the quick brown fox {i % 7} jumps over {i % 11} dogs" for i in range(500)))
+    prepare([str(text)], str(folder / "data"), vocab_size=512, workers=1, progress=False)
+    return str(folder / "data")
