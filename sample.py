@@ -56,11 +56,19 @@ class HFText:
             from tokenizers import Tokenizer
         except ImportError:
             raise ValueError("this checkpoint's tokenizer is a tokenizer.json: pip install tokenizers") from None
-        self.tk = Tokenizer.from_file(path)
+        try:
+            self.tk = Tokenizer.from_file(path)
+        except Exception as e:  # the Rust library raises a bare Exception for unreadable or malformed files
+            raise ValueError(f"{path}: not a readable tokenizer.json ({e})") from None
         eos = None
         cfg = os.path.join(os.path.dirname(path), "tokenizer_config.json")
         if os.path.isfile(cfg):
-            eos = json.load(open(cfg)).get("eos_token")
+            with open(cfg, encoding="utf-8") as f:
+                try:
+                    eos = json.load(f)
+                except ValueError as e:
+                    raise ValueError(f"{cfg}: not valid JSON ({e})") from None
+            eos = eos.get("eos_token") if isinstance(eos, dict) else None
             eos = eos.get("content") if isinstance(eos, dict) else eos
         names = ([eos] if isinstance(eos, str) else []) + EOS_CANDIDATES
         self.eos_token_id = next((self.tk.token_to_id(n) for n in names if self.tk.token_to_id(n) is not None), None)
@@ -91,11 +99,18 @@ def load_text_codec(ckpt, ckpt_path):
     entry = ckpt.get("tokenizer")
     if not entry:
         raise ValueError(f"{ckpt_path} names no tokenizer: cannot turn text into tokens")
+    if not isinstance(entry, dict):
+        raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
     if entry.get("kind") == "tiktoken":
         return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size")))
     if entry.get("kind") == "hf":
         folder = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
-        path = os.path.join(folder, entry.get("file", "tokenizer.json"))
+        name = entry.get("file", "tokenizer.json")
+        # the name comes from the checkpoint: a plain file name in its folder, never a path out of it
+        # (convert.file_in makes the same check; convert.py imports this module, so it cannot be imported here)
+        if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name or "\\" in name:
+            raise ValueError(f"{ckpt_path}: the tokenizer entry names {name!r}, which is not a file name inside {folder}: refused")
+        path = os.path.join(folder, name)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"the checkpoint's tokenizer {path} is missing")
         return HFText(path)

@@ -171,3 +171,48 @@ def test_no_arguments_samples_what_train_py_just_wrote(native, tmp_path):
     prompt = sample.DEFAULT_PROMPT
     assert r.returncode == 0, r.stderr
     assert r.stdout == prompt + expected_text(model, enc.encode(prompt), 5, enc.decode, enc.eot_token) + "\n"
+
+
+@pytest.fixture
+def hf_ckpt(tmp_path):
+    """A tiny checkpoint in tmp_path/run whose tokenizer entry names `file` (set by the test)."""
+    def make(name):
+        torch.manual_seed(0)
+        model = GPT(get_config("tiny", vocab_size=128)).eval()
+        (tmp_path / "run").mkdir(exist_ok=True)
+        torch.save(checkpoint_dict(model, {"kind": "hf", "file": name}), tmp_path / "run" / "ckpt.pt")
+        return str(tmp_path / "run")
+    return make
+
+
+@pytest.mark.parametrize("name", ["../tokenizer.json", "/etc/passwd", "../../../../etc/passwd", "sub/tokenizer.json", ".."])
+def test_tokenizer_path_stays_in_checkpoint_folder(hf_ckpt, tmp_path, capsys, name):
+    """A path from a checkpoint never leaves its folder, even when a valid tokenizer waits outside it."""
+    folder = hf_ckpt(name)
+    char_tokenizer(str(tmp_path))  # tmp_path/tokenizer.json is readable: only the check keeps it out
+    assert run_main(sample.main, ["--ckpt", folder, "--max_new_tokens", "1", "--device", "cpu"]) == 1
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (f"error: {folder}: the tokenizer entry names {name!r}, which is not a file "
+                                         f"name inside {folder}: refused\n")
+
+
+@pytest.mark.parametrize("data", [b"{bad json", b"", b"[1, 2]", b"\x00\xff" * 10])
+def test_corrupt_tokenizer_json_is_one_error_line(hf_ckpt, capsys, data):
+    pytest.importorskip("tokenizers")
+    folder = hf_ckpt("tokenizer.json")
+    with open(os.path.join(folder, "tokenizer.json"), "wb") as f:
+        f.write(data)
+    assert run_main(sample.main, ["--ckpt", folder, "--max_new_tokens", "1", "--device", "cpu"]) == 1
+    out = capsys.readouterr()
+    path = os.path.join(folder, "tokenizer.json")
+    assert out.out == "" and out.err.startswith(f"error: {path}: not a readable tokenizer.json (") and out.err.count("\n") == 1
+
+
+def test_corrupt_tokenizer_config_is_one_error_line(hf_ckpt, capsys):
+    folder = hf_ckpt("tokenizer.json")
+    char_tokenizer(folder)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        f.write("{not json")
+    assert run_main(sample.main, ["--ckpt", folder, "--max_new_tokens", "1", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {os.path.join(folder, 'tokenizer_config.json')}: not valid JSON (") and err.count("\n") == 1
