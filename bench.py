@@ -1,5 +1,5 @@
 """
-Benchmark training, sampling and data preparation of the binary-code GPT, and check four targets.
+Benchmark training, sampling, loading and data preparation of the binary-code GPT, and check targets.
 
     python bench.py                      # CPU: ~3 min; prints one table
     python bench.py --json               # the same numbers as JSON
@@ -23,7 +23,10 @@ Design choices, up front:
   cache (model.generate), recomputing the whole context each step (the same forward without a cache),
   and transformers' generate(do_sample=False, use_cache=True) on convert.py's stock GPT-NeoX export of
   the same weights. Token equality with the KV-cache output is asserted for the recompute path (the
-  same code) and reported for HF (another implementation).
+  same code) and reported for HF (another implementation); the KV/HF target counts only with equal tokens.
+  Each way runs at every --threads count, interleaved. At batch 1 the KV cache also runs on bfloat16 and
+  float16 copies of the weights: speed against float32, and how many leading tokens stay float32's.
+  Paper preset: --sample_preset=paper --no-recompute (recomputing 470M parameters per context token is slow).
 - Data preparation: prepare_data.prepare on `prep_copies` concatenated copies of a corpus, with one
   worker (no pool) and with all cores. How much `cores` processes can give on this machine at all is
   measured in every round too: a pure-Python loop and a tiktoken encode, 1 vs `cores` processes at once.
@@ -31,6 +34,7 @@ Design choices, up front:
 """
 
 import contextlib
+import copy
 import io
 import json
 import multiprocessing as mp
@@ -47,7 +51,7 @@ import torch
 import model as M
 import prepare_data as P
 import train as T
-from common import config_parser, pick_device, run_main
+from common import config_parser, parse_int, pick_device, run_main
 
 VARIANTS = ("binary", "affine", "learned")
 SECTIONS = ("train", "sample", "load", "prep")
@@ -58,7 +62,8 @@ class BenchConfig:
     device: str = T.setting("auto", "auto | cpu | cuda | cuda:N")
     sections: str = T.setting("train,sample,prep", f"comma-separated, any of {','.join(SECTIONS)}")
     repeats: int = T.setting(5, "interleaved rounds of every timing")
-    threads: int | None = T.setting(None, "torch CPU threads (default: torch's; 1 is steadier on a busy machine)")
+    threads: str | None = T.setting(None, "torch CPU threads, comma-separated: sampling is timed at each, interleaved; "
+                                          "the other sections use the first (default: torch's)")
     # training
     preset: str | None = T.setting(None, "training preset (default: small on CPU, paper on CUDA)")
     block_size: int | None = T.setting(None, "training sequence length (default: 128 CPU, 1024 CUDA)")
@@ -73,6 +78,8 @@ class BenchConfig:
     prompt_len: int = T.setting(16, "prompt tokens")
     new_tokens: int = T.setting(64, "tokens generated")
     sample_batches: str = T.setting("1,8", "comma-separated batch sizes")
+    recompute: bool = T.setting(True, "also time decoding that recomputes the whole context (slow on the paper preset)")
+    precisions: str = T.setting("bfloat16,float16", "comma-separated weight dtypes timed against float32 at batch 1 (KV cache)")
     # loading
     load_preset: str = T.setting("paper", "model preset of the checkpoint loaded (paper: a 1.9 GB file in a temp dir)")
     load_repeats: int = T.setting(1, "child processes per loading path, interleaved")
@@ -161,7 +168,13 @@ def recompute_generate(model, idx, new_tokens):
     return idx
 
 
-def bench_sample(cfg, device, tmp):
+def leading_agreement(a, b, start):
+    """How many generated tokens (from column `start` on) a and b share before they first differ."""
+    same = (a[:, start:] == b[:, start:]).all(0)
+    return int(same.cumprod(0).sum())
+
+
+def bench_sample(cfg, device, tmp, threads):
     from transformers import GPTNeoXForCausalLM
 
     from convert import convert_native_to_hf
@@ -174,28 +187,41 @@ def bench_sample(cfg, device, tmp):
     vocab = model.config.vocab_size
     torch.save(M.checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": vocab}), ckpt)
     convert_native_to_hf(ckpt, os.path.join(tmp, "hf"))
+    os.remove(ckpt)  # the paper preset's is 1.9 GB
     hf = GPTNeoXForCausalLM.from_pretrained(os.path.join(tmp, "hf"), dtype=torch.float32).to(device).eval()
     hf.generation_config.eos_token_id = None  # run the full length, as the native paths do
+    low = {name: copy.deepcopy(model).to(getattr(torch, name)) for name in cfg.precisions.split(",") if name}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    rows = {}
+    rows = []
     for B in (int(b) for b in cfg.sample_batches.split(",")):
         prompt = torch.randint(0, vocab, (B, cfg.prompt_len), generator=torch.Generator().manual_seed(B)).to(device)
         ways = {"kv_cache": lambda: model.generate(prompt, cfg.new_tokens, temperature=0),
-                "recompute": lambda: recompute_generate(model, prompt, cfg.new_tokens),
                 "hf_generate": lambda: hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
                                                    use_cache=True, max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens,
                                                    pad_token_id=0)}
-        outs, times = {}, {k: [] for k in ways}
+        if cfg.recompute:
+            ways["recompute"] = lambda: recompute_generate(model, prompt, cfg.new_tokens)
+        if B == 1:
+            ways.update({name: (lambda m=m: m.generate(prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
+        outs, times = {}, {(t, k): [] for t in threads for k in ways}
         with torch.no_grad():
-            for k, fn in ways.items():
-                outs[k] = fn()  # warm-up, and the tokens compared
+            for t in threads:  # warm-up, and the tokens compared (a thread count may change float rounding)
+                torch.set_num_threads(t)
+                outs[t] = {k: fn().cpu() for k, fn in ways.items()}
             for _ in range(cfg.repeats):  # interleaved
-                for k, fn in ways.items():
-                    times[k].append(median_time(fn, 1, sync))
-        assert torch.equal(outs["recompute"], outs["kv_cache"]), "KV-cache and recompute greedy tokens differ"
-        rows[B] = {k: B * cfg.new_tokens / statistics.median(t) for k, t in times.items()}
-        rows[B]["same_tokens_hf"] = bool(torch.equal(outs["hf_generate"].cpu(), outs["kv_cache"].cpu()))
-    return {"preset": cfg.sample_preset, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens, "batches": rows}
+                for t in threads:
+                    torch.set_num_threads(t)
+                    for k, fn in ways.items():
+                        times[t, k].append(median_time(fn, 1, sync))
+        for t in threads:
+            out = outs[t]
+            assert "recompute" not in out or torch.equal(out["recompute"], out["kv_cache"]), "KV-cache and recompute greedy tokens differ"
+            row = {"threads": t, "batch": B, **{k: B * cfg.new_tokens / statistics.median(times[t, k]) for k in ways},
+                   "same_tokens_hf": bool(torch.equal(out["hf_generate"], out["kv_cache"]))}
+            row["agree"] = {name: leading_agreement(out[name], out["kv_cache"], cfg.prompt_len) for name in low if name in out}
+            rows.append(row)
+    torch.set_num_threads(threads[0])
+    return {"preset": cfg.sample_preset, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens, "rows": rows}
 
 
 # ----------------------------------------------------------------------------- loading
@@ -277,7 +303,7 @@ def parallel_scaling(work, arg, procs):
 
 def bench_prep(cfg, tmp):
     workers = cfg.workers or os.cpu_count() or 1
-    source = P.resolve_inputs([cfg.corpus or P.default_prose()], "data")[0]
+    source = P.resolve_inputs([cfg.corpus or P.default_prose()])[0]
     with open(source, encoding="utf-8") as f:
         text = f.read()
     corpus = os.path.join(tmp, "corpus.txt")
@@ -305,8 +331,10 @@ def run(cfg: BenchConfig) -> dict:
     if not sections <= set(SECTIONS):
         raise ValueError(f"unknown section(s) {', '.join(sorted(sections - set(SECTIONS)))}: choose from {','.join(SECTIONS)}")
     device = pick_device(cfg.device)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    threads = [parse_int(t) for t in cfg.threads.split(",")] if cfg.threads else [torch.get_num_threads()]
+    if min(threads) < 1:
+        raise ValueError(f"--threads must be positive integers, got {cfg.threads!r}")
+    torch.set_num_threads(threads[0])
     res = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
            "config": asdict(cfg), "train": None, "sample": None, "load": None, "prep": None,
            "threads": torch.get_num_threads(), "load_before": os.getloadavg()[0]}
@@ -314,7 +342,7 @@ def run(cfg: BenchConfig) -> dict:
         if "train" in sections:
             res["train"] = bench_train(cfg, device, tmp)
         if "sample" in sections:
-            res["sample"] = bench_sample(cfg, device, tmp)
+            res["sample"] = bench_sample(cfg, device, tmp, threads)
         if "load" in sections:
             res["load"] = bench_load(cfg, tmp)
         if "prep" in sections:
@@ -323,17 +351,19 @@ def run(cfg: BenchConfig) -> dict:
     tr, sa, lo, pr = res["train"], res["sample"], res["load"], res["prep"]
     targets = []
 
-    def target(name, value, goal, measured=True, at_most=False):
-        met = measured and (value <= goal if at_most else value >= goal)
+    def target(name, value, goal, measured=True, at_most=False, valid=True):
+        """valid=False: a condition besides the ratio (identical tokens) failed, so MISS whatever the ratio."""
+        met = measured and valid and (value <= goal if at_most else value >= goal)
         targets.append({"target": name, "ratio": value if measured else None, "goal": f"{'<=' if at_most else '>='} {goal:g}",
                         "verdict": "not measured" if not measured else "PASS" if met else "MISS"})
 
     if tr and device.type == "cpu":
         v = tr["variants"]
         target("binary / learned training tokens/s (CPU)", v["binary"]["tokens_per_s"] / v["learned"]["tokens_per_s"], 1.0)
-    if sa and 1 in sa["batches"]:
-        b = sa["batches"][1]
-        target("KV-cache / HF generate tokens/s, batch 1", b["kv_cache"] / b["hf_generate"], 1.5)
+    for r in sa["rows"] if sa else []:
+        if r["batch"] == 1:
+            target(f"KV-cache / HF generate tokens/s, batch 1, {r['threads']} threads, same tokens ({sa['preset']})",
+                   r["kv_cache"] / r["hf_generate"], 1.5, valid=r["same_tokens_hf"])
     if lo:
         old, new = lo["ways"]["old"], lo["ways"]["new"]
         target(f"time to first token, load_checkpoint / old path ({lo['preset']})", new["first_token_s"] / old["first_token_s"],
@@ -352,7 +382,7 @@ def fmt(x, spec=",.0f"):
 
 
 def table(res) -> str:
-    lines = [f"device: {res['device']}, {res['threads']} torch threads; 1-min load average {res['load_before']:.2f} before, "
+    lines = [f"device: {res['device']}, {res['threads']} torch threads (sampling: {res['config']['threads'] or 'default'}); 1-min load average {res['load_before']:.2f} before, "
              f"{res['load_after']:.2f} after", ""]
     tr, sa, lo, pr = res["train"], res["sample"], res["load"], res["prep"]
     if tr:
@@ -365,13 +395,20 @@ def table(res) -> str:
                          f"{fmt(r['mfu_peak'] and 100 * r['mfu_peak'], '.1f')}{'%' if r['mfu_peak'] else ''} | {r['steps_timed']} |")
         lines.append("")
     if sa:
-        lines += [f"sampling: preset {sa['preset']}, prompt {sa['prompt_len']}, {sa['new_tokens']} new tokens, greedy",
-                  "| batch | KV cache tok/s | recompute tok/s | HF generate tok/s | KV/recompute | KV/HF | same tokens as HF |",
-                  "|---:|---:|---:|---:|---:|---:|---|"]
-        for B, r in sa["batches"].items():
-            lines.append(f"| {B} | {r['kv_cache']:,.0f} | {r['recompute']:,.0f} | {r['hf_generate']:,.0f} | "
-                         f"{r['kv_cache'] / r['recompute']:.2f}x | {r['kv_cache'] / r['hf_generate']:.2f}x | "
+        lines += [f"sampling: preset {sa['preset']}, prompt {sa['prompt_len']}, {sa['new_tokens']} new tokens, greedy, float32",
+                  "| threads | batch | KV cache tok/s | recompute tok/s | HF generate tok/s | KV/recompute | KV/HF | same tokens as HF |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in sa["rows"]:
+            rec = r.get("recompute")
+            lines.append(f"| {r['threads']} | {r['batch']} | {r['kv_cache']:,.0f} | {fmt(rec)} | {r['hf_generate']:,.0f} | "
+                         f"{fmt(rec and r['kv_cache'] / rec, '.2f')}{'x' if rec else ''} | {r['kv_cache'] / r['hf_generate']:.2f}x | "
                          f"{r['same_tokens_hf']} |")
+        low = [(r, name, n) for r in sa["rows"] for name, n in r["agree"].items()]
+        if low:
+            lines += ["", "sampling precision: KV cache at batch 1, weights and activations in the dtype, greedy",
+                      "| threads | dtype | tok/s | vs float32 | leading tokens equal to float32 |", "|---:|---|---:|---:|---:|"]
+            lines += [f"| {r['threads']} | {name} | {r[name]:,.0f} | {r[name] / r['kv_cache']:.2f}x | {n} / {sa['new_tokens']} |"
+                      for r, name, n in low]
         lines.append("")
     if lo:
         lines += [f"loading: preset {lo['preset']}, checkpoint {lo['ckpt_bytes'] / 1e9:.2f} GB, a fresh process per load "

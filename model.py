@@ -188,18 +188,19 @@ def get_config(preset: str, **overrides) -> GPTConfig:
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
-    """cos and sin of the rotary angles, (T,) positions -> 2 x (T, head_dim); float64 math keeps long
-    positions accurate, and the same formula serves the precomputed table and positions past it."""
+    """cos and signed sin of the rotary angles, (T,) positions -> 2 x (T, head_dim); float64 math keeps
+    long positions accurate, and the same formula serves the precomputed table and positions past it.
+    The sin's first half is negated, so apply_rotary needs no negation per call."""
     inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
     angles = positions.double()[:, None] * inv_freq[None, :]  # (T, head_dim/2)
-    angles = torch.cat([angles, angles], dim=-1)  # rotate-half layout: frequencies repeat
-    return angles.cos().float(), angles.sin().float()
+    sin = angles.sin()
+    return torch.cat([angles, angles], dim=-1).cos().float(), torch.cat([-sin, sin], dim=-1).float()
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate-half RoPE: x (..., T, D), cos/sin (T, D)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    """Rotate-half RoPE, x * cos + [-x2, x1] * sin, as three ops (roll swaps the halves, the sign is in
+    `sin`): they run for q and k in every layer at every decoded token. x (..., T, D), cos/sin (T, D)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
 
 
 def check_ids(idx, vocab_size):
@@ -213,22 +214,28 @@ def check_ids(idx, vocab_size):
 
 
 class KVCache:
-    """Keys and values of every layer for generation, a ring buffer of block_size positions."""
+    """Keys and values of every layer for generation, a ring buffer of block_size positions.
+
+    One (B, H, block_size, D) tensor per layer and kind, written in place with narrow().copy_(): per
+    layer and token that is two small ops, no indexing into a 5-D tensor and no concatenation."""
 
     def __init__(self, config, batch_size, device, dtype):
-        shape = (config.n_layer, batch_size, config.n_head, config.block_size, config.n_embd // config.n_head)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (batch_size, config.n_head, config.block_size, config.n_embd // config.n_head)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.pos = 0  # tokens seen so far; token p lives in slot p % block_size
 
     def update(self, layer, k, v):
         """Store k, v (B, H, T, D) of the newest T tokens; return every cached key and value."""
-        size, T = self.k.shape[3], k.shape[2]
+        ck, cv = self.k[layer], self.v[layer]
+        size, T = ck.shape[2], k.shape[2]
         slot = self.pos % size  # one token: its slot; the prompt (at most block_size tokens) comes at pos 0
-        self.k[layer, :, :, slot : slot + T] = k
-        self.v[layer, :, :, slot : slot + T] = v
-        n = min(self.pos + T, size)
-        return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
+        ck.narrow(2, slot, T).copy_(k)
+        cv.narrow(2, slot, T).copy_(v)
+        n = self.pos + T
+        if n >= size:  # full ring: attention is order-free, so all slots as they are
+            return ck, cv
+        return ck.narrow(2, 0, n), cv.narrow(2, 0, n)
 
 
 class CausalSelfAttention(nn.Module):
@@ -370,7 +377,7 @@ class GPT(nn.Module):
         ]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda" or None)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # cheaper per op than no_grad: no version counters, no view tracking
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None):
         """Yield the next token of every sequence, (B, 1), one step at a time, with a KV cache.
 

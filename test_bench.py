@@ -20,7 +20,7 @@ def test_run_reports_every_section(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("It is a truth universally acknowledged.\nThat a single man in possession.\n" * 200)
     cfg = bench.BenchConfig(**vars(bench.build_parser().parse_args(TINY + [f"--corpus={corpus}", "--workers=2",
-                                                                           "--sections=train,sample,load,prep"])))
+                                                                           "--sections=train,sample,load,prep", "--threads=1,2"])))
     res = bench.run(cfg)
     tr = res["train"]
     assert tr["preset"] == "tiny" and tr["matmul_flops"] > 0 and tr["flops_per_token"] > 0
@@ -28,10 +28,13 @@ def test_run_reports_every_section(tmp_path):
     for r in tr["variants"].values():
         assert r["tokens_per_s"] > 0 and r["mfu_measured"] > 0 and r["steps_timed"] == 1
         assert r["mfu_peak"] is None  # CPU: no datasheet peak
-    assert set(res["sample"]["batches"]) == {1, 2}
-    for r in res["sample"]["batches"].values():
+    rows = res["sample"]["rows"]
+    assert [(r["threads"], r["batch"]) for r in rows] == [(1, 1), (2, 1), (1, 2), (2, 2)]
+    for r in rows:
         assert min(r["kv_cache"], r["recompute"], r["hf_generate"]) > 0
         assert r["same_tokens_hf"] is True
+        # precision copies run at batch 1 only; tiny random weights with a peaked head keep every greedy token
+        assert r["agree"] == ({"bfloat16": 4, "float16": 4} if r["batch"] == 1 else {})
     lo = res["load"]
     assert lo["preset"] == "tiny" and lo["ckpt_bytes"] > 0 and set(lo["ways"]) == {"old", "new"}
     for r in lo["ways"].values():
@@ -39,7 +42,9 @@ def test_run_reports_every_section(tmp_path):
     pr = res["prep"]
     assert pr["mb"] > 0 and pr["mb_s_1"] > 0 and pr["mb_s_all"] > 0 and pr["workers"] == 2
     assert pr["python_scaling"] > 0 and pr["tiktoken_scaling"] > 0
-    assert [t["goal"] for t in res["targets"]] == [">= 1", ">= 1.5", "<= 0.33", "<= 1.2", ">= 0.8", ">= 0.5"]
+    assert [t["goal"] for t in res["targets"]] == [">= 1", ">= 1.5", ">= 1.5", "<= 0.33", "<= 1.2", ">= 0.8", ">= 0.5"]
+    assert [t["target"] for t in res["targets"][1:3]] == [f"KV-cache / HF generate tokens/s, batch 1, {n} threads, same tokens (tiny)"
+                                                          for n in (1, 2)]
     for t in res["targets"][:-1]:
         assert t["verdict"] == ("PASS" if eval(f"{t['ratio']} {t['goal']}") else "MISS"), t
     assert res["targets"][-1]["verdict"] == "not measured"  # the H200 target needs the paper preset
@@ -50,15 +55,17 @@ def test_run_reports_every_section(tmp_path):
 
 
 def test_main_json_one_section(capsys):
-    assert bench.main(TINY + ["--sections=sample", "--sample_batches=1", "--json"]) == 0
+    assert bench.main(TINY + ["--sections=sample", "--sample_batches=1", "--no-recompute", "--precisions=", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["train"] is None and res["prep"] is None
-    assert res["sample"]["batches"]["1"]["same_tokens_hf"] is True
+    [row] = res["sample"]["rows"]
+    assert "recompute" not in row and row["agree"] == {} and row["same_tokens_hf"] is True
 
 
 @pytest.mark.parametrize("args, message", [
     (["--sections=bogus"], "error: unknown section(s) bogus: choose from train,sample,load,prep\n"),
     (["--sections=train,prep,nope", "--device=cpu"], "error: unknown section(s) nope: choose from train,sample,load,prep\n"),
+    (["--sections=prep", "--threads=1,0"], "error: --threads must be positive integers, got '1,0'\n"),
 ])
 def test_bad_input_is_one_error_line(args, message):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py")
