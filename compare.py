@@ -94,16 +94,28 @@ def run_one(args, meta, variant, seed):
         cfg.resume = os.path.exists(os.path.join(out, "ckpt.pt"))
         cfg.overwrite = not cfg.resume
         print(f"\n=== {variant}, seed {seed} ===", flush=True)
-        summary = train(cfg)
+        try:
+            summary = train(cfg)
+        except FloatingPointError as e:  # a diverged run is a result: recorded, not retried on every rerun
+            print(f"diverged: {e}")
+            atomic_write(final, json.dumps({"diverged": str(e)}))
+            return {"variant": variant, "seed": seed, "diverged": str(e)}
         if summary["interrupted"]:
             raise SystemExit(f"stopped during {out}: rerun the same command to continue")
         val_loss = full_val_loss(out, args.data, meta, args.batch_size, pick_device(args.device))
         atomic_write(final, json.dumps({"val_loss": val_loss}))
     with open(final) as f:
-        val_loss = json.load(f)["val_loss"]
+        done = json.load(f)
+    if "diverged" in done:
+        return {"variant": variant, "seed": seed, "diverged": done["diverged"]}
     curve, start, speed = read_log(os.path.join(out, "log.jsonl"))
     return {"variant": variant, "seed": seed, "curve": curve, "model_config": start["model_config"],
-            "val_loss": val_loss, "tokens_per_s": speed}
+            "val_loss": done["val_loss"], "tokens_per_s": speed}
+
+
+def diverged(runs):
+    """Report lines for the runs that diverged (they are left out of every mean)."""
+    return "".join(f"\ndiverged, left out: {r['variant']} seed {r['seed']}: {r['diverged']}" for r in runs if "diverged" in r)
 
 
 def mean_std(xs):
@@ -134,9 +146,9 @@ def summarize(runs, meta):
 
 def verdict(rows):
     by = {r["input"]: r for r in rows}
-    spread = max(r["ppl_spread"] for r in rows)
     if "binary" not in by or "learned" not in by:
         return "no verdict: the comparison needs both the binary and the learned input."
+    spread = max(r["ppl_spread"] for r in rows)
     if min(r["seeds"] for r in rows) < 2:
         return "no verdict: a seed-to-seed spread needs at least two seeds per input."
     b, l = by["binary"]["perplexity"][0], by["learned"]["perplexity"][0]
@@ -248,7 +260,8 @@ def main(argv=None):
             raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
     meta = prepared(args)
 
-    runs = [run_one(args, meta, v, seed) for seed in range(args.seeds) for v in variants]
+    every = [run_one(args, meta, v, seed) for seed in range(args.seeds) for v in variants]
+    runs = [r for r in every if "diverged" not in r]
     rows = summarize(runs, meta)
     cfg = get_config(args.preset, vocab_size=meta["vocab_size"], n_layer=args.n_layer, n_head=args.n_head,
                      n_embd=args.n_embd, block_size=args.block_size)
@@ -256,8 +269,9 @@ def main(argv=None):
               f"tokens; {cfg.n_layer} layers x {cfg.n_embd}, {cfg.n_head} heads, vocab {cfg.vocab_size} "
               f"(K = {cfg.code_bits} bits); data {args.data} ({meta['encoding']}, "
               f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)")
-    png = plot(runs, os.path.join(args.out, "val_loss.png"))
-    write_results(args.out, f"{header}\n\n{table(rows)}\n\n{verdict(rows)}\n", {"rows": rows, "runs": runs}, png)
+    png = plot(runs, os.path.join(args.out, "val_loss.png")) if runs else None
+    write_results(args.out, f"{header}\n\n{table(rows)}\n\n{verdict(rows)}{diverged(every)}\n", {"rows": rows, "runs": every},
+                  png)
     return rows
 
 

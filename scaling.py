@@ -163,6 +163,13 @@ def run_all(args, jobs):
     return runs
 
 
+def finished(runs_by_point):
+    """Every point's runs without the diverged ones, and the diverged ones as [(point, record)]."""
+    kept = {name: [r for r in runs if "diverged" not in r] for name, runs in runs_by_point.items()}
+    return {name: runs for name, runs in kept.items() if runs}, [
+        (name, r) for name, runs in runs_by_point.items() for r in runs if "diverged" in r]
+
+
 # ----------------------------------------------------------------------------- analysis
 def paired_gaps(runs, a="binary", b="learned"):
     """Per seed, loss(a) - loss(b) of the runs of one point that share that seed."""
@@ -383,7 +390,8 @@ def main(argv=None):
     meta = compare.prepared(args)
     jobs = plan(args, meta["vocab_size"])
     print(f"{len(jobs)} runs: " + ", ".join(f"{p[0]} {v} s{s}" for p, v, s in jobs), flush=True)
-    runs_by_point = run_all(args, jobs)
+    every = run_all(args, jobs)
+    runs_by_point, failed = finished(every)
 
     rows = size_rows(runs_by_point, meta)
     result = analyse(runs_by_point, args, meta["vocab_size"])
@@ -392,8 +400,9 @@ def main(argv=None):
               f"{meta['vocab_size']}, {meta['splits']['train']['tokens']:,} train / "
               f"{meta['splits']['val']['tokens']:,} val tokens)")
     png = plot(result, os.path.join(args.out, "scaling.png"))
-    compare.write_results(args.out, f"{header}\n\n{table(rows)}\n\n{reading(result)}\n",
-                          {"rows": rows, "analysis": result, "runs": runs_by_point}, png)
+    failed = "".join(f"\nDiverged, left out: {name} {r['variant']} seed {r['seed']}: {r['diverged']}" for name, r in failed)
+    compare.write_results(args.out, f"{header}\n\n{table(rows)}\n\n{reading(result)}{failed}\n",
+                          {"rows": rows, "analysis": result, "runs": every}, png)
     return rows, result
 
 

@@ -85,3 +85,17 @@ def _has_matplotlib():
     except ImportError:
         return False
     return True
+
+
+def test_a_diverged_run_is_reported_and_not_retried(data, tmp_path):
+    args = ["--data", data, "--out", str(tmp_path), "--variants", "learned,binary", "--preset", "tiny",
+            "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
+            "--steps", "6", "--evals", "2", "--eval_batches", "2", "--seeds", "1", "--device", "cpu", "--lr", "1e6"]
+    compare.main(args)
+    record = json.loads((tmp_path / "binary-seed0" / "final.json").read_text())
+    assert set(record) == {"diverged"} and "at step" in record["diverged"]
+    mtime = os.path.getmtime(tmp_path / "binary-seed0" / "final.json")
+    compare.main(args)  # read back, not trained again
+    assert os.path.getmtime(tmp_path / "binary-seed0" / "final.json") == mtime
+    report = (tmp_path / "results.md").read_text()
+    assert "diverged, left out: binary seed 0: " in report
