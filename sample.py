@@ -161,8 +161,12 @@ def main(argv=None):
 
     prompt = args.prompt
     if args.prompt_file:
-        with open(args.prompt_file, encoding="utf-8") as f:
-            prompt = f.read()
+        with open(args.prompt_file, "rb") as f:
+            data = f.read()
+        try:
+            prompt = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{args.prompt_file}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     device = pick_device(args.device)
     torch.manual_seed(args.seed)
     model, ckpt = load_checkpoint(args.ckpt, device)

@@ -144,6 +144,8 @@ def test_bad_input_ends_in_one_error_line(native, tmp_path, capsys):
     corrupt = tmp_path / "corrupt.pt"
     with open(os.path.join(folder, "ckpt.pt"), "rb") as f:
         corrupt.write_bytes(f.read()[:5000])  # a truncated copy
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("café au lait".encode("latin-1"))
     no_gpu = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"  # never usable here
     cases = [
         (["--ckpt", str(tmp_path / "none")], f"error: {tmp_path / 'none'}: no checkpoint there"),
@@ -152,6 +154,7 @@ def test_bad_input_ends_in_one_error_line(native, tmp_path, capsys):
         (["--ckpt", folder, "--temperature", "nan"], "error: --temperature must be a number >= 0 (0 = greedy), got nan"),
         (["--ckpt", folder, "--device", no_gpu], f"error: device '{no_gpu}' asked for, but"),
         (["--ckpt", folder, "--prompt_file", str(tmp_path / "missing.txt")], f"error: [Errno 2] No such file or directory: '{tmp_path / 'missing.txt'}'"),
+        (["--ckpt", folder, "--prompt_file", str(latin1)], f"error: {latin1}: not UTF-8 text (byte 3: invalid continuation byte)"),
     ]
     r = run_sample(*cases[0][0])  # the command line itself, once (a subprocess costs seconds)
     assert r.returncode == 1 and r.stdout == "" and r.stderr == cases[0][1] + "\n"
