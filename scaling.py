@@ -186,6 +186,12 @@ def fit_power_law(n, gap):
     return math.exp(intercept), -slope
 
 
+def r_squared(n, gap, c, alpha):
+    """How much of the variance of log gap the power law explains (1 = all of it)."""
+    y, fit = np.log(gap), math.log(c) - alpha * np.log(n)
+    return float(1 - ((y - fit) ** 2).sum() / ((y - y.mean()) ** 2).sum())
+
+
 def crossing(c, alpha, threshold):
     """The N where c * N^-alpha falls to threshold (inf when the gap does not shrink)."""
     return (c / threshold) ** (1 / alpha) if alpha > 0 else math.inf
@@ -194,7 +200,8 @@ def crossing(c, alpha, threshold):
 def trend(points, threshold, draws=2000, seed=0):
     """points: [(N, [per-seed gaps])]. The fit to the mean gap of each size, and its 16-84% ranges over
     seed resamples (each size's seeds drawn with replacement; draws with a mean gap <= 0 are skipped)."""
-    fit = fit_power_law([n for n, _ in points], [statistics.mean(gs) for _, gs in points])
+    n, means = [n for n, _ in points], [statistics.mean(gs) for _, gs in points]
+    fit = fit_power_law(n, means)
     if fit is None:
         return None
     rng, alphas, cross = np.random.default_rng(seed), [], []
@@ -204,7 +211,8 @@ def trend(points, threshold, draws=2000, seed=0):
             alphas.append(f[1])
             cross.append(crossing(*f, threshold))
     q = lambda xs: (sorted(xs)[round(0.16 * (len(xs) - 1))], sorted(xs)[round(0.84 * (len(xs) - 1))]) if xs else (math.nan, math.nan)  # noqa: E731
-    return {"c": fit[0], "alpha": fit[1], "alpha_range": q(alphas), "threshold": threshold, "draws": len(alphas),
+    return {"c": fit[0], "alpha": fit[1], "r2": r_squared(np.array(n), np.array(means), *fit), "alpha_range": q(alphas),
+            "threshold": threshold, "draws": len(alphas),
             "crossing": crossing(*fit, threshold), "crossing_range": q(cross)}
 
 
@@ -291,8 +299,9 @@ def reading(result):
                    f"({', '.join(f'{g:+.4f}' for g in p['gaps'])} per seed)")
     t = result["trend"]
     if t:
-        out.append(f"Fit (mean gap per size): gap = {t['c']:.3g} * N^-{t['alpha']:.3f} (alpha 16-84% over seed resamples: "
-                   f"{t['alpha_range'][0]:.3f} to {t['alpha_range'][1]:.3f}). Extrapolated, the gap falls to the seed "
+        out.append(f"Fit (mean gap per size): gap = {t['c']:.3g} * N^-{t['alpha']:.3f}, R^2 {t['r2']:.2f} on log gap (alpha "
+                   f"16-84% over seed resamples: {t['alpha_range'][0]:.3f} to {t['alpha_range'][1]:.3f}; the range counts seed "
+                   f"noise only, not how well a power law fits). Extrapolated, the gap falls to the seed "
                    f"spread ({t['threshold']:.4f} nats) at N = {t['crossing']:.3g} trainable parameters (16-84%: "
                    f"{t['crossing_range'][0]:.3g} to {t['crossing_range'][1]:.3g}); the paper's model has "
                    f"{PAPER['trainable']:.3g} and trained on orders of magnitude more tokens, so this is an "

@@ -69,6 +69,7 @@ def test_power_law_fit_recovers_a_known_trend():
     assert t["c"] == pytest.approx(2.0) and t["alpha"] == pytest.approx(0.3)
     assert t["crossing"] == pytest.approx((2.0 / 0.01) ** (1 / 0.3))  # 2 N^-0.3 = 0.01
     assert t["alpha_range"] == pytest.approx((0.3, 0.3))  # one seed: every resample is the data itself
+    assert t["r2"] == pytest.approx(1.0)  # the data lie on the law
 
     noisy = [(n, [g[0] * 0.8, g[0] * 1.2]) for n, g in exact]  # seeds around the law, mean on it
     t = scaling.trend(noisy, threshold=0.01)
