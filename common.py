@@ -31,6 +31,18 @@ def atomic_open(path, mode="wb", **kwargs):
         raise
 
 
+def atomic_torch_save(obj, path):
+    """torch.save to `path` atomically; torch reports a failed write (a full disk) as a RuntimeError,
+    turned here into the OSError it is."""
+    import torch
+
+    try:
+        with atomic_open(path) as f:
+            torch.save(obj, f)
+    except RuntimeError as e:
+        raise OSError(f"{path}: not written ({e}); the previous file, if any, is untouched") from None
+
+
 def atomic_write(path, data):
     """Write bytes or str to `path` atomically (see atomic_open)."""
     with atomic_open(path, "wb" if isinstance(data, bytes) else "w", **({} if isinstance(data, bytes) else {"encoding": "utf-8"})) as f:

@@ -38,7 +38,7 @@ from dataclasses import replace
 
 import torch
 
-from common import atomic_open, atomic_write, run_main
+from common import atomic_torch_save, atomic_write, run_main
 from model import GPT, GPTConfig, canonical_code, checkpoint_dict, code_bits, load_checkpoint, model_from_weights
 from sample import load_text_codec
 
@@ -505,8 +505,7 @@ def convert_hf_to_native(folder, out_dir, layout="auto", input=None, overwrite=F
     if tok is None:
         print(f"warning: {folder} has no tokenizer.json; sample.py will need one in {out_dir}", file=sys.stderr)
     path = os.path.join(out_dir, "ckpt.pt")
-    with atomic_open(path) as f:
-        torch.save(checkpoint_dict(model, tok, source={**info, "tokenizer_files": copied}), f)
+    atomic_torch_save(checkpoint_dict(model, tok, source={**info, "tokenizer_files": copied}), path)
     remove_stale(out_dir, copied + ["ckpt.pt"], weights=False)
     return path, model, info
 

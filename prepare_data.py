@@ -377,6 +377,7 @@ def _start_worker(encoding: str, vocab_size: int | None) -> None:
     global _enc
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent alone stops the pool
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool's terminate() ends a worker quietly
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # blocked while encoded() forked us
     _enc = get_tokenizer(encoding, vocab_size)
 
 
@@ -399,7 +400,14 @@ def encoded(jobs, encoding: str, vocab_size: int | None, workers: int):
         _enc = get_tokenizer(encoding, vocab_size)
         yield from map(encode_batch, jobs)
         return
-    with mp.Pool(workers, _start_worker, (encoding, vocab_size)) as pool:  # leaving it terminates the workers
+    # a signal that lands while the workers fork is swallowed by Python's fork hooks: hold Ctrl-C and
+    # SIGTERM until the pool exists (its threads keep them blocked, so they reach the main thread)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        pool = mp.Pool(workers, _start_worker, (encoding, vocab_size))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    with pool:  # leaving it terminates the workers
         pending = deque()
         for job in jobs:
             pending.append(pool.apply_async(encode_batch, (job,)))

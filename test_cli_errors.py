@@ -138,3 +138,23 @@ def test_sigterm_mid_prepare_keeps_old_data(tiny_data, tmp_path):
     out, err = p.communicate(timeout=120)
     assert (p.returncode, err) == (130, "interrupted\n"), err
     assert tree(data) == before and not (data / ".partial").exists()
+
+
+def test_a_failed_torch_save_keeps_the_old_file(tmp_path, monkeypatch):
+    """torch reports a full disk as RuntimeError ('unexpected pos ...'): it becomes an OSError, the old bytes stay."""
+    import torch
+
+    from common import atomic_torch_save
+
+    path = tmp_path / "ckpt.pt"
+    atomic_torch_save({"step": 1}, path)
+    before = path.read_bytes()
+
+    def full_disk(obj, f):
+        f.write(b"half a checkpoint")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 100544 vs 100432")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match=r"ckpt.pt: not written \(.*unexpected pos"):
+        atomic_torch_save({"step": 2}, path)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.pt"]

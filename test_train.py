@@ -341,6 +341,13 @@ def test_bad_devices_are_one_error_line(data_dir, tmp_path, capsys):
     assert not tmp_path.joinpath("ckpt.pt").exists()
 
 
+@pytest.mark.parametrize("name", ["max_steps", "eval_interval", "save_interval", "warmup_steps"])
+def test_negative_counts_are_refused_not_read_as_never(data_dir, tmp_path, capsys, name):
+    assert run_main(train.main, flags(data_dir, tmp_path, **{name: -1})) == 1
+    assert capsys.readouterr().err == f"error: {name} must be 0 or more, got -1\n"
+    assert not tmp_path.joinpath("ckpt.pt").exists()
+
+
 def test_the_default_data_dir_says_how_to_make_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert run_main(train.main, ["--device=cpu"]) == 1

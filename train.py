@@ -63,7 +63,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import atomic_open, config_parser, pick_device, run_main, setting
+from common import atomic_torch_save, config_parser, pick_device, run_main, setting
 from model import GPT, GPTConfig, checkpoint_dict, get_config, load_weights, read_checkpoint
 from prepare_data import ShardError, load_meta, read_shard
 
@@ -333,6 +333,9 @@ def set_up(cfg, rank, world, device, distributed) -> Run:
     for name in ("batch_size", "grad_accum", "eval_steps", "log_interval"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("max_steps", "eval_interval", "save_interval", "warmup_steps"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     if cfg.resume and cfg.overwrite:
         raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces it: pass one of them")
@@ -507,8 +510,7 @@ def save(run, name):
                             val_loss=run.val_loss if run.eval_step == run.step else None, eval_step=run.eval_step,
                             world_size=run.world)
     try:
-        with atomic_open(path) as f:
-            torch.save(state, f)
+        atomic_torch_save(state, path)
     except OSError as e:  # e.g. a full disk: atomic_open left the previous file as it was
         raise OSError(f"{path}: not written ({e.strerror or e}); the previous {name} is untouched") from None
 
