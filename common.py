@@ -6,6 +6,7 @@ generated from a dataclass, and a `main` wrapper that turns the project's expect
 import argparse
 import contextlib
 import os
+import re
 import sys
 import typing
 from dataclasses import MISSING, field, fields
@@ -131,6 +132,12 @@ def _or_none(parse):
 
 
 # ----------------------------------------------------------------------------- errors
+def one_line(text, limit=200):
+    """An exception's text as one plain line: no newlines, no terminal colour codes, at most limit chars
+    (torch's unpickling errors span lines and carry ANSI codes)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", " ".join(str(text).split()))[:limit]
+
+
 def run_main(main, argv=None):
     """Run a script's main(argv) and return its exit code (0 unless main returns an int). The project's expected errors (bad input, missing or
     corrupt files, a full disk, a diverged run: ValueError, OSError, FloatingPointError) print one

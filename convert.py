@@ -38,7 +38,7 @@ from dataclasses import replace
 
 import torch
 
-from common import atomic_torch_save, atomic_write, run_main
+from common import atomic_torch_save, atomic_write, one_line, run_main
 from model import GPT, GPTConfig, canonical_code, checkpoint_dict, code_bits, load_checkpoint, model_from_weights
 from sample import load_text_codec
 
@@ -208,7 +208,7 @@ def read_weights(folder):
             part = (load_file(path, device="cpu") if shard.endswith(".safetensors")
                     else torch.load(path, map_location="cpu", weights_only=True, mmap=True))
         except Exception as e:
-            raise ConversionError(f"cannot read {path}: {str(e)[:200]} (is the file truncated or corrupt?)") from None
+            raise ConversionError(f"cannot read {path}: {one_line(e)} (is the file truncated or corrupt?)") from None
         if not isinstance(part, dict) or not all(isinstance(t, torch.Tensor) for t in part.values()):
             raise ConversionError(f"{path} does not hold a dict of tensors")
         for name, t in part.items():

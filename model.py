@@ -36,6 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from common import one_line
+
 
 def code_bits(vocab_size: int) -> int:
     """K = ceil(log2 V): the fewest bits that give every token id its own code."""
@@ -423,7 +425,7 @@ def read_checkpoint(path, device="cpu"):
         ckpt = torch.load(file, map_location=device, weights_only=True, mmap=True)
     except Exception as e:
         raise ValueError(f"{file}: cannot read this checkpoint, truncated or not a PyTorch file "
-                         f"({type(e).__name__}: {str(e)[:200]})") from None
+                         f"({type(e).__name__}: {one_line(e)})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
         raise ValueError(f"{file}: not a checkpoint of this project (needs 'model' and 'model_config')")
     return ckpt

@@ -158,3 +158,18 @@ def test_a_failed_torch_save_keeps_the_old_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match=r"ckpt.pt: not written \(.*unexpected pos"):
         atomic_torch_save({"step": 2}, path)
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_an_unreadable_checkpoint_is_one_plain_line(tmp_path, capsys):
+    """weights_only refuses a pickled object with a many-line, colour-coded message: we print one plain line."""
+    import datetime
+
+    import torch
+
+    import sample
+
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": {}, "model_config": {}, "extra": datetime.date(2026, 11, 30)}, path)
+    assert run_main(sample.main, ["--ckpt", str(path), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b[" not in err and err.startswith(f"error: {path}: cannot read this checkpoint")
