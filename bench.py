@@ -175,7 +175,11 @@ def leading_agreement(a, b, start):
 
 
 def bench_sample(cfg, device, tmp, threads):
-    from transformers import GPTNeoXForCausalLM
+    try:
+        from transformers import GPTNeoXForCausalLM
+    except ImportError:
+        raise ValueError("the sample section compares against transformers' generate(): pip install transformers "
+                         "(or leave it out: --sections=train,load,prep)") from None
 
     from convert import convert_native_to_hf
 

@@ -17,6 +17,7 @@ TINY = ["--device=cpu", "--preset=tiny", "--block_size=16", "--batch_size=2", "-
 
 
 def test_run_reports_every_section(tmp_path):
+    pytest.importorskip("transformers")  # the sample section times HF generate() beside ours
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("It is a truth universally acknowledged.\nThat a single man in possession.\n" * 200)
     cfg = bench.BenchConfig(**vars(bench.build_parser().parse_args(TINY + [f"--corpus={corpus}", "--workers=2",
@@ -55,6 +56,7 @@ def test_run_reports_every_section(tmp_path):
 
 
 def test_main_json_one_section(capsys):
+    pytest.importorskip("transformers")
     assert bench.main(TINY + ["--sections=sample", "--sample_batches=1", "--no-recompute", "--precisions=", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["train"] is None and res["prep"] is None

@@ -487,7 +487,9 @@ def test_interrupt_is_one_line_and_keeps_the_old_data(tmp_path, prepared, how):
     big.write_text(records * 300)  # 30,000 documents, ~30 MB: the first shards come at once, the rest takes seconds
     proc = subprocess.Popen([sys.executable, str(ROOT / "prepare_data.py"), str(big), "--out", str(out), "--overwrite",
                              "--shard_tokens", "20000", "--workers", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                # a shell's background job inherits SIGINT ignored: give the child Ctrl-C back
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     while not (out / ".partial" / "train_000000.bin").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
