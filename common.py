@@ -5,6 +5,7 @@ generated from a dataclass, and a `main` wrapper that turns the project's expect
 
 import argparse
 import contextlib
+import errno
 import os
 import re
 import sys
@@ -40,8 +41,8 @@ def atomic_torch_save(obj, path):
     try:
         with atomic_open(path) as f:
             torch.save(obj, f)
-    except RuntimeError as e:
-        raise OSError(f"{path}: not written ({e}); the previous file, if any, is untouched") from None
+    except RuntimeError as e:  # errno EIO, so callers that add their own context can use .strerror
+        raise OSError(errno.EIO, f"write failed ({one_line(e)})", str(path)) from None
 
 
 def atomic_write(path, data):
