@@ -19,10 +19,11 @@ Design choices, up front:
   at block 1024, batch 8, bf16 autocast and torch.compile (train.py's own settings), one train() call per
   variant (each compiles afresh) with more timed steps advised (--steps=20).
 - Sampling: one model (random weights, 'small' preset; its output head is scaled up so greedy choices
-  are not near-ties that float rounding could flip) decoded greedily three ways, interleaved: the KV
-  cache (model.generate), recomputing the whole context each step (the same forward without a cache),
-  and transformers' generate(do_sample=False, use_cache=True) on convert.py's stock GPT-NeoX export of
-  the same weights. Token equality with the KV-cache output is asserted for the recompute path (the
+  are not near-ties that float rounding could flip) decoded greedily four ways, interleaved: the KV
+  cache (model.generate), the same with its one-token step under torch.compile (compiled in the untimed
+  warm-up; the first call's time is reported), recomputing the whole context each step (the same
+  forward without a cache), and transformers' generate(do_sample=False, use_cache=True) on convert.py's
+  stock GPT-NeoX export of the same weights. Token equality with the KV-cache output is asserted for the recompute path (the
   same code) and reported for HF (another implementation); the KV/HF target counts only with equal tokens.
   Each way runs at every --threads count, interleaved. At batch 1 the KV cache also runs on bfloat16 and
   float16 copies of the weights: speed against float32, and how many leading tokens stay float32's.
@@ -79,6 +80,8 @@ class BenchConfig:
     new_tokens: int = T.setting(64, "tokens generated")
     sample_batches: str = T.setting("1,8", "comma-separated batch sizes")
     recompute: bool = T.setting(True, "also time decoding that recomputes the whole context (slow on the paper preset)")
+    sample_compile: bool = T.setting(True, "also time the KV cache with its one-token step compiled (stream(compile=True)); "
+                                           "compiling happens in the untimed warm-up")
     precisions: str = T.setting("bfloat16,float16", "comma-separated weight dtypes timed against float32 at batch 1 (KV cache)")
     # loading
     load_preset: str = T.setting("paper", "model preset of the checkpoint loaded (paper: a 1.9 GB file in a temp dir)")
@@ -205,13 +208,19 @@ def bench_sample(cfg, device, tmp, threads):
                                                    pad_token_id=0)}
         if cfg.recompute:
             ways["recompute"] = lambda: recompute_generate(model, prompt, cfg.new_tokens)
+        if cfg.sample_compile:
+            ways["kv_compiled"] = lambda: model.generate(prompt, cfg.new_tokens, temperature=0, compile=True)
         if B == 1:
             ways.update({name: (lambda m=m: m.generate(prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
-        outs, times = {}, {(t, k): [] for t in threads for k in ways}
+        outs, times, first = {}, {(t, k): [] for t in threads for k in ways}, {}
         with torch.no_grad():
-            for t in threads:  # warm-up, and the tokens compared (a thread count may change float rounding)
+            for t in threads:  # warm-up (and compiling), and the tokens compared (a thread count may change float rounding)
                 torch.set_num_threads(t)
-                outs[t] = {k: fn().cpu() for k, fn in ways.items()}
+                outs[t] = {}
+                for k, fn in ways.items():
+                    t0 = time.perf_counter()
+                    outs[t][k] = fn().cpu()
+                    first.setdefault((B, k), time.perf_counter() - t0)
             for _ in range(cfg.repeats):  # interleaved
                 for t in threads:
                     torch.set_num_threads(t)
@@ -222,6 +231,9 @@ def bench_sample(cfg, device, tmp, threads):
             assert "recompute" not in out or torch.equal(out["recompute"], out["kv_cache"]), "KV-cache and recompute greedy tokens differ"
             row = {"threads": t, "batch": B, **{k: B * cfg.new_tokens / statistics.median(times[t, k]) for k in ways},
                    "same_tokens_hf": bool(torch.equal(out["hf_generate"], out["kv_cache"]))}
+            if "kv_compiled" in out:
+                row["compiled_same_tokens_hf"] = bool(torch.equal(out["hf_generate"], out["kv_compiled"]))
+                row["compiled_first_call_s"] = first[B, "kv_compiled"]
             row["agree"] = {name: leading_agreement(out[name], out["kv_cache"], cfg.prompt_len) for name in low if name in out}
             rows.append(row)
     torch.set_num_threads(threads[0])
@@ -368,6 +380,9 @@ def run(cfg: BenchConfig) -> dict:
         if r["batch"] == 1:
             target(f"KV-cache / HF generate tokens/s, batch 1, {r['threads']} threads, same tokens ({sa['preset']})",
                    r["kv_cache"] / r["hf_generate"], 1.5, valid=r["same_tokens_hf"])
+            if "kv_compiled" in r:
+                target(f"KV-cache compiled step / HF generate tokens/s, batch 1, {r['threads']} threads, same tokens ({sa['preset']})",
+                       r["kv_compiled"] / r["hf_generate"], 1.5, valid=r["compiled_same_tokens_hf"])
     if lo:
         old, new = lo["ways"]["old"], lo["ways"]["new"]
         target(f"time to first token, load_checkpoint / old path ({lo['preset']})", new["first_token_s"] / old["first_token_s"],
@@ -400,13 +415,17 @@ def table(res) -> str:
         lines.append("")
     if sa:
         lines += [f"sampling: preset {sa['preset']}, prompt {sa['prompt_len']}, {sa['new_tokens']} new tokens, greedy, float32",
-                  "| threads | batch | KV cache tok/s | recompute tok/s | HF generate tok/s | KV/recompute | KV/HF | same tokens as HF |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "| threads | batch | KV cache tok/s | KV compiled tok/s | recompute tok/s | HF generate tok/s | KV/recompute | "
+                  "KV/HF | KV compiled/HF | same tokens as HF (KV, compiled) |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in sa["rows"]:
-            rec = r.get("recompute")
-            lines.append(f"| {r['threads']} | {r['batch']} | {r['kv_cache']:,.0f} | {fmt(rec)} | {r['hf_generate']:,.0f} | "
-                         f"{fmt(rec and r['kv_cache'] / rec, '.2f')}{'x' if rec else ''} | {r['kv_cache'] / r['hf_generate']:.2f}x | "
-                         f"{r['same_tokens_hf']} |")
+            rec, comp, hf = r.get("recompute"), r.get("kv_compiled"), r["hf_generate"]
+            lines.append(f"| {r['threads']} | {r['batch']} | {r['kv_cache']:,.0f} | {fmt(comp)} | {fmt(rec)} | {hf:,.0f} | "
+                         f"{fmt(rec and r['kv_cache'] / rec, '.2f')}{'x' if rec else ''} | {r['kv_cache'] / hf:.2f}x | "
+                         f"{fmt(comp and comp / hf, '.2f')}{'x' if comp else ''} | {r['same_tokens_hf']}, {r.get('compiled_same_tokens_hf', '-')} |")
+        compiled = [f"{r['compiled_first_call_s']:.1f} s (batch {r['batch']})" for r in sa["rows"] if "compiled_first_call_s" in r]
+        if compiled:
+            lines.append(f"compiled step: first call, compiling included: {', '.join(dict.fromkeys(compiled))}")
         low = [(r, name, n) for r in sa["rows"] for name, n in r["agree"].items()]
         if low:
             lines += ["", "sampling precision: KV cache at batch 1, weights and activations in the dtype, greedy",

@@ -216,28 +216,48 @@ def check_ids(idx, vocab_size):
 
 
 class KVCache:
-    """Keys and values of every layer for generation, a ring buffer of block_size positions.
+    """Keys and values of every layer for one generation: `size` slots per layer, a ring once full.
 
-    One (B, H, block_size, D) tensor per layer and kind, written in place with narrow().copy_(): per
-    layer and token that is two small ops, no indexing into a 5-D tensor and no concatenation."""
+    size = the positions the generation reaches (prompt + new tokens), at most block_size: memory for
+    what is generated, not for the whole context (a 3-token sample holds prompt + 3 slots, not 1,024).
+    Past block_size the ring slides: the newest token overwrites the oldest. One token's step reads
+    no Python-side state: its position, its slot and the mask of written slots are tensors and every
+    shape is fixed, so torch.compile compiles the step once (stream(compile=True))."""
 
-    def __init__(self, config, batch_size, device, dtype):
-        shape = (batch_size, config.n_head, config.block_size, config.n_embd // config.n_head)
+    def __init__(self, config, batch_size, positions, device, dtype):
+        head_dim = config.n_embd // config.n_head
+        self.size = min(positions, config.block_size)
+        shape = (batch_size, config.n_head, self.size, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.pos = 0  # tokens seen so far; token p lives in slot p % block_size
+        self.written = torch.zeros(1, self.size, dtype=torch.bool, device=device)  # (1 query, size) mask: slots in use
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)  # tokens seen so far
+        self.slot = None  # where the current token goes: pos % size, set by advance()
+        # rotary angles of every position this generation reaches (past block_size too)
+        cos, sin = rotary_cos_sin(torch.arange(positions), head_dim, config.rope_base)
+        self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
+
+    def advance(self, T):
+        """Start a forward pass over T new tokens: mark their slots, return their rotary cos/sin."""
+        if T > 1:  # the prompt: slots 0 .. T-1, attending causally to itself
+            if self.written.any():
+                raise ValueError("the KV cache takes a multi-token chunk only at the start")
+            self.written[:, :T] = True
+            return self.cos[:T], self.sin[:T]
+        self.slot = self.pos % self.size
+        self.written.index_fill_(1, self.slot, True)
+        return self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
 
     def update(self, layer, k, v):
-        """Store k, v (B, H, T, D) of the newest T tokens; return every cached key and value."""
-        ck, cv = self.k[layer], self.v[layer]
-        size, T = ck.shape[2], k.shape[2]
-        slot = self.pos % size  # one token: its slot; the prompt (at most block_size tokens) comes at pos 0
-        ck.narrow(2, slot, T).copy_(k)
-        cv.narrow(2, slot, T).copy_(v)
-        n = self.pos + T
-        if n >= size:  # full ring: attention is order-free, so all slots as they are
-            return ck, cv
-        return ck.narrow(2, 0, n), cv.narrow(2, 0, n)
+        """Store k, v (B, H, T, D) of the newest T tokens. Returns the keys, values and mask to attend
+        to: a prompt, itself (causal, no mask); one token, every slot, masked to the written ones."""
+        if k.shape[2] > 1:
+            self.k[layer].narrow(2, 0, k.shape[2]).copy_(k)
+            self.v[layer].narrow(2, 0, k.shape[2]).copy_(v)
+            return k, v, None
+        self.k[layer].index_copy_(2, self.slot, k)
+        self.v[layer].index_copy_(2, self.slot, v)
+        return self.k[layer], self.v[layer], self.written  # the mask broadcasts over (B, H, 1, size)
 
 
 class CausalSelfAttention(nn.Module):
@@ -255,14 +275,11 @@ class CausalSelfAttention(nn.Module):
         qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         qk = apply_rotary(qkv[:2], cos, sin)  # q and k rotated in one go: fewer ops per decoded token
         q, k, v = qk[0], qk[1], qkv[2]
-        # a single new token attends to every cached one: no mask; a prompt is causal within itself
-        causal = T > 1
+        mask = None
         if cache is not None:
-            if T > 1 and cache.pos > 0:
-                raise ValueError("the KV cache takes a multi-token chunk only at the start")
-            k, v = cache.update(layer, k, v)
+            k, v, mask = cache.update(layer, k, v)
         dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=T > 1)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
         return self.resid_drop(self.proj(y))
 
@@ -325,13 +342,6 @@ class GPT(nn.Module):
     def get_input_embeddings(self):
         return self.embed
 
-    def rotary(self, start, T):
-        """cos/sin for positions start .. start+T-1 (computed afresh past the precomputed block)."""
-        if start + T <= self.config.block_size:
-            return self.rope_cos[start : start + T], self.rope_sin[start : start + T]
-        cos, sin = rotary_cos_sin(torch.arange(start, start + T), self.rope_cos.shape[1], self.config.rope_base)
-        return cos.to(self.rope_cos.device), sin.to(self.rope_cos.device)
-
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits, loss). With a cache (generation), only the last position's
         logits are computed, shape (B, 1, V); otherwise (B, T, V). Ids are not checked here (two host
@@ -339,12 +349,12 @@ class GPT(nn.Module):
         T, V = idx.shape[1], self.config.vocab_size
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        cos, sin = self.rotary(cache.pos if cache is not None else 0, T)
+        cos, sin = cache.advance(T) if cache is not None else (self.rope_cos[:T], self.rope_sin[:T])
         x = self.embed(idx)  # (B, T, n_embd)
         for layer, block in enumerate(self.blocks):
             x = block(x, cos, sin, cache, layer)
         if cache is not None:
-            cache.pos += T
+            cache.pos += T  # in place: a compiled step sees the same tensor every time
             x = x[:, -1:]
         logits = self.lm_head(self.ln_f(x))
         loss = None
@@ -380,21 +390,25 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda" or None)
 
     @torch.inference_mode()  # cheaper per op than no_grad: no version counters, no view tracking
-    def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None):
+    def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
+               compile=False):
         """Yield the next token of every sequence, (B, 1), one step at a time, with a KV cache.
 
         temperature 0 is greedy. A prompt longer than block_size is cropped to its last block_size
         tokens. Past block_size the cache slides: each new token sees the block_size tokens before
         it (their keys were computed in their own windows, as in any sliding-window KV cache).
         Once a sequence emits eos_token_id it keeps emitting it; all done ends the stream.
+        compile=True runs the one-token step through torch.compile (once per model and cache
+        shape: worth it for long generations, not for a few tokens).
         """
         check_ids(idx, self.config.vocab_size)
         idx = idx[:, -self.config.block_size :]
         p = next(self.parameters())
-        cache = KVCache(self.config, idx.shape[0], p.device, p.dtype)
+        cache = KVCache(self.config, idx.shape[0], idx.shape[1] + max_new_tokens, p.device, p.dtype)
+        step = self.compiled_step() if compile else self
         done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-        for _ in range(max_new_tokens):
-            logits, _ = self(idx, cache=cache)
+        for i in range(max_new_tokens):
+            logits, _ = (self if i == 0 else step)(idx, cache=cache)  # the prompt runs eagerly
             nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator)
             if eos_token_id is not None:
                 nxt = torch.where(done[:, None], eos_token_id, nxt)
@@ -404,9 +418,17 @@ class GPT(nn.Module):
                 return
             idx = nxt
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None):
+    def compiled_step(self):
+        """self's forward under torch.compile, made once and kept outside the module tree (so it is
+        neither a submodule nor in the state dict)."""
+        if "_compiled" not in self.__dict__:
+            self.__dict__["_compiled"] = torch.compile(self, fullgraph=True, dynamic=False)
+        return self.__dict__["_compiled"]
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
+                 compile=False):
         """idx (B, T) -> (B, T + new): the prompt followed by what stream() yields."""
-        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_token_id, generator))
+        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_token_id, generator, compile))
         return torch.cat([idx, *new], dim=1)
 
 

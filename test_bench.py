@@ -13,7 +13,7 @@ import bench
 
 TINY = ["--device=cpu", "--preset=tiny", "--block_size=16", "--batch_size=2", "--steps=1", "--warmup=1", "--repeats=1",
         "--sample_preset=tiny", "--prompt_len=4", "--new_tokens=4", "--sample_batches=1,2",
-        "--prep_copies=1", "--matmul_n=64", "--load_preset=tiny"]
+        "--prep_copies=1", "--matmul_n=64", "--load_preset=tiny", "--no-sample_compile"]
 
 
 def test_run_reports_every_section(tmp_path):
@@ -57,11 +57,15 @@ def test_run_reports_every_section(tmp_path):
 
 def test_main_json_one_section(capsys):
     pytest.importorskip("transformers")
-    assert bench.main(TINY + ["--sections=sample", "--sample_batches=1", "--no-recompute", "--precisions=", "--json"]) == 0
+    assert bench.main(TINY + ["--sections=sample", "--sample_batches=1", "--no-recompute", "--precisions=", "--json",
+                              "--sample_compile"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["train"] is None and res["prep"] is None
     [row] = res["sample"]["rows"]
     assert "recompute" not in row and row["agree"] == {} and row["same_tokens_hf"] is True
+    assert row["kv_compiled"] > 0 and row["compiled_same_tokens_hf"] is True and row["compiled_first_call_s"] > 0
+    assert [t["target"] for t in res["targets"][:2]] == [f"KV-cache{c} / HF generate tokens/s, batch 1, 1 threads, same tokens (tiny)"
+                                                        for c in ("", " compiled step")]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -355,7 +355,7 @@ def test_kv_cache_matches_recomputing_the_sequence(variant):
     # and the logits, step by step, to float tolerance
     from model import KVCache
 
-    cache = KVCache(model.config, 3, "cpu", torch.float32)
+    cache = KVCache(model.config, 3, cached.shape[1], "cpu", torch.float32)
     step_logits = model(prompt, cache=cache)[0][:, -1]
     for t in range(7, cached.shape[1]):
         assert torch.allclose(step_logits, naive_step_logits(model, cached[:, :t]), atol=1e-5, rtol=0)
@@ -371,6 +371,49 @@ def test_generation_continues_past_block_size():
     assert torch.equal(out[:, : block + 5], prompt)
     # the first new token comes from the cropped prompt, exactly as a full recompute would
     assert torch.equal(out[:, block + 5], naive_step_logits(model, prompt).argmax(-1))
+
+
+def test_kv_cache_holds_only_the_positions_a_generation_reaches():
+    from model import KVCache
+
+    config = tiny().config
+    short = KVCache(config, 2, 7 + 3, "cpu", torch.float32)  # a 7-token prompt, 3 new tokens
+    assert [k.shape for k in short.k] == [(2, config.n_head, 10, config.n_embd // config.n_head)] * config.n_layer
+    long = KVCache(config, 2, 5 * config.block_size, "cpu", torch.float32)  # a ring of block_size slots
+    assert long.k[0].shape[2] == config.block_size and long.cos.shape[0] == 5 * config.block_size
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kv_cache_follows_the_model_dtype(dtype):
+    """Half-precision weights: the cache (keys, values, rotary tables) is in that dtype too, and the
+    cached greedy tokens are those of recomputing the sequence in that dtype."""
+    from model import KVCache
+
+    model = tiny().to(dtype)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50)
+    prompt = torch.randint(0, 512, (2, 5))
+    cached = model.generate(prompt, 8, temperature=0)
+    seq = prompt
+    for _ in range(8):
+        seq = torch.cat([seq, naive_step_logits(model, seq).argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(cached, seq)
+    cache = KVCache(model.config, 2, 13, "cpu", dtype)
+    assert {t.dtype for t in (*cache.k, *cache.v, cache.cos, cache.sin)} == {dtype}
+
+
+def test_compiled_step_gives_the_eager_tokens():
+    """torch.compile of the one-token step (fixed shapes: one compile for the whole generation), past
+    block_size too, where the ring wraps."""
+    model = tiny()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50)  # peaked logits: no near-ties a fused kernel's rounding could flip
+    prompt = torch.randint(0, 512, (2, 7))
+    steps = 2 * model.config.block_size
+    assert torch.equal(model.generate(prompt, steps, temperature=0, compile=True), model.generate(prompt, steps, temperature=0))
+    # kept outside the module tree: the same modules and state dict keys as before compiling
+    assert [n for n, _ in model.named_modules()] == [n for n, _ in tiny().named_modules()]
+    assert model.state_dict().keys() == tiny().state_dict().keys()
 
 
 def test_greedy_and_seeded_sampling_are_deterministic():
