@@ -23,7 +23,9 @@ Design choices, up front:
   cache (model.generate), the same with its one-token step under torch.compile (compiled in the untimed
   warm-up; the first call's time is reported), recomputing the whole context each step (the same
   forward without a cache), and transformers' generate(do_sample=False, use_cache=True) on convert.py's
-  stock GPT-NeoX export of the same weights. Token equality with the KV-cache output is asserted for the recompute path (the
+  stock GPT-NeoX export of the same weights. Beside them, "matmuls alone": each token's nn.Linear
+  weights times one row, nothing else; at batch 1 on a CPU reading the weights bounds decoding, so this
+  is the ceiling any implementation with these matmuls could reach (ceiling/HF bounds KV/HF). Token equality with the KV-cache output is asserted for the recompute path (the
   same code) and reported for HF (another implementation); the KV/HF target counts only with equal tokens.
   Each way runs at every --threads count, interleaved. At batch 1 the KV cache also runs on bfloat16 and
   float16 copies of the weights: speed against float32, and how many leading tokens stay float32's.
@@ -171,6 +173,18 @@ def recompute_generate(model, idx, new_tokens):
     return idx
 
 
+def matmuls_alone(model, batch, new_tokens):
+    """What decoding would cost if a token cost only its matmuls: every nn.Linear weight times one row
+    per sequence, new_tokens times (reading all the weights per token bounds batch-1 decoding on a CPU)."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    rows = {w.shape[1]: torch.randn(batch, 1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+    with torch.inference_mode():
+        for _ in range(new_tokens):
+            for w in weights:
+                torch.nn.functional.linear(rows[w.shape[1]], w)
+    return torch.zeros(1)
+
+
 def leading_agreement(a, b, start):
     """How many generated tokens (from column `start` on) a and b share before they first differ."""
     same = (a[:, start:] == b[:, start:]).all(0)
@@ -192,8 +206,9 @@ def bench_sample(cfg, device, tmp, threads):
         model.lm_head.weight.mul_(50)  # peaked logits: greedy picks are far from ties
     ckpt = os.path.join(tmp, "sample.pt")
     vocab = model.config.vocab_size
-    torch.save(M.checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": vocab}), ckpt)
-    convert_native_to_hf(ckpt, os.path.join(tmp, "hf"))
+    torch.save(M.checkpoint_dict(model, None), ckpt)  # ids in, ids out: no tokenizer (any vocab size)
+    with contextlib.redirect_stderr(io.StringIO()):  # convert's "no tokenizer exported" warning
+        convert_native_to_hf(ckpt, os.path.join(tmp, "hf"))
     os.remove(ckpt)  # the paper preset's is 1.9 GB
     hf = GPTNeoXForCausalLM.from_pretrained(os.path.join(tmp, "hf"), dtype=torch.float32).to(device).eval()
     hf.generation_config.eos_token_id = None  # run the full length, as the native paths do
@@ -208,6 +223,7 @@ def bench_sample(cfg, device, tmp, threads):
                                                    pad_token_id=0)}
         if cfg.recompute:
             ways["recompute"] = lambda: recompute_generate(model, prompt, cfg.new_tokens)
+        ways["matmuls_alone"] = lambda: matmuls_alone(model, B, cfg.new_tokens)
         if cfg.sample_compile:
             ways["kv_compiled"] = lambda: model.generate(prompt, cfg.new_tokens, temperature=0, compile=True)
         if B == 1:
@@ -400,6 +416,11 @@ def fmt(x, spec=",.0f"):
     return "-" if x is None else format(x, spec)
 
 
+def rate(x):
+    """tokens/s: one decimal below 100 (the paper preset decodes a few a second on a CPU)."""
+    return fmt(x, ",.1f" if x is not None and x < 100 else ",.0f")
+
+
 def table(res) -> str:
     lines = [f"device: {res['device']}, {res['threads']} torch threads (sampling: {res['config']['threads'] or 'default'}); 1-min load average {res['load_before']:.2f} before, "
              f"{res['load_after']:.2f} after", ""]
@@ -414,15 +435,17 @@ def table(res) -> str:
                          f"{fmt(r['mfu_peak'] and 100 * r['mfu_peak'], '.1f')}{'%' if r['mfu_peak'] else ''} | {r['steps_timed']} |")
         lines.append("")
     if sa:
-        lines += [f"sampling: preset {sa['preset']}, prompt {sa['prompt_len']}, {sa['new_tokens']} new tokens, greedy, float32",
-                  "| threads | batch | KV cache tok/s | KV compiled tok/s | recompute tok/s | HF generate tok/s | KV/recompute | "
-                  "KV/HF | KV compiled/HF | same tokens as HF (KV, compiled) |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        lines += [f"sampling: preset {sa['preset']}, prompt {sa['prompt_len']}, {sa['new_tokens']} new tokens, greedy, float32; "
+                  "tokens/s, and ratios to HF generate (matmuls alone: every weight times one row per token, the ceiling)",
+                  "| threads | batch | KV cache | KV compiled | recompute | HF generate | matmuls alone | KV/HF | compiled/HF | "
+                  "ceiling/HF | same tokens as HF (KV, compiled) |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in sa["rows"]:
-            rec, comp, hf = r.get("recompute"), r.get("kv_compiled"), r["hf_generate"]
-            lines.append(f"| {r['threads']} | {r['batch']} | {r['kv_cache']:,.0f} | {fmt(comp)} | {fmt(rec)} | {hf:,.0f} | "
-                         f"{fmt(rec and r['kv_cache'] / rec, '.2f')}{'x' if rec else ''} | {r['kv_cache'] / hf:.2f}x | "
-                         f"{fmt(comp and comp / hf, '.2f')}{'x' if comp else ''} | {r['same_tokens_hf']}, {r.get('compiled_same_tokens_hf', '-')} |")
+            comp, hf = r.get("kv_compiled"), r["hf_generate"]
+            lines.append(f"| {r['threads']} | {r['batch']} | {rate(r['kv_cache'])} | {rate(comp)} | {rate(r.get('recompute'))} | "
+                         f"{rate(hf)} | {rate(r['matmuls_alone'])} | {r['kv_cache'] / hf:.2f}x | {fmt(comp and comp / hf, '.2f')}"
+                         f"{'x' if comp else ''} | {r['matmuls_alone'] / hf:.2f}x | {r['same_tokens_hf']}, "
+                         f"{r.get('compiled_same_tokens_hf', '-')} |")
         compiled = [f"{r['compiled_first_call_s']:.1f} s (batch {r['batch']})" for r in sa["rows"] if "compiled_first_call_s" in r]
         if compiled:
             lines.append(f"compiled step: first call, compiling included: {', '.join(dict.fromkeys(compiled))}")
@@ -430,7 +453,7 @@ def table(res) -> str:
         if low:
             lines += ["", "sampling precision: KV cache at batch 1, weights and activations in the dtype, greedy",
                       "| threads | dtype | tok/s | vs float32 | leading tokens equal to float32 |", "|---:|---|---:|---:|---:|"]
-            lines += [f"| {r['threads']} | {name} | {r[name]:,.0f} | {r[name] / r['kv_cache']:.2f}x | {n} / {sa['new_tokens']} |"
+            lines += [f"| {r['threads']} | {name} | {rate(r[name])} | {r[name] / r['kv_cache']:.2f}x | {n} / {sa['new_tokens']} |"
                       for r, name, n in low]
         lines.append("")
     if lo:

@@ -23,9 +23,10 @@ Design choices, up front:
   are a gather, so no parameters and no matmul.
 - Decoder: pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention) through
   F.scaled_dot_product_attention, GELU MLP (4x), final LayerNorm, untied bias-free output head.
-- Generation uses a KV cache that is a ring buffer of block_size slots, so decoding goes on past
-  block_size as a sliding window; keys are cached already rotated at their absolute positions, and
-  rotary attention depends only on the distance between positions.
+- Generation uses a KV cache sized to the generation (prompt + new tokens, at most block_size slots,
+  a ring once full, so decoding goes on past block_size as a sliding window); keys are cached already
+  rotated at their absolute positions, and rotary attention depends only on the distance between
+  positions. The one-token step has fixed shapes, so torch.compile can compile it once.
 """
 
 import math

@@ -44,7 +44,13 @@ class TiktokenText:
 
     def decoder(self):
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return lambda i=None: utf8.decode(b"" if i is None else self.enc.decode_single_token_bytes(i), final=i is None)
+
+        def decode(i=None):
+            if i is not None and i >= self.enc.n_vocab:  # a model with more ids than its tokenizer: say so, no KeyError
+                raise ValueError(f"the model produced token id {i}, but its tokenizer has {self.enc.n_vocab:,} tokens: "
+                                 "the checkpoint's tokenizer does not match its model")
+            return utf8.decode(b"" if i is None else self.enc.decode_single_token_bytes(i), final=i is None)
+        return decode
 
 
 class HFText:

@@ -32,7 +32,7 @@ def test_run_reports_every_section(tmp_path):
     rows = res["sample"]["rows"]
     assert [(r["threads"], r["batch"]) for r in rows] == [(1, 1), (2, 1), (1, 2), (2, 2)]
     for r in rows:
-        assert min(r["kv_cache"], r["recompute"], r["hf_generate"]) > 0
+        assert min(r["kv_cache"], r["recompute"], r["hf_generate"], r["matmuls_alone"]) > 0
         assert r["same_tokens_hf"] is True
         # precision copies run at batch 1 only; tiny random weights with a peaked head keep every greedy token
         assert r["agree"] == ({"bfloat16": 4, "float16": 4} if r["batch"] == 1 else {})

@@ -48,6 +48,14 @@ def test_sampling_is_seeded(native, capsys):
     assert capsys.readouterr().out == first and first.count("---------------") == 2
 
 
+def test_an_id_past_the_tokenizer_is_a_clear_error():
+    """A model with more ids than its tokenizer (a padded vocabulary, a mismatched checkpoint) can emit
+    an id nothing decodes: one clear error, not tiktoken's KeyError."""
+    codec = sample.TiktokenText(tiktoken.get_encoding("gpt2"))
+    with pytest.raises(ValueError, match="^the model produced token id 50300, but its tokenizer has 50,257 tokens"):
+        codec.decoder()(50300)
+
+
 def test_streams_pieces_and_utf8():
     enc = tiktoken.get_encoding("gpt2")
     codec = sample.TiktokenText(enc)
