@@ -198,7 +198,11 @@ def bench_sample(cfg, device, tmp, threads):
         raise ValueError("the sample section compares against transformers' generate(): pip install transformers "
                          "(or leave it out: --sections=train,load,prep)") from None
 
+    from transformers.utils import logging as hf_logging
+
     from convert import convert_native_to_hf
+
+    hf_logging.disable_progress_bar()  # from_pretrained's "Loading weights" bar would land in the table
 
     torch.manual_seed(0)
     model = M.GPT(M.get_config(cfg.sample_preset)).to(device).eval()
