@@ -89,7 +89,7 @@ class BenchConfig:
     load_preset: str = T.setting("paper", "model preset of the checkpoint loaded (paper: a 1.9 GB file in a temp dir)")
     load_repeats: int = T.setting(1, "child processes per loading path, interleaved")
     # data preparation
-    corpus: str | None = T.setting(None, "text file for data preparation (default: Jane Austen offline, else tiny Shakespeare)")
+    corpus: str | None = T.setting(None, "text file for data preparation (default: tiny Shakespeare, fetched as prepare_data.py does)")
     prep_copies: int = T.setting(8, "copies of the corpus concatenated")
     workers: int | None = T.setting(None, "prep workers for 'all cores' (default: cpu count)")
     json: bool = T.setting(False, "print JSON instead of the table")
@@ -339,7 +339,7 @@ def parallel_scaling(work, arg, procs):
 
 def bench_prep(cfg, tmp):
     workers = cfg.workers or os.cpu_count() or 1
-    source = P.resolve_inputs([cfg.corpus or P.default_prose()])[0]
+    source = P.resolve_inputs([cfg.corpus or "shakespeare"])[0]
     with open(source, encoding="utf-8") as f:
         text = f.read()
     corpus = os.path.join(tmp, "corpus.txt")

@@ -68,6 +68,14 @@ def test_main_json_one_section(capsys):
                                                         for c in ("", " compiled step")]
 
 
+def test_prep_defaults_to_tiny_shakespeare(tmp_path, monkeypatch):
+    """No --corpus: tiny Shakespeare, from $BCGPT_CORPUS_CACHE when it is there (as prepare_data.py fetches it)."""
+    monkeypatch.setenv("BCGPT_CORPUS_CACHE", str(tmp_path))
+    (tmp_path / "tinyshakespeare.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 300)
+    res = bench.run(bench.BenchConfig(device="cpu", sections="prep", repeats=1, prep_copies=2, workers=2))
+    assert res["prep"]["mb"] == 2 * os.path.getsize(tmp_path / "tinyshakespeare.txt") / 1e6
+
+
 @pytest.mark.parametrize("args, message", [
     (["--sections=bogus"], "error: unknown section(s) bogus: choose from train,sample,load,prep\n"),
     (["--sections=train,prep,nope", "--device=cpu"], "error: unknown section(s) nope: choose from train,sample,load,prep\n"),
