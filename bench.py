@@ -1,7 +1,7 @@
 """
 Benchmark training, sampling, loading and data preparation of the binary-code GPT, and check targets.
 
-    python bench.py                      # CPU: ~3 min; prints one table
+    python bench.py                      # CPU: ~5 min on 2 cores; prints one table
     python bench.py --json               # the same numbers as JSON
     python bench.py --sections=train --repeats=5 --steps=8
 
