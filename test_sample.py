@@ -38,6 +38,15 @@ def test_greedy_matches_generate(native, capsys):
     assert capsys.readouterr().out == want
 
 
+def test_compile_flag_prints_the_same_text(native, capsys):
+    _, folder, _ = native
+    args = ["--ckpt", folder, "--temperature", "0", "--max_new_tokens", "12", "--device", "cpu", "--num_samples", "2"]
+    assert sample.main(args) == 0
+    eager = capsys.readouterr().out
+    assert sample.main(args + ["--compile"]) == 0  # compiled once, used by both samples
+    assert capsys.readouterr().out == eager
+
+
 def test_sampling_is_seeded(native, capsys):
     _, folder, _ = native
     args = ["--ckpt", folder, "--prompt", "Hi", "--max_new_tokens", "8", "--top_k", "50", "--top_p", "0.9",
