@@ -334,6 +334,30 @@ def test_truncated_and_mismatched_checkpoints_are_refused_naming_the_file(tmp_pa
         load_checkpoint(str(path))
 
 
+def test_token_zero_at_a_window_start_keeps_a_zero_residual_stream():
+    """Token id 0's code is all zeros. With no biases, a window that starts with it keeps an exactly zero
+    residual stream at that position through every layer (attention there sees only itself, and
+    LayerNorm(0) = 0), so its logits are all zero; and LayerNorm's gradient at a zero input is its gain
+    times 1/sqrt(eps) (~316), at both norms of every block. The scaling study's 9-layer binary model
+    diverged on this (its gradient at such a position grew ~1e5 per layer, to inf); a learned table
+    gives token 0 a nonzero vector, so nothing of the kind."""
+    model = tiny(bias=False)
+    idx = torch.tensor([[0, 5, 7, 9]])
+    first = []  # the residual stream at position 0 after each block
+    for block in model.blocks:
+        block.register_forward_hook(lambda m, inp, out: first.append(out[0, 0]))
+    logits, _ = model(idx)
+    assert len(first) == model.config.n_layer and all(torch.equal(x, torch.zeros_like(x)) for x in first)
+    assert torch.equal(logits[0, 0], torch.zeros(model.config.vocab_size)) and logits[0, 1:].abs().min() > 0
+    ln = model.blocks[0].ln_1
+    x = torch.zeros(1, model.config.n_embd, requires_grad=True)
+    g = torch.randn(1, model.config.n_embd)
+    ln(x).backward(g)
+    assert torch.allclose(x.grad, (g * ln.weight - (g * ln.weight).mean()) / (ln.eps ** 0.5), rtol=1e-4)
+    learned = tiny(bias=False, input="learned")
+    assert learned(idx)[0][0, 0].abs().max() > 0
+
+
 # ----- generation ----------------------------------------------------------------------------------
 
 
