@@ -54,36 +54,34 @@ def atomic_write(path, data):
 LOCK_NAME = ".writer.lock"
 
 
-def lock_folder(folder, outputs=()):
-    """Make this process the one writer of `folder` for the rest of its life: an exclusive flock on
-    `folder`/.writer.lock, released by the kernel when the process ends, even when it is killed with -9,
-    so a lock never outlives its writer. A second writer gets a ValueError naming the holder's pid.
-    Then removes the temp files a killed writer left (atomic_open's `<name>.tmp<pid>`, pid no longer
-    running) of the file names in `outputs`: only names the caller writes, never a user's file."""
+@contextlib.contextmanager
+def writer_lock(folder, outputs=()):
+    """Make this process the one writer of `folder` while the block runs: an exclusive flock on
+    `folder`/.writer.lock, which the kernel releases when the process ends, even when it is killed with
+    -9, so a lock never outlives its writer. A second writer gets a ValueError naming the holder's pid.
+    Once locked, removes the temp files a killed writer left (atomic_open's `<name>.tmp<pid>`, that pid
+    no longer running) of the file names in `outputs`: only names the caller writes, never a user's."""
     import fcntl
 
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise ValueError(f"{folder} is being written by another process (pid {holder}); "
-                         "wait for it to finish or choose another folder") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    _held_locks.append(fd)  # kept open (and so held) until the process exits
-    for name in os.listdir(folder):
-        m = re.fullmatch(r"(.+)\.tmp(\d+)", name)
-        if m and m.group(1) in outputs and not _pid_alive(int(m.group(2))):
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(folder, name))
-    return path
-
-
-_held_locks = []
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise ValueError(f"{folder} is being written by another process (pid {holder}); "
+                             "wait for it to finish or choose another folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        for name in os.listdir(folder):
+            m = re.fullmatch(r"(.+)\.tmp(\d+)", name)
+            if m and m.group(1) in outputs and not _pid_alive(int(m.group(2))):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(folder, name))
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def _pid_alive(pid):
@@ -91,7 +89,7 @@ def _pid_alive(pid):
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # someone else's process
         return True
     return True
 
