@@ -1,49 +1,16 @@
 """
 Train the binary-code GPT of model.py on token shards written by prepare_data.py.
 
-    python prepare_data.py shakespeare && python train.py    # the small model on tiny Shakespeare, a CPU, minutes
-    python train.py --resume                                  # continue out/ckpt.pt
+    python prepare_data.py shakespeare && python train.py    # the small model on tiny Shakespeare: one CPU or GPU, minutes
+    python train.py --resume                                  # continue out/ckpt.pt (bit for bit on a CPU)
     torchrun --standalone --nproc_per_node=8 train.py --preset=paper --vocab_size=65536 --data_dir=data/paper \
         --batch_size=16 --grad_accum=4 --compile --max_steps=2000 --warmup_steps=100 --lr=6e-4 --min_lr=6e-5 \
         --eval_interval=250 --eval_steps=20 --save_interval=250                # GPUs: DDP, GPU-sized settings
 
-Design choices, up front:
-- Every setting is a field of one dataclass, TrainConfig, whose defaults are the CPU quickstart; the
-  command line is generated from its fields (common.config_parser). `train(cfg) -> summary` and
-  `main(argv)` are importable. The loop (_train, at the bottom) calls one function per step: set_up
-  (with restore), evaluate_and_log, save (after check_state), optimizer_step, log_step; they share
-  one Run, the state a checkpoint holds.
-- Model shape, lowest to highest precedence: the preset, the checkpoint's model_config (--resume or
-  --init_from), explicit overrides (--n_layer=...). vocab_size comes from the data's meta.json unless a
-  checkpoint or --vocab_size says otherwise; every shard's largest token id is checked once at load, and
-  a checkpoint's tokenizer must be the data's.
-- Data: each split is cut into windows of block_size+1 tokens at stride block_size (never across a
-  shard boundary). Training reads an endless stream of windows: epoch e is a permutation of all of
-  them drawn from (seed, e). A step takes the N = batch_size*grad_accum*world_size stream positions
-  [p, p+N); rank r's micro-step m takes the batch_size positions from p + (r*grad_accum + m)*batch_size.
-  So ranks read disjoint windows, a global batch is the same however it is split into processes and
-  micro-steps, and a checkpoint only needs p (= step*N while the batch size is unchanged).
-  Validation uses the same eval_steps*batch_size*world_size windows, spread evenly over the val
-  split, at every evaluation; the loss is averaged over ranks.
-- Determinism: a checkpoint holds weights, AdamW state, stream position and every RNG state (torch,
-  CUDA, python, numpy; one set per rank), so on a CPU a run stopped and resumed logs the same losses,
-  bit for bit, as one never stopped. The LR schedule depends on lr_decay_steps (default max_steps),
-  not on where a run stops.
-- Checkpoints (out_dir/ckpt.pt latest, out_dir/best.pt best val loss) are plain-typed dicts built by
-  model.checkpoint_dict from the unwrapped, uncompiled module and written atomically (common.atomic_open):
-  a crash, a second Ctrl-C or a full disk mid-write leaves the previous file byte for byte. A fresh run
-  refuses an out_dir that holds a checkpoint unless --overwrite (or --resume continues it).
-- A state is good when its weights are finite, its gradient norm is finite and its loss is finite and
-  at most 2 ln V (an untrained model scores about ln V; a diverged one, finite or not, far more). A bad
-  training loss stops the run before the optimizer step; a checkpoint is written only of a state whose
-  validation loss (the evaluation's, or one batch's) passed the same test, so the last checkpoint
-  always resumes.
-- SIGINT/SIGTERM finish the current step, save and exit 0; under DDP the stop flag is all-reduced with
-  the loss, so every rank stops at the same step. A second SIGINT stops at once (exit 130). torchrun
-  itself re-raises a signal sent to it and exits 1 even when every rank saved and exited 0: to stop a
-  DDP run cleanly, signal the ranks (pkill -TERM -P <torchrun pid>), and torchrun exits 0.
-- Precision: bf16 autocast on CUDA, plain float32 elsewhere. Optional torch.compile. Gradient
-  accumulation skips DDP's all-reduce (no_sync) on all but the last micro-step.
+Every setting is a field of TrainConfig (`python train.py --help`); `train(cfg)` and `main(argv)` are importable.
+The file reads top to bottom: settings, data, model and optimizer, the training loop. The safety checks the loop
+calls (divergence, a good state before each save, signals, exact resume, tokenizer and config match) are in the
+labelled sections at the bottom, each with its rule in its docstring.
 """
 
 import json
@@ -72,6 +39,7 @@ MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # TrainConfig overrides
 PEAK_FLOPS = {"B200": 2250e12, "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
 
 
+# ----------------------------------------------------------------------------- settings
 @dataclass
 class TrainConfig:
     # data and output
@@ -184,8 +152,10 @@ def eval_windows(n, total):
 
 @torch.no_grad()
 def evaluate(model, val, cfg, rank, world, device, autocast, steps=None):
-    """Mean loss over the fixed validation windows; `steps` < eval_steps takes the first batches of each share."""
+    """Mean loss over the fixed validation windows (the same ones at every evaluation, each rank its share,
+    averaged over ranks); `steps` < eval_steps takes the first batches of each share."""
     steps = steps or cfg.eval_steps
+    model = model.module if isinstance(model, DDP) else model  # DDP's forward would sync buffers and await a backward
     model.eval()
     ids = eval_windows(val.n, cfg.eval_steps * cfg.batch_size * world)
     total = torch.zeros((), device=device)
@@ -200,9 +170,9 @@ def evaluate(model, val, cfg, rank, world, device, autocast, steps=None):
     return total.item() / (steps * world)
 
 
-# ----------------------------------------------------------------------------- helpers
 def lr_at(step, cfg):
-    """Linear warmup to lr, then cosine decay to min_lr at lr_decay_steps (default max_steps)."""
+    """Linear warmup to lr, then cosine decay to min_lr at lr_decay_steps (default max_steps), so the
+    schedule does not depend on where a run stops."""
     decay = cfg.lr_decay_steps or cfg.max_steps
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
@@ -212,25 +182,298 @@ def lr_at(step, cfg):
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
 
 
-def rng_state(device):
-    """Every RNG this process uses, as plain types (tensors and lists) that weights_only loading accepts."""
-    py, np_state = random.getstate(), np.random.get_state()
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-            "python": [py[0], list(py[1]), py[2]],
-            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]}
+# ----------------------------------------------------------------------------- model and optimizer
+@dataclass
+class Run:
+    """The parts of one training run that set_up builds and the loop and its checks use."""
+    cfg: TrainConfig
+    rank: int
+    world: int
+    device: torch.device
+    distributed: bool  # launched by torchrun
+    model: torch.nn.Module  # what forward is called on: raw_model, torch.compile'd and/or DDP-wrapped
+    raw_model: GPT  # the plain module: checkpoints, clipping, the optimizer's parameters
+    optimizer: torch.optim.Optimizer
+    train_split: Split
+    val_split: Split
+    autocast: object
+    tokenizer: dict  # the data's, saved with every checkpoint
+    log: "Log"
+
+    @property
+    def windows_per_step(self):
+        return self.cfg.batch_size * self.cfg.grad_accum * self.world
+
+    @property
+    def ckpt_path(self):
+        return os.path.join(self.cfg.out_dir, "ckpt.pt")
 
 
-def set_rng_state(state, device):
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
-    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+@dataclass
+class State:
+    """The loop's counters; a checkpoint holds them, so a resumed run continues each."""
+    step: int = 0  # optimizer steps taken
+    position: int = 0  # stream position of the next training window
+    val_loss: float | None = None  # of the last evaluation,
+    eval_step: int | None = None  # taken at this step
+    first_val: float | None = None
+    best_val: float | None = None
+    saved_step: int | None = None  # of ckpt.pt
+
+
+def set_up(cfg, rank, world, device, distributed):
+    """Check the settings, read the data and the checkpoint to start from, build model and optimizer -> Run, State."""
+    check_settings(cfg)
+    dtype = pick_dtype(cfg, device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+    meta = read_meta(cfg.data_dir)
+    source = os.path.join(cfg.out_dir, "ckpt.pt") if cfg.resume else cfg.init_from
+    ckpt = read_checkpoint(source) if source else None
+    if ckpt is not None:
+        check_tokenizer(ckpt, meta, source, cfg.data_dir)
+    mcfg = model_config(cfg, meta, ckpt, source)
+    if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
+        print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
+    train_split = Split(cfg.data_dir, meta, "train", mcfg.block_size, mcfg.vocab_size)
+    val_split = Split(cfg.data_dir, meta, "val", mcfg.block_size, mcfg.vocab_size)
+
+    torch.manual_seed(cfg.seed + rank)  # rank 0's init is every rank's (DDP broadcasts it); dropout differs
+    raw_model = GPT(mcfg).to(device)
+    if ckpt is not None:
+        load_weights(raw_model, ckpt["model"], source)
+    optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.beta1, cfg.beta2), device.type)
+    model = torch.compile(raw_model) if cfg.compile else raw_model
+    if distributed:
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # precision: bf16 autocast on CUDA (weights and optimizer stay float32), plain float32 elsewhere
+    use_amp = device.type == "cuda" and dtype == "bfloat16"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else nullcontext()
+    log = Log(cfg, rank == 0, world, mcfg.block_size, raw_model.flops_per_token(mcfg.block_size), peak_flops(cfg, device))
+    run = Run(cfg, rank, world, device, distributed, model, raw_model, optimizer, train_split, val_split, autocast,
+              {"kind": "tiktoken", "encoding": meta["encoding"], "vocab_size": meta["vocab_size"]}, log)
+    state = State()
+    if cfg.resume:
+        restore(run, state, ckpt, source)
+    if rank == 0:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        log.file = open(os.path.join(cfg.out_dir, "log.jsonl"), "a" if cfg.resume else "w")
+        n = raw_model.num_params()
+        print(f"{mcfg.n_layer} layers x {mcfg.n_embd}, input={mcfg.input}, vocab {mcfg.vocab_size}: "
+              f"{n['trainable']:,} trainable, {n['frozen']:,} frozen values | {world} process(es) on {device}, {dtype} | "
+              f"{run.windows_per_step * mcfg.block_size:,} tokens/step, {train_split.n:,} train windows/epoch | "
+              f"{'resuming at' if cfg.resume else 'starting at'} step {state.step}")
+    log.record(event="start", step=state.step, world_size=world, device=str(device), train_config=asdict(cfg),
+               model_config=asdict(mcfg))
+    return run, state
+
+
+# ----------------------------------------------------------------------------- the training loop
+def train(cfg: TrainConfig) -> dict:
+    """Train as cfg says; returns a summary (steps, tokens, first/final/best val loss, ...)."""
+    rank, world, device, distributed = start_processes(cfg)
+    try:
+        t_start = time.time()
+        run, state = set_up(cfg, rank, world, device, distributed)
+        try:
+            loss, stopping = loop(run, state)
+            summary = {"steps": state.step, "tokens": state.position * run.raw_model.config.block_size,
+                       "first_val_loss": state.first_val, "final_val_loss": state.val_loss,
+                       "best_val_loss": state.best_val, "final_train_loss": loss,
+                       "interrupted": stopping and state.step < cfg.max_steps, "wall_s": time.time() - t_start,
+                       "tokens_per_s": run.log.tokens_per_s(), "out_dir": cfg.out_dir}
+            run.log.record(event="end", **summary)
+        finally:
+            run.log.close()
+        if rank == 0:
+            print(f"done: step {state.step}, {summary['tokens']:,} tokens, val loss {state.val_loss}, "
+                  f"best {state.best_val}; {summary['wall_s']:.0f}s; checkpoint {run.ckpt_path}")
+        return summary
+    finally:
+        if distributed:
+            dist.destroy_process_group()
+
+
+def loop(run, state):
+    """Evaluate, save, step and log until max_steps or a signal -> (last training loss, stopped by a signal)."""
+    cfg, model, raw_model, optimizer, device = run.cfg, run.model, run.raw_model, run.optimizer, run.device
+    loss, stopping = None, False
+    with GracefulStop() as stop:
+        while True:
+            # ------------------------------------------------------------- evaluate, save, or stop
+            # (the state after state.step optimizer steps)
+            if (cfg.eval_interval > 0 and (state.step % cfg.eval_interval == 0 or state.step >= cfg.max_steps)
+                    and state.step != state.eval_step):
+                val_loss = evaluate(model, run.val_split, cfg, run.rank, run.world, device, run.autocast)
+                check_val_loss(run, state, val_loss)
+                improved = state.best_val is None or val_loss < state.best_val
+                state.val_loss, state.eval_step = val_loss, state.step
+                state.first_val = val_loss if state.first_val is None else state.first_val
+                state.best_val = val_loss if improved else state.best_val
+                run.log.eval(state, improved)
+                if improved and state.step > 0:
+                    save(run, state, "best.pt")
+            done = state.step >= cfg.max_steps or stopping
+            due = cfg.save_interval > 0 and state.step % cfg.save_interval == 0 and state.step > 0
+            if (done or due) and state.saved_step != state.step:
+                save(run, state, "ckpt.pt")
+            if done:
+                break
+
+            # ------------------------------------------------------------- one optimizer step
+            t0 = time.time()
+            lr = lr_at(state.step, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(cfg.grad_accum):
+                start = micro_batch_start(state.position, run.rank, micro, cfg.batch_size, cfg.grad_accum)
+                x, y = run.train_split.batch(stream_windows(start, cfg.batch_size, run.train_split.n, cfg.seed), device)
+                last_micro = micro == cfg.grad_accum - 1
+                # DDP all-reduces the gradients in backward: only on the last micro-step, once they are summed
+                with model.no_sync() if run.distributed and not last_micro else nullcontext():
+                    with run.autocast:
+                        _, loss = model(x, y)
+                    (loss / cfg.grad_accum).backward()
+                loss_sum += loss.detach().float()
+            loss, stopping = mean_loss_and_stop(run, loss_sum / cfg.grad_accum, stop.requested)
+            norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip).item() if cfg.grad_clip > 0 else None
+            check_step(run, state, loss, norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.step, state.position = state.step + 1, state.position + run.windows_per_step
+
+            # ------------------------------------------------------------- log
+            run.log.train(state, loss, norm, lr, time.time() - t0, stopping)
+    return loss, stopping
+
+
+@dataclass
+class Log:
+    """log.jsonl gets every event (rank 0 writes it); stdout a line every log_interval steps, with the
+    throughput over those steps."""
+    cfg: TrainConfig
+    master: bool
+    world: int
+    block_size: int
+    flops: float  # per token, for MFU
+    peak: float | None  # FLOP/s of one device
+    file: object = None  # log.jsonl, rank 0 only
+    step_times: list = field(default_factory=list)
+    window_start: int = 0  # the steps and time since the last printed line
+    window_t: float = field(default_factory=time.time)
+
+    @property
+    def tokens_per_step(self):
+        return self.cfg.batch_size * self.cfg.grad_accum * self.world * self.block_size
+
+    def record(self, **entry):
+        if self.file:
+            self.file.write(json.dumps(entry) + "\n")
+            self.file.flush()
+
+    def close(self):
+        if self.file:
+            self.file.close()
+
+    def eval(self, state, improved):
+        self.record(event="eval", step=state.step, val_loss=state.val_loss, best_val_loss=state.best_val)
+        if self.master:
+            print(f"step {state.step}: val loss {state.val_loss:.4f}{' (best)' if improved else ''}")
+
+    def train(self, state, loss, norm, lr, dt, stopping):
+        cfg, tokens = self.cfg, self.tokens_per_step
+        mfu = self.flops * tokens / dt / (self.peak * self.world) if self.peak else None
+        self.record(event="train", step=state.step, loss=loss, lr=lr, grad_norm=norm, dt=dt, tokens_per_s=tokens / dt,
+                    mfu=mfu, tokens=state.position * self.block_size)
+        self.step_times.append(dt)
+        if self.master and (state.step % cfg.log_interval == 0 or state.step == cfg.max_steps or stopping):
+            window = self.step_times[self.window_start :]  # tokens/s over these steps' time; the ETA counts evals too
+            tok_s = len(window) * tokens / sum(window)
+            eta = (cfg.max_steps - state.step) * (time.time() - self.window_t) / len(window)
+            self.window_start, self.window_t = len(self.step_times), time.time()
+            mfu_s = f" | mfu {100 * self.flops * tok_s / (self.peak * self.world):.1f}%" if self.peak else ""
+            print(f"step {state.step}/{cfg.max_steps} | loss {loss:.4f} | lr {lr:.2e} | {tok_s:,.0f} tok/s{mfu_s} | "
+                  f"eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s", flush=True)
+
+    def tokens_per_s(self):
+        """Over all steps' time (not evaluations or saves)."""
+        return self.tokens_per_step * len(self.step_times) / sum(self.step_times) if self.step_times else None
+
+
+def peak_flops(cfg, device):
+    if cfg.peak_flops:
+        return cfg.peak_flops
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((v for k, v in sorted(PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])) if k in name), None)
+    return None
+
+
+# ----------------------------------------------------------------------------- processes and precision
+def start_processes(cfg):
+    """-> rank, world size, device, distributed. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; each rank
+    gets one GPU (cuda:LOCAL_RANK unless --device names one) and joins the process group."""
+    distributed = "RANK" in os.environ  # launched by torchrun
+    rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if distributed else (0, 0, 1)
+    device = pick_device(cfg.device)
+    if distributed and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)  # one GPU per rank
+    if distributed:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return rank, world, device, distributed
+
+
+def pick_dtype(cfg, device):
+    """--dtype auto: bfloat16 where CUDA supports it, else float32."""
+    dtype = cfg.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
+    return dtype
+
+
+# ----------------------------------------------------------------------------- checks on the settings
+def check_settings(cfg):
+    """Counts in range, and a fresh run refuses an out_dir that holds a checkpoint unless --overwrite
+    (--resume continues it instead)."""
+    for name in ("batch_size", "grad_accum", "eval_steps", "log_interval"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("max_steps", "eval_interval", "save_interval", "warmup_steps"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
+    if cfg.resume and cfg.overwrite:
+        raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces it: pass one of them")
+    taken = [p for p in (os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "best.pt")) if os.path.exists(p)]
+    if taken and not (cfg.resume or cfg.overwrite):
+        raise ValueError(f"{taken[0]} exists: continue that run with --resume, or start afresh and replace it with --overwrite")
+
+
+def read_meta(data_dir):
+    if not os.path.isfile(os.path.join(data_dir, "meta.json")):
+        raise ShardError(f"{data_dir}: no meta.json; prepare the data first "
+                         f"(`python prepare_data.py shakespeare` writes the default, data/shakespeare)")
+    return load_meta(data_dir)  # ShardError naming the folder if a shard is missing
+
+
+def check_tokenizer(ckpt, meta, source, data_dir):
+    """A token id means what the checkpoint's tokenizer says: the data must come from the same one."""
+    theirs = ckpt.get("tokenizer") or {}
+    if theirs.get("kind") == "tiktoken" and (theirs.get("encoding"), theirs.get("vocab_size")) != (meta["encoding"], meta["vocab_size"]):
+        raise ValueError(f"{source}: trained on {theirs.get('encoding')} tokens at vocab_size {theirs.get('vocab_size')}, "
+                         f"but {os.path.join(data_dir, 'meta.json')} says {meta['encoding']} at vocab_size {meta['vocab_size']}: "
+                         f"prepare the data with --encoding {theirs.get('encoding')} --vocab_size {theirs.get('vocab_size')}")
 
 
 def model_config(cfg, meta, ckpt, path):
-    """The preset, then the checkpoint's config, then explicit overrides; a clash with a checkpoint is an error."""
+    """The model's shape, lowest to highest precedence: the preset (vocab_size from the data's meta.json),
+    the checkpoint's model_config (--resume or --init_from), explicit overrides (--n_layer=...). An
+    override that clashes with a checkpoint is an error (dropout may differ)."""
     asked = {k: getattr(cfg, k) for k in MODEL_FIELDS if getattr(cfg, k) is not None}
     if ckpt is None:
         try:
@@ -248,9 +491,121 @@ def model_config(cfg, meta, ckpt, path):
         raise ValueError(f"{path}: bad model_config in checkpoint: {e}") from None
 
 
+# ----------------------------------------------------------------------------- divergence: a bad state is never applied or saved
+def problem(loss, norm, vocab_size):
+    """Why a state with this loss and gradient norm cannot be trained on, or None. A state is good when its
+    loss and gradient norm are finite and the loss is at most 2 ln V: an untrained model scores about ln V,
+    a diverged one, finite or not, far more."""
+    if not math.isfinite(loss):
+        return f"non-finite loss ({loss})"
+    if norm is not None and not math.isfinite(norm):
+        return f"non-finite gradient norm ({norm})"
+    if loss > 2 * math.log(vocab_size):
+        return f"diverged: loss {loss:.4g} above 2 ln V = {2 * math.log(vocab_size):.2f}"
+    return None
+
+
+def stop_if_bad(run, state, why, step, **entry):
+    """Stop the run (FloatingPointError, exit 1) without saving: the last checkpoint written stays good."""
+    if why is None:
+        return
+    run.log.record(event="diverged", step=step, problem=why, **entry)
+    last = f"{run.ckpt_path} (step {state.saved_step})" if state.saved_step is not None else "none was written"
+    raise FloatingPointError(f"{why} at step {step}: stopped without saving; the last good checkpoint is "
+                             f"untouched: {last}. Try a lower --lr or --grad_clip.")
+
+
+def check_step(run, state, loss, norm):
+    """A bad training loss or gradient stops the run before the optimizer step applies it."""
+    stop_if_bad(run, state, problem(loss, norm, run.raw_model.config.vocab_size), state.step + 1, loss=loss, grad_norm=norm)
+
+
+def check_val_loss(run, state, loss):
+    """A bad validation loss stops the run before it is recorded or saved."""
+    why = problem(loss, None, run.raw_model.config.vocab_size)
+    stop_if_bad(run, state, why and f"validation {why}", state.step, val_loss=loss)
+
+
+def check_state(run, state):
+    """Stop unless the state about to be saved is good: finite weights, and its validation loss (this
+    step's evaluation, else one batch's) passes `problem`. Every rank takes part."""
+    finite = torch.stack([p.isfinite().all() for p in run.raw_model.parameters()]).all().item()
+    loss = state.val_loss if state.eval_step == state.step else None
+    if finite and loss is None:
+        loss = evaluate(run.model, run.val_split, run.cfg, run.rank, run.world, run.device, run.autocast, steps=1)
+    why = "non-finite weights" if not finite else problem(loss, None, run.raw_model.config.vocab_size)
+    stop_if_bad(run, state, why and f"validation {why}", state.step)
+
+
+# ----------------------------------------------------------------------------- checkpoints: save and resume
+def save(run, state, name):
+    """Write out_dir/name (ckpt.pt latest, best.pt best val loss) only of a good state; every rank takes part.
+    The checkpoint is a plain-typed dict (model.checkpoint_dict, from the uncompiled, unwrapped module): weights,
+    AdamW state, stream position and every rank's RNG states, so a resumed run continues bit for bit. It is
+    written atomically: a crash, a second Ctrl-C or a full disk mid-write leaves the previous file as it was."""
+    check_state(run, state)
+    rngs = [None] * run.world
+    if run.distributed:
+        dist.all_gather_object(rngs, rng_state(run.device))
+    else:
+        rngs = [rng_state(run.device)]
+    if name == "ckpt.pt":
+        state.saved_step = state.step
+    if run.rank != 0:
+        return
+    cfg, path, n = run.cfg, os.path.join(run.cfg.out_dir, name), run.train_split.n
+    ckpt = checkpoint_dict(run.raw_model, run.tokenizer, optimizer=run.optimizer.state_dict(), step=state.step, rng=rngs,
+                           data={"position": state.position, "global_batch": run.windows_per_step, "windows": n,
+                                 "epoch": state.position // n, "seed": cfg.seed},
+                           train_config=asdict(cfg), best_val_loss=state.best_val,
+                           val_loss=state.val_loss if state.eval_step == state.step else None, eval_step=state.eval_step,
+                           world_size=run.world)
+    try:
+        atomic_torch_save(ckpt, path)
+    except OSError as e:  # e.g. a full disk: atomic_open left the previous file as it was
+        raise OSError(f"{path}: not written ({e.strerror or e}); the previous {name} is untouched") from None
+
+
+def restore(run, state, ckpt, source):
+    """Continue where the checkpoint stopped: optimizer, step, data position, evaluations, RNG streams (each
+    rank its own, when the number of processes is the same)."""
+    if not {"optimizer", "step", "data", "rng"} <= ckpt.keys():
+        raise ValueError(f"{source}: holds weights but no training state to resume; start from it with --init_from")
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    state.step, state.position, state.best_val = ckpt["step"], ckpt["data"]["position"], ckpt.get("best_val_loss")
+    state.eval_step, state.val_loss, state.saved_step = ckpt.get("eval_step"), ckpt.get("val_loss"), ckpt["step"]
+    if len(ckpt["rng"]) == run.world:
+        set_rng_state(ckpt["rng"][run.rank], run.device)
+    elif run.rank == 0:
+        print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {run.world}: RNG streams reseeded")
+
+
+def rng_state(device):
+    """Every RNG this process uses (torch, CUDA, python, numpy), as plain types (tensors and lists) that
+    weights_only loading accepts. Saved per rank, so on a CPU a run stopped and resumed logs the same
+    losses, bit for bit, as one never stopped."""
+    py, np_state = random.getstate(), np.random.get_state()
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            "python": [py[0], list(py[1]), py[2]],
+            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]}
+
+
+def set_rng_state(state, device):
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+
+
+# ----------------------------------------------------------------------------- signals: finish the step, save, exit
 class GracefulStop:
-    """SIGINT/SIGTERM set a flag that the loop checks after each step. A second SIGINT raises
-    KeyboardInterrupt at once; a checkpoint being written then is dropped and the previous one stays."""
+    """SIGINT/SIGTERM set a flag that the loop checks after each step: it saves and exits 0. A second SIGINT
+    raises KeyboardInterrupt at once (exit 130); a checkpoint being written then is dropped and the previous
+    one stays. Under DDP the flag is all-reduced with the loss (mean_loss_and_stop), so every rank stops at
+    the same step. torchrun itself re-raises a signal sent to it and exits 1 even when every rank saved and
+    exited 0: to stop a DDP run cleanly, signal the ranks (pkill -TERM -P <torchrun pid>), and torchrun exits 0."""
 
     def __enter__(self):
         self.requested, self.old = False, {}
@@ -269,323 +624,15 @@ class GracefulStop:
             signal.signal(s, h)
 
 
-def peak_flops(cfg, device):
-    if cfg.peak_flops:
-        return cfg.peak_flops
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        return next((v for k, v in sorted(PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])) if k in name), None)
-    return None
 
-
-# ----------------------------------------------------------------------------- training steps
-@dataclass
-class Run:
-    """One training run: what set_up builds, and the counters the loop advances (a checkpoint holds both)."""
-    cfg: TrainConfig
-    rank: int
-    world: int
-    device: torch.device
-    distributed: bool
-    mcfg: GPTConfig
-    raw: GPT  # the plain module: checkpoints, clipping, the optimizer's parameters
-    core: torch.nn.Module  # raw or its torch.compile: evaluation
-    model: torch.nn.Module  # core or its DDP wrapper: training
-    optimizer: torch.optim.Optimizer
-    train: Split
-    val: Split
-    autocast: object
-    tokenizer: dict  # the data's, saved with every checkpoint
-    flops: float  # per token, for MFU
-    peak: float | None
-    log: object = None  # log.jsonl, rank 0 only
-    step: int = 0  # optimizer steps taken
-    position: int = 0  # stream position of the next training window
-    val_loss: float | None = None  # of the last evaluation,
-    eval_step: int | None = None  # taken at this step
-    first_val: float | None = None
-    best_val: float | None = None
-    saved_step: int | None = None  # of ckpt.pt
-    step_times: list = field(default_factory=list)
-    window_start: int = 0  # the steps and time since the last printed line
-    window_t: float = field(default_factory=time.time)
-
-    @property
-    def master(self):
-        return self.rank == 0
-
-    @property
-    def windows_per_step(self):
-        return self.cfg.batch_size * self.cfg.grad_accum * self.world
-
-    @property
-    def ckpt_path(self):
-        return os.path.join(self.cfg.out_dir, "ckpt.pt")
-
-    def record(self, **entry):
-        if self.log:
-            self.log.write(json.dumps(entry) + "\n")
-            self.log.flush()
-
-
-def set_up(cfg, rank, world, device, distributed) -> Run:
-    """Check the settings, read the data and the checkpoint to start from, build model and optimizer."""
-    for name in ("batch_size", "grad_accum", "eval_steps", "log_interval"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("max_steps", "eval_interval", "save_interval", "warmup_steps"):
-        if getattr(cfg, name) < 0:
-            raise ValueError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    if cfg.resume and cfg.overwrite:
-        raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces it: pass one of them")
-    taken = [p for p in (ckpt_path, os.path.join(cfg.out_dir, "best.pt")) if os.path.exists(p)]
-    if taken and not (cfg.resume or cfg.overwrite):
-        raise ValueError(f"{taken[0]} exists: continue that run with --resume, or start afresh and replace it with --overwrite")
-    dtype = cfg.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-
-    if not os.path.isfile(os.path.join(cfg.data_dir, "meta.json")):
-        raise ShardError(f"{cfg.data_dir}: no meta.json; prepare the data first "
-                         f"(`python prepare_data.py shakespeare` writes the default, data/shakespeare)")
-    meta = load_meta(cfg.data_dir)  # ShardError naming the folder if a shard is missing
-    source = ckpt_path if cfg.resume else cfg.init_from
-    ckpt = read_checkpoint(source) if source else None
-    if ckpt is not None:
-        check_tokenizer(ckpt, meta, source, cfg.data_dir)
-    mcfg = model_config(cfg, meta, ckpt, source)
-    if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
-        print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
-    train_split = Split(cfg.data_dir, meta, "train", mcfg.block_size, mcfg.vocab_size)
-    val_split = Split(cfg.data_dir, meta, "val", mcfg.block_size, mcfg.vocab_size)
-
-    torch.manual_seed(cfg.seed + rank)  # rank 0's init is every rank's (DDP broadcasts it); dropout differs
-    raw = GPT(mcfg).to(device)
-    if ckpt is not None:
-        load_weights(raw, ckpt["model"], source)
-    optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.beta1, cfg.beta2), device.type)
-    core = torch.compile(raw) if cfg.compile else raw
-    model = DDP(core, device_ids=[device.index] if device.type == "cuda" else None) if distributed else core
-    use_amp = device.type == "cuda" and dtype == "bfloat16"
-    run = Run(cfg, rank, world, device, distributed, mcfg, raw, core, model, optimizer, train_split, val_split,
-              torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else nullcontext(),
-              {"kind": "tiktoken", "encoding": meta["encoding"], "vocab_size": meta["vocab_size"]},
-              raw.flops_per_token(mcfg.block_size), peak_flops(cfg, device))
-    if cfg.resume:
-        restore(run, ckpt, source)
-    if run.master:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        run.log = open(os.path.join(cfg.out_dir, "log.jsonl"), "a" if cfg.resume else "w")
-        n = raw.num_params()
-        print(f"{mcfg.n_layer} layers x {mcfg.n_embd}, input={mcfg.input}, vocab {mcfg.vocab_size}: "
-              f"{n['trainable']:,} trainable, {n['frozen']:,} frozen values | {world} process(es) on {device}, {dtype} | "
-              f"{run.windows_per_step * mcfg.block_size:,} tokens/step, {train_split.n:,} train windows/epoch | "
-              f"{'resuming at' if cfg.resume else 'starting at'} step {run.step}")
-    run.record(event="start", step=run.step, world_size=world, device=str(device), train_config=asdict(cfg),
-               model_config=asdict(mcfg))
-    return run
-
-
-def check_tokenizer(ckpt, meta, source, data_dir):
-    """A token id means what the checkpoint's tokenizer says: the data must come from the same one."""
-    theirs = ckpt.get("tokenizer") or {}
-    if theirs.get("kind") == "tiktoken" and (theirs.get("encoding"), theirs.get("vocab_size")) != (meta["encoding"], meta["vocab_size"]):
-        raise ValueError(f"{source}: trained on {theirs.get('encoding')} tokens at vocab_size {theirs.get('vocab_size')}, "
-                         f"but {os.path.join(data_dir, 'meta.json')} says {meta['encoding']} at vocab_size {meta['vocab_size']}: "
-                         f"prepare the data with --encoding {theirs.get('encoding')} --vocab_size {theirs.get('vocab_size')}")
-
-
-def restore(run, ckpt, source):
-    """Continue where the checkpoint stopped: optimizer, step, data position, evaluations, RNG streams."""
-    if not {"optimizer", "step", "data", "rng"} <= ckpt.keys():
-        raise ValueError(f"{source}: holds weights but no training state to resume; start from it with --init_from")
-    run.optimizer.load_state_dict(ckpt["optimizer"])
-    run.step, run.position, run.best_val = ckpt["step"], ckpt["data"]["position"], ckpt.get("best_val_loss")
-    run.eval_step, run.val_loss, run.saved_step = ckpt.get("eval_step"), ckpt.get("val_loss"), ckpt["step"]
-    if len(ckpt["rng"]) == run.world:
-        set_rng_state(ckpt["rng"][run.rank], run.device)
-    elif run.master:
-        print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {run.world}: RNG streams reseeded")
-
-
-def optimizer_step(run, stop_requested):
-    """One step on the next global batch -> (loss, grad norm, lr, stop). A bad loss or gradient stops
-    the run before the step, so nothing diverged is applied or saved."""
-    cfg = run.cfg
-    lr = lr_at(run.step, cfg)
-    for group in run.optimizer.param_groups:
-        group["lr"] = lr
-    loss_sum = torch.zeros((), device=run.device)
-    for micro in range(cfg.grad_accum):
-        start = micro_batch_start(run.position, run.rank, micro, cfg.batch_size, cfg.grad_accum)
-        x, y = run.train.batch(stream_windows(start, cfg.batch_size, run.train.n, cfg.seed), run.device)
-        last_micro = micro == cfg.grad_accum - 1
-        with run.model.no_sync() if run.distributed and not last_micro else nullcontext():
-            with run.autocast:
-                _, loss = run.model(x, y)
-            (loss / cfg.grad_accum).backward()
-        loss_sum += loss.detach().float()
-    flags = torch.stack([loss_sum / cfg.grad_accum, torch.tensor(float(stop_requested), device=run.device)])
-    if run.distributed:  # one all-reduce: every rank sees the mean loss and stops at the same step
+def mean_loss_and_stop(run, loss, requested):
+    """-> (the loss averaged over ranks, whether any rank was signalled), in one all-reduce, so every rank
+    sees the same loss and stops at the same step."""
+    flags = torch.stack([loss, torch.tensor(float(requested), device=run.device)])
+    if run.distributed:
         dist.all_reduce(flags)
         flags[0] /= run.world
-    loss, stopping = flags[0].item(), flags[1].item() > 0
-    norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), cfg.grad_clip).item() if cfg.grad_clip > 0 else None
-    stop_if_bad(run, problem(loss, norm, run.mcfg.vocab_size), run.step + 1, loss=loss, grad_norm=norm)
-    run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.step, run.position = run.step + 1, run.position + run.windows_per_step
-    return loss, norm, lr, stopping
-
-
-def problem(loss, norm, vocab_size):
-    """Why a state with this loss and gradient norm cannot be trained on, or None (see the docstring)."""
-    if not math.isfinite(loss):
-        return f"non-finite loss ({loss})"
-    if norm is not None and not math.isfinite(norm):
-        return f"non-finite gradient norm ({norm})"
-    if loss > 2 * math.log(vocab_size):
-        return f"diverged: loss {loss:.4g} above 2 ln V = {2 * math.log(vocab_size):.2f}"
-    return None
-
-
-def stop_if_bad(run, why, step, **entry):
-    if why is None:
-        return
-    run.record(event="diverged", step=step, problem=why, **entry)
-    last = f"{run.ckpt_path} (step {run.saved_step})" if run.saved_step is not None else "none was written"
-    raise FloatingPointError(f"{why} at step {step}: stopped without saving; the last good checkpoint is "
-                             f"untouched: {last}. Try a lower --lr or --grad_clip.")
-
-
-def evaluate_and_log(run):
-    """Evaluate the state after run.step steps; a bad one stops the run, a new best goes to best.pt."""
-    loss = evaluate(run.core, run.val, run.cfg, run.rank, run.world, run.device, run.autocast)
-    why = problem(loss, None, run.mcfg.vocab_size)
-    stop_if_bad(run, why and f"validation {why}", run.step, val_loss=loss)
-    run.val_loss, run.eval_step = loss, run.step
-    run.first_val = loss if run.first_val is None else run.first_val
-    improved = run.best_val is None or loss < run.best_val
-    run.best_val = loss if improved else run.best_val
-    run.record(event="eval", step=run.step, val_loss=loss, best_val_loss=run.best_val)
-    if run.master:
-        print(f"step {run.step}: val loss {loss:.4f}{' (best)' if improved else ''}")
-    if improved and run.step > 0:
-        save(run, "best.pt")
-
-
-def check_state(run):
-    """Stop unless the state about to be saved is good: finite weights, and its validation loss (this
-    step's evaluation, else one batch's) passes `problem`. Every rank takes part."""
-    finite = torch.stack([p.isfinite().all() for p in run.raw.parameters()]).all().item()
-    loss = run.val_loss if run.eval_step == run.step else None
-    if finite and loss is None:
-        loss = evaluate(run.core, run.val, run.cfg, run.rank, run.world, run.device, run.autocast, steps=1)
-    why = "non-finite weights" if not finite else problem(loss, None, run.mcfg.vocab_size)
-    stop_if_bad(run, why and f"validation {why}", run.step)
-
-
-def save(run, name):
-    """Write out_dir/name (ckpt.pt or best.pt) atomically, only of a good state; every rank takes part."""
-    check_state(run)
-    rngs = [None] * run.world
-    if run.distributed:
-        dist.all_gather_object(rngs, rng_state(run.device))
-    else:
-        rngs = [rng_state(run.device)]
-    if name == "ckpt.pt":
-        run.saved_step = run.step
-    if not run.master:
-        return
-    cfg, path = run.cfg, os.path.join(run.cfg.out_dir, name)
-    state = checkpoint_dict(run.raw, run.tokenizer, optimizer=run.optimizer.state_dict(), step=run.step, rng=rngs,
-                            data={"position": run.position, "global_batch": run.windows_per_step, "windows": run.train.n,
-                                  "epoch": run.position // run.train.n, "seed": cfg.seed},
-                            train_config=asdict(cfg), best_val_loss=run.best_val,
-                            val_loss=run.val_loss if run.eval_step == run.step else None, eval_step=run.eval_step,
-                            world_size=run.world)
-    try:
-        atomic_torch_save(state, path)
-    except OSError as e:  # e.g. a full disk: atomic_open left the previous file as it was
-        raise OSError(f"{path}: not written ({e.strerror or e}); the previous {name} is untouched") from None
-
-
-def log_step(run, loss, norm, lr, dt, stopping):
-    """log.jsonl gets every step; stdout every log_interval steps, with the throughput over those steps."""
-    cfg, tokens = run.cfg, run.windows_per_step * run.mcfg.block_size  # tokens per step
-    mfu = run.flops * tokens / dt / (run.peak * run.world) if run.peak else None
-    run.record(event="train", step=run.step, loss=loss, lr=lr, grad_norm=norm, dt=dt, tokens_per_s=tokens / dt,
-               mfu=mfu, tokens=run.position * run.mcfg.block_size)
-    run.step_times.append(dt)
-    if run.master and (run.step % cfg.log_interval == 0 or run.step == cfg.max_steps or stopping):
-        window = run.step_times[run.window_start :]  # tokens/s over these steps' time; the ETA counts evals too
-        tok_s = len(window) * tokens / sum(window)
-        eta = (cfg.max_steps - run.step) * (time.time() - run.window_t) / len(window)
-        run.window_start, run.window_t = len(run.step_times), time.time()
-        mfu_s = f" | mfu {100 * run.flops * tok_s / (run.peak * run.world):.1f}%" if run.peak else ""
-        print(f"step {run.step}/{cfg.max_steps} | loss {loss:.4f} | lr {lr:.2e} | {tok_s:,.0f} tok/s{mfu_s} | "
-              f"eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s", flush=True)
-
-
-# ----------------------------------------------------------------------------- training
-def train(cfg: TrainConfig) -> dict:
-    """Train as cfg says; returns a summary (steps, tokens, first/final/best val loss, ...)."""
-    distributed = "RANK" in os.environ  # launched by torchrun
-    rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if distributed else (0, 0, 1)
-    device = pick_device(cfg.device)
-    if distributed and device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", local_rank)  # one GPU per rank
-    if distributed:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    try:
-        return _train(cfg, rank, world, device, distributed)
-    finally:
-        if distributed:
-            dist.destroy_process_group()
-
-
-def _train(cfg, rank, world, device, distributed):
-    t_start = time.time()
-    run = set_up(cfg, rank, world, device, distributed)
-    loss = None
-    stopping = False
-    try:
-        with GracefulStop() as stop:
-            while True:
-                # the state after run.step optimizer steps: evaluate it, save it, or stop
-                if (cfg.eval_interval > 0 and (run.step % cfg.eval_interval == 0 or run.step >= cfg.max_steps)
-                        and run.step != run.eval_step):
-                    evaluate_and_log(run)
-                done = run.step >= cfg.max_steps or stopping
-                due = cfg.save_interval > 0 and run.step % cfg.save_interval == 0 and run.step > 0
-                if (done or due) and run.saved_step != run.step:
-                    save(run, "ckpt.pt")
-                if done:
-                    break
-                t0 = time.time()
-                loss, norm, lr, stopping = optimizer_step(run, stop.requested)
-                log_step(run, loss, norm, lr, time.time() - t0, stopping)
-        tokens_per_step = run.windows_per_step * run.mcfg.block_size
-        summary = {"steps": run.step, "tokens": run.position * run.mcfg.block_size, "first_val_loss": run.first_val,
-                   "final_val_loss": run.val_loss, "best_val_loss": run.best_val, "final_train_loss": loss,
-                   "interrupted": stopping and run.step < cfg.max_steps, "wall_s": time.time() - t_start,
-                   "tokens_per_s": tokens_per_step * len(run.step_times) / sum(run.step_times) if run.step_times else None,
-                   "out_dir": cfg.out_dir}
-        run.record(event="end", **summary)
-    finally:
-        if run.log:
-            run.log.close()
-    if run.master:
-        print(f"done: step {run.step}, {summary['tokens']:,} tokens, val loss {run.val_loss}, best {run.best_val}; "
-              f"{summary['wall_s']:.0f}s; checkpoint {run.ckpt_path}")
-    return summary
+    return flags[0].item(), flags[1].item() > 0
 
 
 def main(argv=None) -> int:
