@@ -93,6 +93,11 @@ def parse_config(argv=None) -> TrainConfig:
 
 
 # ----------------------------------------------------------------------------- data
+# Each split is cut into windows of block_size+1 tokens at stride block_size, never across a shard boundary.
+# Training reads an endless stream of windows: epoch e is a permutation of all of them drawn from (seed, e).
+# A step takes the N = batch_size*grad_accum*world_size stream positions [p, p+N), each rank and micro-step its
+# own batch_size of them: ranks read disjoint windows, a global batch is the same however it is split into
+# processes and micro-steps, and a checkpoint only needs p (= step*N while the batch size is unchanged).
 class Split:
     """The windows of block_size+1 tokens of one split, at stride block_size, inside each shard."""
 
@@ -141,7 +146,8 @@ def stream_windows(position, count, n, seed):
 
 
 def micro_batch_start(position, rank, micro, batch_size, grad_accum):
-    """First stream position read by `rank` in micro-step `micro` of the step starting at `position`."""
+    """First stream position read by `rank` in micro-step `micro` of the step starting at `position`:
+    position + (rank*grad_accum + micro)*batch_size."""
     return position + (rank * grad_accum + micro) * batch_size
 
 
@@ -223,11 +229,13 @@ class State:
 
 def set_up(cfg, rank, world, device, distributed):
     """Check the settings, read the data and the checkpoint to start from, build model and optimizer -> Run, State."""
+    # settings
     check_settings(cfg)
     dtype = pick_dtype(cfg, device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
+    # data, and the checkpoint to start from (--resume or --init_from)
     meta = read_meta(cfg.data_dir)
     source = os.path.join(cfg.out_dir, "ckpt.pt") if cfg.resume else cfg.init_from
     ckpt = read_checkpoint(source) if source else None
@@ -239,6 +247,7 @@ def set_up(cfg, rank, world, device, distributed):
     train_split = Split(cfg.data_dir, meta, "train", mcfg.block_size, mcfg.vocab_size)
     val_split = Split(cfg.data_dir, meta, "val", mcfg.block_size, mcfg.vocab_size)
 
+    # model and optimizer
     torch.manual_seed(cfg.seed + rank)  # rank 0's init is every rank's (DDP broadcasts it); dropout differs
     raw_model = GPT(mcfg).to(device)
     if ckpt is not None:
