@@ -358,6 +358,7 @@ def loop(run, state):
     return loss, stopping
 
 
+# ----------------------------------------------------------------------------- logging
 @dataclass
 class Log:
     """log.jsonl gets every event (rank 0 writes it); stdout a line every log_interval steps, with the
@@ -500,7 +501,7 @@ def model_config(cfg, meta, ckpt, path):
         raise ValueError(f"{path}: bad model_config in checkpoint: {e}") from None
 
 
-# ----------------------------------------------------------------------------- divergence: a bad state is never applied or saved
+# ----------------------------------------------------------------------------- divergence
 def problem(loss, norm, vocab_size):
     """Why a state with this loss and gradient norm cannot be trained on, or None. A state is good when its
     loss and gradient norm are finite and the loss is at most 2 ln V: an untrained model scores about ln V,
@@ -526,7 +527,8 @@ def stop_if_bad(run, state, why, step, **entry):
 
 def check_step(run, state, loss, norm):
     """A bad training loss or gradient stops the run before the optimizer step applies it."""
-    stop_if_bad(run, state, problem(loss, norm, run.raw_model.config.vocab_size), state.step + 1, loss=loss, grad_norm=norm)
+    why = problem(loss, norm, run.raw_model.config.vocab_size)
+    stop_if_bad(run, state, why, state.step + 1, loss=loss, grad_norm=norm)
 
 
 def check_val_loss(run, state, loss):
@@ -608,7 +610,7 @@ def set_rng_state(state, device):
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
 
 
-# ----------------------------------------------------------------------------- signals: finish the step, save, exit
+# ----------------------------------------------------------------------------- signals: finish the step, save, exit 0
 class GracefulStop:
     """SIGINT/SIGTERM set a flag that the loop checks after each step: it saves and exits 0. A second SIGINT
     raises KeyboardInterrupt at once (exit 130); a checkpoint being written then is dropped and the previous
@@ -644,6 +646,7 @@ def mean_loss_and_stop(run, loss, requested):
     return flags[0].item(), flags[1].item() > 0
 
 
+# ----------------------------------------------------------------------------- command line
 def main(argv=None) -> int:
     train(parse_config(argv))
     return 0
