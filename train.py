@@ -308,21 +308,21 @@ def loop(run, state):
     """Evaluate, save, step and log until max_steps or a signal -> (last training loss, stopped by a signal)."""
     cfg, model, raw_model, optimizer, device = run.cfg, run.model, run.raw_model, run.optimizer, run.device
     loss, stopping = None, False
-    with GracefulStop() as stop:
+    with GracefulStop() as stop:  # SIGINT/SIGTERM: finish this step, save, exit 0
         while True:
             # ------------------------------------------------------------- evaluate, save, or stop
             # (the state after state.step optimizer steps)
             if (cfg.eval_interval > 0 and (state.step % cfg.eval_interval == 0 or state.step >= cfg.max_steps)
                     and state.step != state.eval_step):
                 val_loss = evaluate(model, run.val_split, cfg, run.rank, run.world, device, run.autocast)
-                check_val_loss(run, state, val_loss)
+                check_val_loss(run, state, val_loss)  # a diverged state stops the run, unsaved
                 improved = state.best_val is None or val_loss < state.best_val
                 state.val_loss, state.eval_step = val_loss, state.step
                 state.first_val = val_loss if state.first_val is None else state.first_val
                 state.best_val = val_loss if improved else state.best_val
                 run.log.eval(state, improved)
                 if improved and state.step > 0:
-                    save(run, state, "best.pt")
+                    save(run, state, "best.pt")  # only of a good state, atomically
             done = state.step >= cfg.max_steps or stopping
             due = cfg.save_interval > 0 and state.step % cfg.save_interval == 0 and state.step > 0
             if (done or due) and state.saved_step != state.step:
@@ -346,9 +346,11 @@ def loop(run, state):
                         _, loss = model(x, y)
                     (loss / cfg.grad_accum).backward()
                 loss_sum += loss.detach().float()
-            loss, stopping = mean_loss_and_stop(run, loss_sum / cfg.grad_accum, stop.requested)
-            norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip).item() if cfg.grad_clip > 0 else None
-            check_step(run, state, loss, norm)
+            loss, stopping = mean_loss_and_stop(run, loss_sum / cfg.grad_accum, stop.requested)  # over ranks
+            norm = None  # the global gradient norm before clipping
+            if cfg.grad_clip > 0:
+                norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip).item()
+            check_step(run, state, loss, norm)  # a bad loss or gradient stops the run before it is applied
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             state.step, state.position = state.step + 1, state.position + run.windows_per_step
