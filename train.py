@@ -320,7 +320,7 @@ def loop(run, state):
                 state.val_loss, state.eval_step = val_loss, state.step
                 state.first_val = val_loss if state.first_val is None else state.first_val
                 state.best_val = val_loss if improved else state.best_val
-                run.log.eval(state, improved)
+                run.log.evaluation(state, improved)
                 if improved and state.step > 0:
                     save(run, state, "best.pt")  # only of a good state, atomically
             done = state.step >= cfg.max_steps or stopping
@@ -356,7 +356,7 @@ def loop(run, state):
             state.step, state.position = state.step + 1, state.position + run.windows_per_step
 
             # ------------------------------------------------------------- log
-            run.log.train(state, loss, norm, lr, time.time() - t0, stopping)
+            run.log.step(state, loss, norm, lr, time.time() - t0, stopping)
     return loss, stopping
 
 
@@ -389,12 +389,12 @@ class Log:
         if self.file:
             self.file.close()
 
-    def eval(self, state, improved):
+    def evaluation(self, state, improved):
         self.record(event="eval", step=state.step, val_loss=state.val_loss, best_val_loss=state.best_val)
         if self.master:
             print(f"step {state.step}: val loss {state.val_loss:.4f}{' (best)' if improved else ''}")
 
-    def train(self, state, loss, norm, lr, dt, stopping):
+    def step(self, state, loss, norm, lr, dt, stopping):
         cfg, tokens = self.cfg, self.tokens_per_step
         mfu = self.flops * tokens / dt / (self.peak * self.world) if self.peak else None
         self.record(event="train", step=state.step, loss=loss, lr=lr, grad_norm=norm, dt=dt, tokens_per_s=tokens / dt,
@@ -415,6 +415,7 @@ class Log:
 
 
 def peak_flops(cfg, device):
+    """Peak FLOP/s of one device, for MFU: --peak_flops, else PEAK_FLOPS's entry for this GPU, else None."""
     if cfg.peak_flops:
         return cfg.peak_flops
     if device.type == "cuda":
