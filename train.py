@@ -638,7 +638,6 @@ class GracefulStop:
             signal.signal(s, h)
 
 
-
 def mean_loss_and_stop(run, loss, requested):
     """-> (the loss averaged over ranks, whether any rank was signalled), in one all-reduce, so every rank
     sees the same loss and stops at the same step."""
