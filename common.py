@@ -5,7 +5,6 @@ generated from a dataclass, and a `main` wrapper that turns the project's expect
 
 import argparse
 import contextlib
-import errno
 import os
 import re
 import sys
@@ -31,18 +30,6 @@ def atomic_open(path, mode="wb", **kwargs):
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
-
-
-def atomic_torch_save(obj, path):
-    """torch.save to `path` atomically; torch reports a failed write (a full disk) as a RuntimeError,
-    turned here into the OSError it is."""
-    import torch
-
-    try:
-        with atomic_open(path) as f:
-            torch.save(obj, f)
-    except RuntimeError as e:  # errno EIO, so callers that add their own context can use .strerror
-        raise OSError(errno.EIO, f"write failed ({one_line(e)})", str(path)) from None
 
 
 def atomic_write(path, data):

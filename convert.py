@@ -38,9 +38,10 @@ from dataclasses import replace
 
 import torch
 
-from common import atomic_torch_save, atomic_write, one_line, run_main
-from model import GPT, GPTConfig, canonical_code, checkpoint_dict, code_bits, load_checkpoint, model_from_weights
-from sample import load_text_codec
+from checkpoint import atomic_torch_save, checkpoint_dict, load_checkpoint, model_from_weights
+from common import atomic_write, one_line, run_main
+from model import GPT, GPTConfig, canonical_code, code_bits
+from tokenizer import file_in, load_text_codec
 
 # layout auto scores both layouts on this (any plain English works; a model that reads its input
 # through the wrong layout sees scrambled bits and cannot predict it)
@@ -124,14 +125,6 @@ def listing(named, limit=60):
 
 
 # ----------------------------------------------------------------------------------- files and folders
-def file_in(folder, name, what):
-    """The path of `name` in `folder`; `name` comes from a config or checkpoint, so it must be a plain
-    file name (no directories, no ..): a file outside the folder is never read or copied."""
-    if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name or "\\" in name:
-        raise ConversionError(f"{what} names {name!r}, which is not a file name inside {folder}: refused")
-    return os.path.join(folder, name)
-
-
 def check_out(out, overwrite):
     """Refuse a non-empty OUT unless --overwrite (checked before any work is done)."""
     if os.path.isdir(out) and os.listdir(out) and not overwrite:

@@ -13,114 +13,17 @@ block_size tokens (with a notice on stderr).
 """
 
 import argparse
-import codecs
-import json
 import math
 import os
 import sys
 
 import torch
 
+from checkpoint import load_checkpoint
 from common import pick_device, run_main
-from model import load_checkpoint
-from prepare_data import get_tokenizer
+from tokenizer import load_text_codec
 
 DEFAULT_PROMPT = "Question: What is the capital of France?\nAnswer:"
-EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]  # end-of-text names, most common first
-
-
-class TiktokenText:
-    """A tiktoken encoding; decodes token bytes incrementally, so a character split across tokens
-    is printed once complete."""
-
-    def __init__(self, enc):
-        self.enc, self.eos_token_id = enc, enc.eot_token
-
-    def encode(self, text):
-        return self.enc.encode(text, allowed_special="all")
-
-    def decode(self, ids):
-        return self.enc.decode(ids)
-
-    def decoder(self):
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-        def decode(i=None):
-            if i is not None and i >= self.enc.n_vocab:  # a model with more ids than its tokenizer: say so, no KeyError
-                raise ValueError(f"the model produced token id {i}, but its tokenizer has {self.enc.n_vocab:,} tokens: "
-                                 "the checkpoint's tokenizer does not match its model")
-            return utf8.decode(b"" if i is None else self.enc.decode_single_token_bytes(i), final=i is None)
-        return decode
-
-
-class HFText:
-    """A `tokenizers` tokenizer.json; decodes the whole continuation and prints what is new, holding
-    back a trailing U+FFFD (bytes of a character still to come)."""
-
-    def __init__(self, path):
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise ValueError("this checkpoint's tokenizer is a tokenizer.json: pip install tokenizers") from None
-        try:
-            self.tk = Tokenizer.from_file(path)
-        except Exception as e:  # the Rust library raises a bare Exception for unreadable or malformed files
-            raise ValueError(f"{path}: not a readable tokenizer.json ({e})") from None
-        eos = None
-        cfg = os.path.join(os.path.dirname(path), "tokenizer_config.json")
-        if os.path.isfile(cfg):
-            with open(cfg, encoding="utf-8") as f:
-                try:
-                    eos = json.load(f)
-                except ValueError as e:
-                    raise ValueError(f"{cfg}: not valid JSON ({e})") from None
-            eos = eos.get("eos_token") if isinstance(eos, dict) else None
-            eos = eos.get("content") if isinstance(eos, dict) else eos
-        names = ([eos] if isinstance(eos, str) else []) + EOS_CANDIDATES
-        self.eos_token_id = next((self.tk.token_to_id(n) for n in names if self.tk.token_to_id(n) is not None), None)
-
-    def encode(self, text):
-        return self.tk.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids):
-        return self.tk.decode(ids, skip_special_tokens=False)
-
-    def decoder(self):
-        ids, shown = [], [""]
-
-        def step(i=None):
-            if i is not None:
-                ids.append(i)
-            text = self.decode(ids)
-            if i is not None and text.endswith("\ufffd"):
-                return ""
-            new = text[len(shown[0]):] if text.startswith(shown[0]) else text[len(os.path.commonprefix([text, shown[0]])):]
-            shown[0] = text
-            return new
-
-        return step
-
-
-def load_text_codec(ckpt, ckpt_path):
-    entry = ckpt.get("tokenizer")
-    if not entry:
-        raise ValueError(f"{ckpt_path} names no tokenizer: cannot turn text into tokens")
-    if not isinstance(entry, dict):
-        raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
-    if entry.get("kind") == "tiktoken":
-        return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size")))
-    if entry.get("kind") == "hf":
-        folder = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
-        name = entry.get("file", "tokenizer.json")
-        # the name comes from the checkpoint: a plain file name in its folder, never a path out of it
-        # (convert.file_in makes the same check; convert.py imports this module, so it cannot be imported here)
-        if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name or "\\" in name:
-            raise ValueError(f"{ckpt_path}: the tokenizer entry names {name!r}, which is not a file name inside {folder}: refused")
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"the checkpoint's tokenizer {path} is missing")
-        return HFText(path)
-    raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
 
 
 def sample_stream(model, codec, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None,

@@ -21,9 +21,10 @@ import torch
 
 import convert
 from common import run_main
-from model import GPT, canonical_code, checkpoint_dict, code_bits, get_config, load_checkpoint
-from prepare_data import get_tokenizer
+from checkpoint import checkpoint_dict, load_checkpoint
+from model import GPT, canonical_code, code_bits, get_config
 from test_sample import char_tokenizer
+from tokenizer import get_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAKESPEARE = """First Citizen:

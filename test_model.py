@@ -6,18 +6,17 @@ import io
 import pytest
 import torch
 
+from checkpoint import checkpoint_dict, load_checkpoint
 from model import (
     GPT,
     AffineCodeInput,
     BinaryCodeInput,
     GPTConfig,
     check_ids,
-    checkpoint_dict,
     code_bits,
     get_config,
     gf2_rank,
     lift_index,
-    load_checkpoint,
 )
 
 PAPER_V, PAPER_K, PAPER_PAD = 65536, 16, 57344

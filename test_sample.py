@@ -9,8 +9,10 @@ import torch
 
 import convert
 import sample
+from checkpoint import checkpoint_dict
 from common import run_main
-from model import GPT, checkpoint_dict, get_config
+from model import GPT, get_config
+from tokenizer import TiktokenText
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +62,14 @@ def test_sampling_is_seeded(native, capsys):
 def test_an_id_past_the_tokenizer_is_a_clear_error():
     """A model with more ids than its tokenizer (a padded vocabulary, a mismatched checkpoint) can emit
     an id nothing decodes: one clear error, not tiktoken's KeyError."""
-    codec = sample.TiktokenText(tiktoken.get_encoding("gpt2"))
+    codec = TiktokenText(tiktoken.get_encoding("gpt2"))
     with pytest.raises(ValueError, match="^the model produced token id 50300, but its tokenizer has 50,257 tokens"):
         codec.decoder()(50300)
 
 
 def test_streams_pieces_and_utf8():
     enc = tiktoken.get_encoding("gpt2")
-    codec = sample.TiktokenText(enc)
+    codec = TiktokenText(enc)
     text = "naïve 日本語 🎉 — done"
     step = codec.decoder()
     pieces = [step(i) for i in enc.encode(text)] + [step()]
@@ -77,7 +79,7 @@ def test_streams_pieces_and_utf8():
 
 def test_stream_yields_incrementally(native):
     model, _, enc = native
-    codec = sample.TiktokenText(enc)
+    codec = TiktokenText(enc)
     ids = enc.encode("Hello")
     pieces = list(sample.sample_stream(model, codec, ids, 10, temperature=0))
     assert len(pieces) > 1 and "".join(pieces) == expected_text(model, ids, 10, enc.decode, enc.eot_token)
