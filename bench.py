@@ -20,7 +20,7 @@ Design choices, up front:
   variant (each compiles afresh) with more timed steps advised (--steps=20).
 - Sampling: one model (random weights, 'small' preset; its output head is scaled up so greedy choices
   are not near-ties that float rounding could flip) decoded greedily four ways, interleaved: the KV
-  cache (model.generate), the same with its one-token step under torch.compile (compiled in the untimed
+  cache (model.generate(model, ...)), the same with its one-token step under torch.compile (compiled in the untimed
   warm-up; the first call's time is reported), recomputing the whole context each step (the same
   forward without a cache), and transformers' generate(do_sample=False, use_cache=True) on convert.py's
   stock GPT-NeoX export of the same weights. Beside them, "matmuls alone": each token's nn.Linear
@@ -135,7 +135,7 @@ def bench_train(cfg, device, tmp):
     block = cfg.block_size or (1024 if cuda else 128)
     batch = cfg.batch_size or 8
     compile_ = cuda if cfg.compile is None else cfg.compile
-    vocab = M.PRESETS[preset].vocab_size
+    vocab = M.get_config(preset).vocab_size
     data = os.path.join(tmp, "data")
     os.makedirs(data)
     write_random_data(data, vocab)
@@ -223,7 +223,7 @@ def bench_sample(cfg, device, tmp, threads):
     rows = []
     for B in (int(b) for b in cfg.sample_batches.split(",")):
         prompt = torch.randint(0, vocab, (B, cfg.prompt_len), generator=torch.Generator().manual_seed(B)).to(device)
-        ways = {"kv_cache": lambda: model.generate(prompt, cfg.new_tokens, temperature=0),
+        ways = {"kv_cache": lambda: M.generate(model, prompt, cfg.new_tokens, temperature=0),
                 "hf_generate": lambda: hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
                                                    use_cache=True, max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens,
                                                    pad_token_id=0)}
@@ -231,9 +231,9 @@ def bench_sample(cfg, device, tmp, threads):
             ways["recompute"] = lambda: recompute_generate(model, prompt, cfg.new_tokens)
         ways["matmuls_alone"] = lambda: matmuls_alone(model, B, cfg.new_tokens)
         if cfg.sample_compile:
-            ways["kv_compiled"] = lambda: model.generate(prompt, cfg.new_tokens, temperature=0, compile=True)
+            ways["kv_compiled"] = lambda: M.generate(model, prompt, cfg.new_tokens, temperature=0, compile=True)
         if B == 1:
-            ways.update({name: (lambda m=m: m.generate(prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
+            ways.update({name: (lambda m=m: M.generate(m, prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
         outs, times, first = {}, {(t, k): [] for t in threads for k in ways}, {}
         with torch.no_grad():
             for t in threads:  # warm-up (and compiling), and the tokens compared (a thread count may change float rounding)
@@ -268,7 +268,7 @@ import sys, time
 t0 = time.perf_counter()
 import torch
 from checkpoint import load_checkpoint
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, generate
 path, way = sys.argv[1], sys.argv[2]
 t1 = time.perf_counter()
 if way == "old":  # the path before issue 12: random init, a full read, a copy into the model
@@ -277,7 +277,7 @@ if way == "old":  # the path before issue 12: random init, a full read, a copy i
     model.load_state_dict(ckpt["model"])
 else:
     model, ckpt = load_checkpoint(path)
-model.eval().generate(torch.zeros(1, 8, dtype=torch.long), 1, temperature=0)
+generate(model.eval(), torch.zeros(1, 8, dtype=torch.long), 1, temperature=0)
 print(time.perf_counter() - t1, time.perf_counter() - t0)
 """
 
