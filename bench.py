@@ -14,7 +14,7 @@ Design choices, up front:
   binary, ...) so machine noise hits all of them alike; each figure is the median of all kept steps.
 - MFU = model.flops_per_token(block) * tokens/s / rate, against (a) the dense matmul rate this bench
   measures (a square matmul in the training dtype, timed in every round, median) and (b) the datasheet peak
-  (train.PEAK_FLOPS on CUDA; no datasheet figure on a CPU: "-").
+  (common.PEAK_FLOPS on CUDA; no datasheet figure on a CPU: "-").
 - Defaults per device: CPU, the 'small' preset at block 128, batch 8, float32; CUDA, the 'paper' preset
   at block 1024, batch 8, bf16 autocast and torch.compile (train.py's own settings), one train() call per
   variant (each compiles afresh) with more timed steps advised (--steps=20).
@@ -55,7 +55,7 @@ import model as M
 import prepare_data as P
 import train as T
 from checkpoint import checkpoint_dict
-from common import config_parser, parse_int, pick_device, run_main, setting
+from common import config_parser, parse_int, parse_settings, pick_device, run_main, setting
 from tokenizer import get_tokenizer
 
 VARIANTS = ("binary", "affine", "learned")
@@ -489,7 +489,7 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    cfg = BenchConfig(**vars(build_parser().parse_args(argv)))
+    cfg = parse_settings(build_parser(), argv)
     res = run(cfg)
     print(json.dumps(res, indent=2) if cfg.json else table(res))
     return 0

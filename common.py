@@ -82,6 +82,10 @@ def _pid_alive(pid):
 
 
 # ----------------------------------------------------------------------------- devices
+# dense bf16 peak FLOP/s of one device, matched against torch.cuda.get_device_name (longest name first)
+PEAK_FLOPS = {"B200": 2250e12, "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
+
+
 def pick_device(name="auto"):
     """'auto' -> cuda, then mps, then cpu. An explicit name must be usable here, or ValueError says why."""
     import torch  # here, not at the top: prepare_data.py needs no torch, and importing it takes seconds
@@ -191,7 +195,8 @@ def _add_fields(p, cls):
             p.add_argument(f.name, type=parse, help=help, **({} if default is MISSING else {"default": default}), **extra)
         elif kind is bool:
             how = dict(action="store_const", const=True) if switches else dict(nargs="?", const=True, type=parse, metavar="BOOL")
-            p.add_argument(f"--{f.name}", default=default, help=f"{help}; --no-{f.name} turns it off", **how)
+            off = f"; --no-{f.name} turns it off" if default is not False else ""
+            p.add_argument(f"--{f.name}", default=default, help=help + off, **how)
             p.add_argument(f"--no-{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
         else:
             p.add_argument(f"--{f.name}", type=parse, default=default, help=help, **extra)

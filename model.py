@@ -476,14 +476,16 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     return torch.cat([idx, *new], dim=1)
 
 
-if __name__ == "__main__":
-    import argparse
+if __name__ == "__main__":  # python model.py --preset paper: the paper's parameter table, computed
+    from common import config_parser, parse_settings, setting  # the command line only: the model needs torch alone
 
-    parser = argparse.ArgumentParser(description="Print the parameter accounting of a preset's three input variants.")
-    parser.add_argument("--preset", default="paper", choices=list(PRESETS))
-    args = parser.parse_args()
+    @dataclass
+    class TableConfig:
+        preset: str = setting("paper", "model preset", choices=list(PRESETS))
+
+    cfg = parse_settings(config_parser(TableConfig, "Print the parameter accounting of a preset's three input variants."))
     print("| input | trainable params | input-interface params | frozen stored values |\n|---|---:|---:|---:|")
     for variant in ("learned", "binary", "affine"):
         with torch.device("meta"):  # shapes only: the paper preset costs no memory
-            n = GPT(get_config(args.preset, input=variant)).num_params()
+            n = GPT(get_config(cfg.preset, input=variant)).num_params()
         print(f"| {variant} | {n['trainable']:,} | {n['input']:,} | {n['frozen']:,} |")
