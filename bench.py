@@ -193,7 +193,8 @@ def leading_agreement(a, b, start):
     return int(same.cumprod(0).sum())
 
 
-def bench_sample(cfg, device, tmp, threads):
+def hf_twin(model, tmp, device):
+    """transformers' GPTNeoXForCausalLM holding `model`'s weights, through convert.py's export."""
     try:
         from transformers import GPTNeoXForCausalLM
     except ImportError:
@@ -205,19 +206,23 @@ def bench_sample(cfg, device, tmp, threads):
     from convert import convert_native_to_hf
 
     hf_logging.disable_progress_bar()  # from_pretrained's "Loading weights" bar would land in the table
-
-    torch.manual_seed(0)
-    model = M.GPT(M.get_config(cfg.sample_preset)).to(device).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(50)  # peaked logits: greedy picks are far from ties
     ckpt = os.path.join(tmp, "sample.pt")
-    vocab = model.config.vocab_size
     torch.save(checkpoint_dict(model, None), ckpt)  # ids in, ids out: no tokenizer (any vocab size)
     with contextlib.redirect_stderr(io.StringIO()):  # convert's "no tokenizer exported" warning
         convert_native_to_hf(ckpt, os.path.join(tmp, "hf"))
     os.remove(ckpt)  # the paper preset's is 1.9 GB
     hf = GPTNeoXForCausalLM.from_pretrained(os.path.join(tmp, "hf"), dtype=torch.float32).to(device).eval()
     hf.generation_config.eos_token_id = None  # run the full length, as the native paths do
+    return hf
+
+
+def bench_sample(cfg, device, tmp, threads):
+    torch.manual_seed(0)
+    model = M.GPT(M.get_config(cfg.sample_preset)).to(device).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50)  # peaked logits: greedy picks are far from ties
+    vocab = model.config.vocab_size
+    hf = hf_twin(model, tmp, device)
     low = {name: copy.deepcopy(model).to(getattr(torch, name)) for name in cfg.precisions.split(",") if name}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
