@@ -14,13 +14,13 @@ Design choices, up front:
   binary, ...) so machine noise hits all of them alike; each figure is the median of all kept steps.
 - MFU = model.flops_per_token(block) * tokens/s / rate, against (a) the dense matmul rate this bench
   measures (a square matmul in the training dtype, timed in every round, median) and (b) the datasheet peak
-  (train.PEAK_FLOPS on CUDA; no datasheet figure on a CPU: "-").
+  (common.PEAK_FLOPS on CUDA; no datasheet figure on a CPU: "-").
 - Defaults per device: CPU, the 'small' preset at block 128, batch 8, float32; CUDA, the 'paper' preset
   at block 1024, batch 8, bf16 autocast and torch.compile (train.py's own settings), one train() call per
   variant (each compiles afresh) with more timed steps advised (--steps=20).
 - Sampling: one model (random weights, 'small' preset; its output head is scaled up so greedy choices
   are not near-ties that float rounding could flip) decoded greedily four ways, interleaved: the KV
-  cache (model.generate), the same with its one-token step under torch.compile (compiled in the untimed
+  cache (model.generate(model, ...)), the same with its one-token step under torch.compile (compiled in the untimed
   warm-up; the first call's time is reported), recomputing the whole context each step (the same
   forward without a cache), and transformers' generate(do_sample=False, use_cache=True) on convert.py's
   stock GPT-NeoX export of the same weights. Beside them, "matmuls alone": each token's nn.Linear
@@ -54,7 +54,9 @@ import torch
 import model as M
 import prepare_data as P
 import train as T
-from common import config_parser, parse_int, pick_device, run_main
+from checkpoint import checkpoint_dict
+from common import config_parser, parse_int, parse_settings, pick_device, run_main, setting
+from tokenizer import get_tokenizer
 
 VARIANTS = ("binary", "affine", "learned")
 SECTIONS = ("train", "sample", "load", "prep")
@@ -62,37 +64,37 @@ SECTIONS = ("train", "sample", "load", "prep")
 
 @dataclass
 class BenchConfig:
-    device: str = T.setting("auto", "auto | cpu | cuda | cuda:N")
-    sections: str = T.setting("train,sample,prep", f"comma-separated, any of {','.join(SECTIONS)}")
-    repeats: int = T.setting(5, "interleaved rounds of every timing")
-    threads: str | None = T.setting(None, "torch CPU threads, comma-separated: sampling is timed at each, interleaved; "
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N")
+    sections: str = setting("train,sample,prep", f"comma-separated, any of {','.join(SECTIONS)}")
+    repeats: int = setting(5, "interleaved rounds of every timing")
+    threads: str | None = setting(None, "torch CPU threads, comma-separated: sampling is timed at each, interleaved; "
                                           "the other sections use the first (default: torch's)")
     # training
-    preset: str | None = T.setting(None, "training preset (default: small on CPU, paper on CUDA)")
-    block_size: int | None = T.setting(None, "training sequence length (default: 128 CPU, 1024 CUDA)")
-    batch_size: int | None = T.setting(None, "sequences per step (default 8)")
-    train_repeats: int | None = T.setting(None, "train() calls per variant (default: --repeats on CPU, 1 on CUDA: compiles)")
-    steps: int = T.setting(6, "timed optimizer steps per train() call")
-    warmup: int = T.setting(2, "optimizer steps dropped before them")
-    compile: bool | None = T.setting(None, "torch.compile in training (default: on CUDA only)")
-    matmul_n: int | None = T.setting(None, "side of the measured square matmul (default: 2048 CPU, 8192 CUDA)")
+    preset: str | None = setting(None, "training preset (default: small on CPU, paper on CUDA)")
+    block_size: int | None = setting(None, "training sequence length (default: 128 CPU, 1024 CUDA)")
+    batch_size: int | None = setting(None, "sequences per step (default 8)")
+    train_repeats: int | None = setting(None, "train() calls per variant (default: --repeats on CPU, 1 on CUDA: compiles)")
+    steps: int = setting(6, "timed optimizer steps per train() call")
+    warmup: int = setting(2, "optimizer steps dropped before them")
+    compile: bool | None = setting(None, "torch.compile in training (default: on CUDA only)")
+    matmul_n: int | None = setting(None, "side of the measured square matmul (default: 2048 CPU, 8192 CUDA)")
     # sampling
-    sample_preset: str = T.setting("small", "model preset for sampling")
-    prompt_len: int = T.setting(16, "prompt tokens")
-    new_tokens: int = T.setting(64, "tokens generated")
-    sample_batches: str = T.setting("1,8", "comma-separated batch sizes")
-    recompute: bool = T.setting(True, "also time decoding that recomputes the whole context (slow on the paper preset)")
-    sample_compile: bool = T.setting(True, "also time the KV cache with its one-token step compiled (stream(compile=True)); "
+    sample_preset: str = setting("small", "model preset for sampling")
+    prompt_len: int = setting(16, "prompt tokens")
+    new_tokens: int = setting(64, "tokens generated")
+    sample_batches: str = setting("1,8", "comma-separated batch sizes")
+    recompute: bool = setting(True, "also time decoding that recomputes the whole context (slow on the paper preset)")
+    sample_compile: bool = setting(True, "also time the KV cache with its one-token step compiled (stream(compile=True)); "
                                            "compiling happens in the untimed warm-up")
-    precisions: str = T.setting("bfloat16,float16", "comma-separated weight dtypes timed against float32 at batch 1 (KV cache)")
+    precisions: str = setting("bfloat16,float16", "comma-separated weight dtypes timed against float32 at batch 1 (KV cache)")
     # loading
-    load_preset: str = T.setting("paper", "model preset of the checkpoint loaded (paper: a 1.9 GB file in a temp dir)")
-    load_repeats: int = T.setting(1, "child processes per loading path, interleaved")
+    load_preset: str = setting("paper", "model preset of the checkpoint loaded (paper: a 1.9 GB file in a temp dir)")
+    load_repeats: int = setting(1, "child processes per loading path, interleaved")
     # data preparation
-    corpus: str | None = T.setting(None, "text file for data preparation (default: tiny Shakespeare, fetched as prepare_data.py does)")
-    prep_copies: int = T.setting(8, "copies of the corpus concatenated")
-    workers: int | None = T.setting(None, "prep workers for 'all cores' (default: cpu count)")
-    json: bool = T.setting(False, "print JSON instead of the table")
+    corpus: str | None = setting(None, "text file for data preparation (default: tiny Shakespeare, fetched as prepare_data.py does)")
+    prep_copies: int = setting(8, "copies of the corpus concatenated")
+    workers: int | None = setting(None, "prep workers for 'all cores' (default: cpu count)")
+    json: bool = setting(False, "print JSON instead of the table")
 
 
 def median_time(fn, repeats, sync=lambda: None):
@@ -133,7 +135,7 @@ def bench_train(cfg, device, tmp):
     block = cfg.block_size or (1024 if cuda else 128)
     batch = cfg.batch_size or 8
     compile_ = cuda if cfg.compile is None else cfg.compile
-    vocab = M.PRESETS[preset].vocab_size
+    vocab = M.get_config(preset).vocab_size
     data = os.path.join(tmp, "data")
     os.makedirs(data)
     write_random_data(data, vocab)
@@ -191,7 +193,8 @@ def leading_agreement(a, b, start):
     return int(same.cumprod(0).sum())
 
 
-def bench_sample(cfg, device, tmp, threads):
+def hf_twin(model, tmp, device):
+    """transformers' GPTNeoXForCausalLM holding `model`'s weights, through convert.py's export."""
     try:
         from transformers import GPTNeoXForCausalLM
     except ImportError:
@@ -203,25 +206,29 @@ def bench_sample(cfg, device, tmp, threads):
     from convert import convert_native_to_hf
 
     hf_logging.disable_progress_bar()  # from_pretrained's "Loading weights" bar would land in the table
-
-    torch.manual_seed(0)
-    model = M.GPT(M.get_config(cfg.sample_preset)).to(device).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(50)  # peaked logits: greedy picks are far from ties
     ckpt = os.path.join(tmp, "sample.pt")
-    vocab = model.config.vocab_size
-    torch.save(M.checkpoint_dict(model, None), ckpt)  # ids in, ids out: no tokenizer (any vocab size)
+    torch.save(checkpoint_dict(model, None), ckpt)  # ids in, ids out: no tokenizer (any vocab size)
     with contextlib.redirect_stderr(io.StringIO()):  # convert's "no tokenizer exported" warning
         convert_native_to_hf(ckpt, os.path.join(tmp, "hf"))
     os.remove(ckpt)  # the paper preset's is 1.9 GB
     hf = GPTNeoXForCausalLM.from_pretrained(os.path.join(tmp, "hf"), dtype=torch.float32).to(device).eval()
     hf.generation_config.eos_token_id = None  # run the full length, as the native paths do
+    return hf
+
+
+def bench_sample(cfg, device, tmp, threads):
+    torch.manual_seed(0)
+    model = M.GPT(M.get_config(cfg.sample_preset)).to(device).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50)  # peaked logits: greedy picks are far from ties
+    vocab = model.config.vocab_size
+    hf = hf_twin(model, tmp, device)
     low = {name: copy.deepcopy(model).to(getattr(torch, name)) for name in cfg.precisions.split(",") if name}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
     for B in (int(b) for b in cfg.sample_batches.split(",")):
         prompt = torch.randint(0, vocab, (B, cfg.prompt_len), generator=torch.Generator().manual_seed(B)).to(device)
-        ways = {"kv_cache": lambda: model.generate(prompt, cfg.new_tokens, temperature=0),
+        ways = {"kv_cache": lambda: M.generate(model, prompt, cfg.new_tokens, temperature=0),
                 "hf_generate": lambda: hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
                                                    use_cache=True, max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens,
                                                    pad_token_id=0)}
@@ -229,9 +236,9 @@ def bench_sample(cfg, device, tmp, threads):
             ways["recompute"] = lambda: recompute_generate(model, prompt, cfg.new_tokens)
         ways["matmuls_alone"] = lambda: matmuls_alone(model, B, cfg.new_tokens)
         if cfg.sample_compile:
-            ways["kv_compiled"] = lambda: model.generate(prompt, cfg.new_tokens, temperature=0, compile=True)
+            ways["kv_compiled"] = lambda: M.generate(model, prompt, cfg.new_tokens, temperature=0, compile=True)
         if B == 1:
-            ways.update({name: (lambda m=m: m.generate(prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
+            ways.update({name: (lambda m=m: M.generate(m, prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
         outs, times, first = {}, {(t, k): [] for t in threads for k in ways}, {}
         with torch.no_grad():
             for t in threads:  # warm-up (and compiling), and the tokens compared (a thread count may change float rounding)
@@ -265,16 +272,17 @@ LOAD_CHILD = """
 import sys, time
 t0 = time.perf_counter()
 import torch
-import model as M
+from checkpoint import load_checkpoint
+from model import GPT, GPTConfig, generate
 path, way = sys.argv[1], sys.argv[2]
 t1 = time.perf_counter()
 if way == "old":  # the path before issue 12: random init, a full read, a copy into the model
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    model = M.GPT(M.GPTConfig(**ckpt["model_config"]))
+    model = GPT(GPTConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
 else:
-    model, ckpt = M.load_checkpoint(path)
-model.eval().generate(torch.zeros(1, 8, dtype=torch.long), 1, temperature=0)
+    model, ckpt = load_checkpoint(path)
+generate(model.eval(), torch.zeros(1, 8, dtype=torch.long), 1, temperature=0)
 print(time.perf_counter() - t1, time.perf_counter() - t0)
 """
 
@@ -297,10 +305,10 @@ def run_load_child(path, way):
 
 def bench_load(cfg, tmp):
     """Time to the first token and peak memory of a fresh process that loads a checkpoint of
-    `load_preset` and generates one token, the old way and model.load_checkpoint's, interleaved."""
+    `load_preset` and generates one token, the old way and checkpoint.load_checkpoint's, interleaved."""
     path = os.path.join(tmp, "load.pt")
     torch.manual_seed(0)
-    torch.save(M.checkpoint_dict(M.GPT(M.get_config(cfg.load_preset)), None), path)
+    torch.save(checkpoint_dict(M.GPT(M.get_config(cfg.load_preset)), None), path)
     size = os.path.getsize(path)
     runs = {"old": [], "new": []}
     for _ in range(cfg.load_repeats):
@@ -322,7 +330,7 @@ def _python_work(n):
 
 
 def _tiktoken_work(text):
-    enc = P.get_tokenizer("gpt2")
+    enc = get_tokenizer("gpt2")
     enc.encode_ordinary(text[:10_000])  # build the regex and caches before timing
     t0 = time.perf_counter()
     enc.encode_ordinary(text)
@@ -486,7 +494,7 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    cfg = BenchConfig(**vars(build_parser().parse_args(argv)))
+    cfg = parse_settings(build_parser(), argv)
     res = run(cfg)
     print(json.dumps(res, indent=2) if cfg.json else table(res))
     return 0

@@ -5,7 +5,6 @@ generated from a dataclass, and a `main` wrapper that turns the project's expect
 
 import argparse
 import contextlib
-import errno
 import os
 import re
 import sys
@@ -31,18 +30,6 @@ def atomic_open(path, mode="wb", **kwargs):
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
-
-
-def atomic_torch_save(obj, path):
-    """torch.save to `path` atomically; torch reports a failed write (a full disk) as a RuntimeError,
-    turned here into the OSError it is."""
-    import torch
-
-    try:
-        with atomic_open(path) as f:
-            torch.save(obj, f)
-    except RuntimeError as e:  # errno EIO, so callers that add their own context can use .strerror
-        raise OSError(errno.EIO, f"write failed ({one_line(e)})", str(path)) from None
 
 
 def atomic_write(path, data):
@@ -95,6 +82,10 @@ def _pid_alive(pid):
 
 
 # ----------------------------------------------------------------------------- devices
+# dense bf16 peak FLOP/s of one device, matched against torch.cuda.get_device_name (longest name first)
+PEAK_FLOPS = {"B200": 2250e12, "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
+
+
 def pick_device(name="auto"):
     """'auto' -> cuda, then mps, then cpu. An explicit name must be usable here, or ValueError says why."""
     import torch  # here, not at the top: prepare_data.py needs no torch, and importing it takes seconds
@@ -139,32 +130,76 @@ def parse_bool(s):
     raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
 
 
-def setting(default, help):
-    """A dataclass field with its --help text, for config_parser."""
-    return field(default=default, metadata={"help": help})
+def setting(default=MISSING, help="", **argument):
+    """A dataclass field with its --help text, for config_parser. Other keywords go to argparse's
+    add_argument: choices=[...], nargs=...; positional=True makes it a positional argument."""
+    return field(default=default, metadata={"help": help, **argument})
 
 
-def config_parser(cls, description):
-    """An argparse parser with one --name option per field of dataclass `cls` (help from the field's
-    metadata["help"]). Bools take --flag, --no-flag or --flag=true/false; an optional field
-    (`int | None`) takes "none" to mean unset."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def config_parser(cls, description, epilog=None):
+    """An argparse parser for dataclass `cls`: one --name option per field, help from setting().
+
+    - Types come from the annotations: an int also takes 5e3; an optional field (`int | None`) takes
+      "none" to mean unset.
+    - Bools take --flag, --no-flag or --flag=true/false. In a parser with positional arguments a bool
+      is only --flag / --no-flag, so it never takes the positional after it as its value.
+    - setting(help=..., positional=True): a positional argument (`python convert.py hf2native SRC OUT`);
+      with no default it is required. Other add_argument keywords (choices=[...], nargs=...) pass
+      through.
+    - `cls` may be a dict {command: dataclass} for a script with subcommands: one subparser each, its
+      help the dataclass's docstring; parse_settings returns the chosen command's dataclass.
+    --help shows each default unless the help text already speaks of it. parse_settings(parser, argv)
+    gives the filled dataclass.
+    """
+    p = argparse.ArgumentParser(description=description, epilog=epilog, formatter_class=_HelpFormatter)
+    p.settings = cls
+    if isinstance(cls, dict):
+        sub = p.add_subparsers(dest="command", required=True)
+        for name, command in cls.items():
+            doc = command.__doc__.strip()
+            _add_fields(sub.add_parser(name, help=doc, description=doc, formatter_class=_HelpFormatter), command)
+    else:
+        _add_fields(p, cls)
+    return p
+
+
+def parse_settings(parser, argv=None):
+    """argv -> the dataclass that config_parser made `parser` from, filled in (with subcommands: the
+    chosen command's dataclass)."""
+    args = vars(parser.parse_args(argv))
+    cls = parser.settings
+    return cls[args.pop("command")](**args) if isinstance(cls, dict) else cls(**args)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each option's default in --help, unless its help already speaks of it; description and epilog
+    as written."""
+
+    def _get_help_string(self, action):
+        return action.help if "default" in (action.help or "") else super()._get_help_string(action)
+
+
+def _add_fields(p, cls):
     hints = typing.get_type_hints(cls)
+    switches = any(f.metadata.get("positional") for f in fields(cls))  # bools as --flag / --no-flag only
     for f in fields(cls):
         args = typing.get_args(hints[f.name])
         kind = next((t for t in args if t is not type(None)), hints[f.name])
         parse = {int: parse_int, bool: parse_bool}.get(kind, kind)
         if type(None) in args:
             parse = _or_none(parse)
-        default = f.default if f.default is not MISSING else f.default_factory()
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        extra = {k: v for k, v in f.metadata.items() if k not in ("help", "positional")}
         help = f.metadata.get("help", "")
-        if kind is bool:
-            p.add_argument(f"--{f.name}", nargs="?", const=True, type=parse, default=default, metavar="BOOL",
-                           help=f"{help}; --no-{f.name} turns it off")
+        if f.metadata.get("positional"):
+            p.add_argument(f.name, type=parse, help=help, **({} if default is MISSING else {"default": default}), **extra)
+        elif kind is bool:
+            how = dict(action="store_const", const=True) if switches else dict(nargs="?", const=True, type=parse, metavar="BOOL")
+            off = f"; --no-{f.name} turns it off" if default is not False else ""
+            p.add_argument(f"--{f.name}", default=default, help=help + off, **how)
             p.add_argument(f"--no-{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
         else:
-            p.add_argument(f"--{f.name}", type=parse, default=default, help=help)
-    return p
+            p.add_argument(f"--{f.name}", type=parse, default=default, help=help, **extra)
 
 
 def _or_none(parse):

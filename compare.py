@@ -31,8 +31,9 @@ import sys
 import numpy as np
 import torch
 
+from checkpoint import load_checkpoint
 from common import atomic_write, pick_device, run_main
-from model import GPT, GPTConfig, get_config, load_checkpoint
+from model import GPT, GPTConfig, get_config
 from prepare_data import load_meta, prepare
 from train import Split, TrainConfig, train
 

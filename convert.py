@@ -29,18 +29,18 @@ Needs torch; safetensors for .safetensors files; tokenizers for tokenizer.json (
 release's tokenizer, exporting a tiktoken one). transformers is not needed here.
 """
 
-import argparse
 import json
 import os
 import re
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from common import atomic_torch_save, atomic_write, one_line, run_main
-from model import GPT, GPTConfig, canonical_code, checkpoint_dict, code_bits, load_checkpoint, model_from_weights
-from sample import load_text_codec
+from checkpoint import atomic_torch_save, checkpoint_dict, load_checkpoint, model_from_weights
+from common import atomic_write, config_parser, one_line, parse_settings, run_main, setting
+from model import GPT, GPTConfig, canonical_code, code_bits
+from tokenizer import file_in, load_text_codec
 
 # layout auto scores both layouts on this (any plain English works; a model that reads its input
 # through the wrong layout sees scrambled bits and cannot predict it)
@@ -124,14 +124,6 @@ def listing(named, limit=60):
 
 
 # ----------------------------------------------------------------------------------- files and folders
-def file_in(folder, name, what):
-    """The path of `name` in `folder`; `name` comes from a config or checkpoint, so it must be a plain
-    file name (no directories, no ..): a file outside the folder is never read or copied."""
-    if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name or "\\" in name:
-        raise ConversionError(f"{what} names {name!r}, which is not a file name inside {folder}: refused")
-    return os.path.join(folder, name)
-
-
 def check_out(out, overwrite):
     """Refuse a non-empty OUT unless --overwrite (checked before any work is done)."""
     if os.path.isdir(out) and os.listdir(out) and not overwrite:
@@ -647,33 +639,41 @@ def convert_native_to_hf(ckpt_path, out_dir, dtype="float32", overwrite=False):
 
 
 # ------------------------------------------------------------------------------------------- CLI
+@dataclass
+class HfToNative:
+    """a released HF folder -> OUT/ckpt.pt"""
+    src: str = setting(help="local HF model folder (config.json, *.safetensors or pytorch_model.bin, tokenizer files)",
+                       positional=True)
+    out: str = setting(help="output folder; ckpt.pt and the tokenizer files are written there", positional=True)
+    layout: str = setting("auto", "how the K code bits are lifted to model width (tile: dim j carries bit j mod K; "
+                                  "interleave: bit k fills a contiguous block of dims). auto: the one with the lower "
+                                  "loss on English text", choices=["auto", "tile", "interleave"])
+    input: str | None = setting(None, "the variant, if config.json's model_type does not say (it is checked against "
+                                      "the weights)", choices=["binary", "affine", "learned"])
+    overwrite: bool = setting(False, "write into a non-empty OUT, replacing its model files")
+
+
+@dataclass
+class NativeToHf:
+    """a native checkpoint -> a stock GPTNeoXForCausalLM folder"""
+    src: str = setting(help="native checkpoint: a .pt file or a folder holding ckpt.pt", positional=True)
+    out: str = setting(help="output folder (config.json, model.safetensors, tokenizer.json, ...)", positional=True)
+    dtype: str = setting("float32", "weight dtype written", choices=["float32", "bfloat16", "float16"])
+    overwrite: bool = setting(False, "write into a non-empty OUT, replacing its model files")
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(), formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="examples:\n  python convert.py hf2native ./llm-fix-min-fixed-minimal-binary-code out/fixmin\n"
-                                       "  python convert.py native2hf out/fixmin out/fixmin-hf")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("hf2native", help="a released HF folder -> OUT/ckpt.pt")
-    a.add_argument("src", help="local HF model folder (config.json, *.safetensors or pytorch_model.bin, tokenizer files)")
-    a.add_argument("out", help="output folder; ckpt.pt and the tokenizer files are written there")
-    a.add_argument("--layout", choices=["auto", "tile", "interleave"], default="auto",
-                   help="how the K code bits are lifted to model width (tile: dim j carries bit j mod K; interleave: "
-                        "bit k fills a contiguous block of dims). auto: the one with the lower loss on English text")
-    a.add_argument("--input", choices=["binary", "affine", "learned"], default=None,
-                   help="the variant, if config.json's model_type does not say (it is checked against the weights)")
-    b = sub.add_parser("native2hf", help="a native checkpoint -> a stock GPTNeoXForCausalLM folder")
-    b.add_argument("src", help="native checkpoint: a .pt file or a folder holding ckpt.pt")
-    b.add_argument("out", help="output folder (config.json, model.safetensors, tokenizer.json, ...)")
-    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="weight dtype written")
-    for s in (a, b):
-        s.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT, replacing its model files")
-    args = p.parse_args(argv)
-    if args.cmd == "hf2native":
-        path, model, info = convert_hf_to_native(args.src, args.out, args.layout, args.input, args.overwrite)
+    parser = config_parser({"hf2native": HfToNative, "native2hf": NativeToHf}, __doc__.strip().split("\n\n")[0],
+                           epilog="examples:\n  python convert.py hf2native ./llm-fix-min-fixed-minimal-binary-code out/fixmin\n"
+                                  "  python convert.py native2hf out/fixmin out/fixmin-hf")
+    cfg = parse_settings(parser, argv)
+    if isinstance(cfg, HfToNative):
+        path, model, info = convert_hf_to_native(cfg.src, cfg.out, cfg.layout, cfg.input, cfg.overwrite)
         n = model.num_params()
         print(f"wrote {path}: {info['variant']} input, layout {info['layout']}, names {', '.join(info['conventions'])}, "
               f"{n['trainable']:,} trainable parameters, {n['frozen']:,} frozen values")
     else:
-        out = convert_native_to_hf(args.src, args.out, args.dtype, args.overwrite)
+        out = convert_native_to_hf(cfg.src, cfg.out, cfg.dtype, cfg.overwrite)
         print(f"wrote {out}: GPTNeoXForCausalLM (load with AutoModelForCausalLM.from_pretrained({out!r}))")
     return 0
 

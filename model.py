@@ -23,23 +23,19 @@ Design choices, up front:
   are a gather, so no parameters and no matmul.
 - Decoder: pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention) through
   F.scaled_dot_product_attention, GELU MLP (4x), final LayerNorm, untied bias-free output head.
-- Generation uses a KV cache sized to the generation (prompt + new tokens, at most block_size slots,
-  a ring once full, so decoding goes on past block_size as a sliding window); keys are cached already
-  rotated at their absolute positions, and rotary attention depends only on the distance between
-  positions. The one-token step has fixed shapes, so torch.compile can compile it once.
+- Read top to bottom: the code, the config, the decoder, GPT. Then, apart: the affine input, the config
+  checks, and fast decoding (KV cache, sampling, generate), each in a labelled section at the end.
 """
 
 import math
-import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import one_line
 
-
+# ----------------------------------------------------------------------------- the idea: a fixed binary code
 def code_bits(vocab_size: int) -> int:
     """K = ceil(log2 V): the fewest bits that give every token id its own code."""
     return max(1, (vocab_size - 1).bit_length())
@@ -92,48 +88,7 @@ class BinaryCodeInput(nn.Module):
         return self.weight[idx].index_select(-1, self.lift)  # (B, T) -> (B, T, K) -> (B, T, n_embd)
 
 
-def gf2_rank(matrix: torch.Tensor) -> int:
-    """Rank over GF(2) of a 0/1 matrix, by Gaussian elimination with XOR."""
-    rows = [int("".join(str(int(b)) for b in row), 2) for row in matrix.tolist()]
-    rank = 0
-    for col in reversed(range(matrix.shape[1])):
-        pivot = next((r for r in rows if r >> col & 1), None)
-        if pivot is None:
-            continue
-        rows.remove(pivot)
-        rows = [r ^ pivot if r >> col & 1 else r for r in rows]
-        rank += 1
-    return rank
-
-
-class AffineCodeInput(nn.Module):
-    """Table-free recoded input: c'(t) = A c(t) XOR b over GF(2), then lifted like the plain code.
-
-    A (K x K, invertible over GF(2), so the map stays injective) and b (K bits) are drawn once from
-    `seed`. The bits are computed from the ids with shifts and masks: nothing V-sized is stored.
-    """
-
-    def __init__(self, vocab_size, n_embd, layout="tile", seed=0):
-        super().__init__()
-        bits = code_bits(vocab_size)
-        gen = torch.Generator("cpu").manual_seed(seed)  # CPU: A and b are the same on any device
-        while True:  # a random binary matrix is invertible with probability ~0.29, so this is quick
-            A = torch.randint(0, 2, (bits, bits), generator=gen, device="cpu")
-            if gf2_rank(A) == bits:
-                break
-        b = torch.randint(0, 2, (bits,), generator=gen, device="cpu")
-        self.bits = bits
-        self.register_buffer("A", A.float())
-        self.register_buffer("b", b.float())
-        self.register_buffer("lift", lift_index(n_embd, bits, layout), persistent=False)
-
-    def forward(self, idx):
-        c = binary_code(idx, self.bits)  # (B, T, K)
-        # c @ A^T counts the ones each output bit XORs together (exact in float up to 2^24); mod 2 is XOR
-        recoded = (c @ self.A.T + self.b) % 2
-        return recoded.index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
-
-
+# ----------------------------------------------------------------------------- the config
 @dataclass
 class GPTConfig:
     vocab_size: int = 50304
@@ -150,50 +105,43 @@ class GPTConfig:
     dropout: float = 0.0
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if not (isinstance(getattr(self, name), int) and getattr(self, name) > 0):
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"head size n_embd/n_head = {self.n_embd // self.n_head} must be even for rotary")
-        if self.input not in ("binary", "affine", "learned"):
-            raise ValueError(f"unknown input {self.input!r}: choose binary, affine or learned")
-        if self.layout not in ("tile", "interleave"):
-            raise ValueError(f"unknown layout {self.layout!r}: choose tile or interleave")
-        if self.input != "learned" and self.n_embd < self.code_bits:
-            raise ValueError(f"n_embd ({self.n_embd}) is smaller than the {self.code_bits} code bits of vocab_size "
-                             f"{self.vocab_size}: some tokens would share an input")
-        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id {self.pad_token_id} is outside [0, {self.vocab_size})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_config(self)  # a clear error for a shape that cannot work (the checks section at the end)
 
     @property
     def code_bits(self):
         return code_bits(self.vocab_size)
 
 
-PRESETS = {
+PRESETS = {  # GPTConfig fields by name; the rest keep their defaults
     # the released checkpoints' shape: 32 x 1024, 32 heads, context 1024, V = 65,536, <pad> = 57,344
-    "paper": GPTConfig(vocab_size=65536, block_size=1024, n_layer=32, n_head=32, n_embd=1024, pad_token_id=57344),
+    "paper": dict(vocab_size=65536, block_size=1024, n_layer=32, n_head=32, n_embd=1024, pad_token_id=57344),
     # the Shakespeare quickstart on a laptop CPU: GPT-2's tokenizer cut to 8,192 tokens (K = 13)
-    "small": GPTConfig(vocab_size=8192, block_size=256, n_layer=6, n_head=6, n_embd=384),
+    "small": dict(vocab_size=8192, block_size=256, n_layer=6, n_head=6, n_embd=384),
     # for tests: a few milliseconds a step
-    "tiny": GPTConfig(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32),
+    "tiny": dict(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32),
 }
 
 
 def get_config(preset: str, **overrides) -> GPTConfig:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
-    return replace(PRESETS[preset], **overrides)
+    return GPTConfig(**{**PRESETS[preset], **overrides})
+
+
+# ----------------------------------------------------------------------------- the decoder
+def rotate(x, cos, sin):
+    """Rotary position embedding, written out: a head's dims pair up as (x1[i], x2[i]), its two halves,
+    and each pair turns as a point in the plane by its angle, position * rope_base^(-2i/head_dim):
+    cos, sin (T, head_dim/2). q.k then depends only on how far apart two positions are. The model runs
+    apply_rotary below: the same in three ops (test_model.py holds them equal)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
-    """cos and signed sin of the rotary angles, (T,) positions -> 2 x (T, head_dim); float64 math keeps
-    long positions accurate, and the same formula serves the precomputed table and positions past it.
-    The sin's first half is negated, so apply_rotary needs no negation per call."""
+    """The angles' tables for apply_rotary, (T,) positions -> 2 x (T, head_dim): cos twice, [cos, cos],
+    and sin with its first half negated, [-sin, sin]. float64 math keeps long positions accurate; the
+    same formula serves the precomputed table and positions past it."""
     inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
     angles = positions.double()[:, None] * inv_freq[None, :]  # (T, head_dim/2)
     sin = angles.sin()
@@ -201,64 +149,9 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate-half RoPE, x * cos + [-x2, x1] * sin, as three ops (roll swaps the halves, the sign is in
-    `sin`): they run for q and k in every layer at every decoded token. x (..., T, D), cos/sin (T, D)."""
+    """rotate() as three ops, x * [cos, cos] + [x2, x1] * [-sin, sin] (roll swaps the halves, the sign is
+    in the table): they run for q and k in every layer at every decoded token. x (..., T, D), cos/sin (T, D)."""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
-
-
-def check_ids(idx, vocab_size):
-    """A clear error for ids outside [0, V) where they enter (a bad id would fail deep inside an index
-    op, on a GPU as a device assert, or with the affine input silently alias another token)."""
-    if idx.numel() == 0:
-        raise ValueError("no token ids: a prompt needs at least one token")
-    lo, hi = idx.min().item(), idx.max().item()
-    if lo < 0 or hi >= vocab_size:
-        raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
-
-
-class KVCache:
-    """Keys and values of every layer for one generation: `size` slots per layer, a ring once full.
-
-    size = the positions the generation reaches (prompt + new tokens), at most block_size: memory for
-    what is generated, not for the whole context (a 3-token sample holds prompt + 3 slots, not 1,024).
-    Past block_size the ring slides: the newest token overwrites the oldest. One token's step reads
-    no Python-side state: its position, its slot and the mask of written slots are tensors and every
-    shape is fixed, so torch.compile compiles the step once (stream(compile=True))."""
-
-    def __init__(self, config, batch_size, positions, device, dtype):
-        head_dim = config.n_embd // config.n_head
-        self.size = min(positions, config.block_size)
-        shape = (batch_size, config.n_head, self.size, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.written = torch.zeros(1, self.size, dtype=torch.bool, device=device)  # (1 query, size) mask: slots in use
-        self.pos = torch.zeros(1, dtype=torch.long, device=device)  # tokens seen so far
-        self.slot = None  # where the current token goes: pos % size, set by advance()
-        # rotary angles of every position this generation reaches (past block_size too)
-        cos, sin = rotary_cos_sin(torch.arange(positions), head_dim, config.rope_base)
-        self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
-
-    def advance(self, T):
-        """Start a forward pass over T new tokens: mark their slots, return their rotary cos/sin."""
-        if T > 1:  # the prompt: slots 0 .. T-1, attending causally to itself
-            if self.written.any():
-                raise ValueError("the KV cache takes a multi-token chunk only at the start")
-            self.written[:, :T] = True
-            return self.cos[:T], self.sin[:T]
-        self.slot = self.pos % self.size
-        self.written.index_fill_(1, self.slot, True)
-        return self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
-
-    def update(self, layer, k, v):
-        """Store k, v (B, H, T, D) of the newest T tokens. Returns the keys, values and mask to attend
-        to: a prompt, itself (causal, no mask); one token, every slot, masked to the written ones."""
-        if k.shape[2] > 1:
-            self.k[layer].narrow(2, 0, k.shape[2]).copy_(k)
-            self.v[layer].narrow(2, 0, k.shape[2]).copy_(v)
-            return k, v, None
-        self.k[layer].index_copy_(2, self.slot, k)
-        self.v[layer].index_copy_(2, self.slot, v)
-        return self.k[layer], self.v[layer], self.written  # the mask broadcasts over (B, H, 1, size)
 
 
 class CausalSelfAttention(nn.Module):
@@ -277,7 +170,7 @@ class CausalSelfAttention(nn.Module):
         qk = apply_rotary(qkv[:2], cos, sin)  # q and k rotated in one go: fewer ops per decoded token
         q, k, v = qk[0], qk[1], qkv[2]
         mask = None
-        if cache is not None:
+        if cache is not None:  # decoding: attend to the cached keys and values too (KVCache, at the end)
             k, v, mask = cache.update(layer, k, v)
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=T > 1)
@@ -333,16 +226,6 @@ class GPT(nn.Module):
             if name.endswith("proj.weight"):  # residual projections: keep the stream's variance flat in depth
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    @staticmethod
-    def _init_weights(module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
-    def get_input_embeddings(self):
-        return self.embed
-
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits, loss). With a cache (generation), only the last position's
         logits are computed, shape (B, 1, V); otherwise (B, T, V). Ids are not checked here (two host
@@ -362,6 +245,16 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, V), targets.view(-1), ignore_index=-1)
         return logits, loss
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def get_input_embeddings(self):
+        return self.embed
 
     def num_params(self):
         """Trainable parameters, frozen stored values (code tables, A and b), and the trainable
@@ -390,109 +283,134 @@ class GPT(nn.Module):
         ]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda" or None)
 
-    @torch.inference_mode()  # cheaper per op than no_grad: no version counters, no view tracking
-    def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
-               compile=False):
-        """Yield the next token of every sequence, (B, 1), one step at a time, with a KV cache.
 
-        temperature 0 is greedy. A prompt longer than block_size is cropped to its last block_size
-        tokens. Past block_size the cache slides: each new token sees the block_size tokens before
-        it (their keys were computed in their own windows, as in any sliding-window KV cache).
-        Once a sequence emits eos_token_id it keeps emitting it; all done ends the stream.
-        compile=True runs the one-token step through torch.compile (once per model and cache
-        shape: worth it for long generations, not for a few tokens).
-        """
-        check_ids(idx, self.config.vocab_size)
-        idx = idx[:, -self.config.block_size :]
-        p = next(self.parameters())
-        cache = KVCache(self.config, idx.shape[0], idx.shape[1] + max_new_tokens, p.device, p.dtype)
-        step = self.compiled_step() if compile else self
-        done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-        for i in range(max_new_tokens):
-            logits, _ = (self if i == 0 else step)(idx, cache=cache)  # the prompt runs eagerly
-            nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator)
-            if eos_token_id is not None:
-                nxt = torch.where(done[:, None], eos_token_id, nxt)
-                done |= nxt[:, 0] == eos_token_id
-            yield nxt
-            if eos_token_id is not None and done.all():
-                return
-            idx = nxt
-
-    def compiled_step(self):
-        """self's forward under torch.compile, made once and kept outside the module tree (so it is
-        neither a submodule nor in the state dict)."""
-        if "_compiled" not in self.__dict__:
-            self.__dict__["_compiled"] = torch.compile(self, fullgraph=True, dynamic=False)
-        return self.__dict__["_compiled"]
-
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
-                 compile=False):
-        """idx (B, T) -> (B, T + new): the prompt followed by what stream() yields."""
-        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_token_id, generator, compile))
-        return torch.cat([idx, *new], dim=1)
+# ----------------------------------------------------------------------------- the affine input: a table-free variant
+def gf2_rank(matrix: torch.Tensor) -> int:
+    """Rank over GF(2) of a 0/1 matrix, by Gaussian elimination with XOR."""
+    rows = [int("".join(str(int(b)) for b in row), 2) for row in matrix.tolist()]
+    rank = 0
+    for col in reversed(range(matrix.shape[1])):
+        pivot = next((r for r in rows if r >> col & 1), None)
+        if pivot is None:
+            continue
+        rows.remove(pivot)
+        rows = [r ^ pivot if r >> col & 1 else r for r in rows]
+        rank += 1
+    return rank
 
 
-def read_checkpoint(path, device="cpu"):
-    """The checkpoint dict in a .pt file, or in a folder holding ckpt.pt; a clear error names the file.
+class AffineCodeInput(nn.Module):
+    """Table-free recoded input: c'(t) = A c(t) XOR b over GF(2), then lifted like the plain code.
 
-    A checkpoint is a dict of plain types: "model" (state dict), "model_config" (GPTConfig fields),
-    "tokenizer" (how to decode), plus training state where train.py wrote it. The file is memory-mapped
-    (copy-on-write: writing a tensor never touches the file), so on the CPU its tensors are read from
-    the page cache when first used and never held twice.
+    A (K x K, invertible over GF(2), so the map stays injective) and b (K bits) are drawn once from
+    `seed`. The bits are computed from the ids with shifts and masks: nothing V-sized is stored.
     """
-    file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
-    if not os.path.isfile(file):
-        raise FileNotFoundError(f"{file}: no checkpoint there")
-    try:
-        ckpt = torch.load(file, map_location=device, weights_only=True, mmap=True)
-    except Exception as e:
-        raise ValueError(f"{file}: cannot read this checkpoint, truncated or not a PyTorch file "
-                         f"({type(e).__name__}: {one_line(e)})") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
-        raise ValueError(f"{file}: not a checkpoint of this project (needs 'model' and 'model_config')")
-    return ckpt
+
+    def __init__(self, vocab_size, n_embd, layout="tile", seed=0):
+        super().__init__()
+        bits = code_bits(vocab_size)
+        gen = torch.Generator("cpu").manual_seed(seed)  # CPU: A and b are the same on any device
+        while True:  # a random binary matrix is invertible with probability ~0.29, so this is quick
+            A = torch.randint(0, 2, (bits, bits), generator=gen, device="cpu")
+            if gf2_rank(A) == bits:
+                break
+        b = torch.randint(0, 2, (bits,), generator=gen, device="cpu")
+        self.bits = bits
+        self.register_buffer("A", A.float())
+        self.register_buffer("b", b.float())
+        self.register_buffer("lift", lift_index(n_embd, bits, layout), persistent=False)
+
+    def forward(self, idx):
+        c = binary_code(idx, self.bits)  # (B, T, K)
+        # c @ A^T counts the ones each output bit XORs together (exact in float up to 2^24); mod 2 is XOR
+        recoded = (c @ self.A.T + self.b) % 2
+        return recoded.index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
 
 
-def load_weights(model, state_dict, source):
-    """Make model's parameters and buffers the state dict's own tensors (assign: no copy), cast where a
-    dtype differs. The model may be built on the meta device; a missing, unexpected or misshapen
-    tensor is a ValueError naming `source`."""
-    own = model.state_dict()
-    problems = [f"missing {k}" for k in own if k not in state_dict]
-    problems += [f"unexpected {k}" for k in state_dict if k not in own]
-    problems += [f"{k}: {tuple(t.shape)} in the file, {tuple(own[k].shape)} in the model" for k, t in state_dict.items()
-                 if k in own and t.shape != own[k].shape]
-    if problems:
-        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
-        raise ValueError(f"{source}: weights do not fit its model_config: {'; '.join(problems[:4])}{more}")
-    # assign: the model takes these very tensors (memory-mapped on the CPU), no second copy
-    model.load_state_dict({k: t.to(own[k].dtype) for k, t in state_dict.items()}, assign=True)
+# ----------------------------------------------------------------------------- checks
+def check_config(c):
+    """Every GPTConfig is checked when made: a shape that cannot work is a clear ValueError here, not
+    a shape error deep inside a layer, and two tokens never silently share an input."""
+    for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        if not (isinstance(getattr(c, name), int) and getattr(c, name) > 0):
+            raise ValueError(f"{name} must be a positive integer, got {getattr(c, name)!r}")
+    if c.n_embd % c.n_head:
+        raise ValueError(f"n_embd ({c.n_embd}) must be divisible by n_head ({c.n_head})")
+    if (c.n_embd // c.n_head) % 2:
+        raise ValueError(f"head size n_embd/n_head = {c.n_embd // c.n_head} must be even for rotary")
+    if c.input not in ("binary", "affine", "learned"):
+        raise ValueError(f"unknown input {c.input!r}: choose binary, affine or learned")
+    if c.layout not in ("tile", "interleave"):
+        raise ValueError(f"unknown layout {c.layout!r}: choose tile or interleave")
+    if c.input != "learned" and c.n_embd < c.code_bits:
+        raise ValueError(f"n_embd ({c.n_embd}) is smaller than the {c.code_bits} code bits of vocab_size "
+                         f"{c.vocab_size}: some tokens would share an input")
+    if c.pad_token_id is not None and not 0 <= c.pad_token_id < c.vocab_size:
+        raise ValueError(f"pad_token_id {c.pad_token_id} is outside [0, {c.vocab_size})")
+    if not 0.0 <= c.dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {c.dropout}")
 
 
-def model_from_weights(config, state_dict, source):
-    """GPT(config) holding the state dict's tensors: built on the meta device (no random init, no
-    memory), then the tensors assigned. Its non-persistent buffers (lift, rotary tables) are built on
-    the CPU in any case, so nothing is left on meta."""
-    with torch.device("meta"):
-        model = GPT(config)
-    load_weights(model, state_dict, source)
-    return model
+# ----------------------------------------------------------------------------- fast decoding
+# generate(model, idx, n) runs the prompt through the model once, then one token at a time. Each step
+# attends to the keys and values of every token before it, kept in a KVCache sized to the generation
+# (prompt + new tokens, at most block_size slots, a ring once full, so decoding goes on past
+# block_size as a sliding window). Keys are cached already rotated at their absolute positions, and
+# rotary attention depends only on the distance between positions. The one-token step has fixed
+# shapes, so torch.compile can compile it once (compile=True).
+def check_ids(idx, vocab_size):
+    """A clear error for ids outside [0, V) where they enter (a bad id would fail deep inside an index
+    op, on a GPU as a device assert, or with the affine input silently alias another token)."""
+    if idx.numel() == 0:
+        raise ValueError("no token ids: a prompt needs at least one token")
+    lo, hi = idx.min().item(), idx.max().item()
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
 
 
-def load_checkpoint(path, device="cpu"):
-    """Read a checkpoint and build its model on `device`: returns (model, ckpt)."""
-    ckpt = read_checkpoint(path, device)
-    try:
-        config = GPTConfig(**ckpt["model_config"])
-    except TypeError as e:
-        raise ValueError(f"{path}: its model_config does not fit GPTConfig ({e})") from None
-    return model_from_weights(config, ckpt["model"], path).to(device), ckpt
+class KVCache:
+    """Keys and values of every layer for one generation: `size` slots per layer, a ring once full.
 
+    size = the positions the generation reaches (prompt + new tokens), at most block_size: memory for
+    what is generated, not for the whole context (a 3-token sample holds prompt + 3 slots, not 1,024).
+    Past block_size the ring slides: the newest token overwrites the oldest. One token's step reads
+    no Python-side state: its position, its slot and the mask of written slots are tensors and every
+    shape is fixed, so torch.compile compiles the step once (stream(compile=True))."""
 
-def checkpoint_dict(model, tokenizer, **extra):
-    """The plain-typed dict load_checkpoint reads: weights, config, tokenizer, and any training state."""
-    return {"model": model.state_dict(), "model_config": asdict(model.config), "tokenizer": tokenizer, **extra}
+    def __init__(self, config, batch_size, positions, device, dtype):
+        head_dim = config.n_embd // config.n_head
+        self.size = min(positions, config.block_size)
+        shape = (batch_size, config.n_head, self.size, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.written = torch.zeros(1, self.size, dtype=torch.bool, device=device)  # (1 query, size) mask: slots in use
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)  # tokens seen so far
+        self.slot = None  # where the current token goes: pos % size, set by advance()
+        # rotary angles of every position this generation reaches (past block_size too)
+        cos, sin = rotary_cos_sin(torch.arange(positions), head_dim, config.rope_base)
+        self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
+
+    def advance(self, T):
+        """Start a forward pass over T new tokens: mark their slots, return their rotary cos/sin."""
+        if T > 1:  # the prompt: slots 0 .. T-1, attending causally to itself
+            if self.written.any():
+                raise ValueError("the KV cache takes a multi-token chunk only at the start")
+            self.written[:, :T] = True
+            return self.cos[:T], self.sin[:T]
+        self.slot = self.pos % self.size
+        self.written.index_fill_(1, self.slot, True)
+        return self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
+
+    def update(self, layer, k, v):
+        """Store k, v (B, H, T, D) of the newest T tokens. Returns the keys, values and mask to attend
+        to: a prompt, itself (causal, no mask); one token, every slot, masked to the written ones."""
+        if k.shape[2] > 1:
+            self.k[layer].narrow(2, 0, k.shape[2]).copy_(k)
+            self.v[layer].narrow(2, 0, k.shape[2]).copy_(v)
+            return k, v, None
+        self.k[layer].index_copy_(2, self.slot, k)
+        self.v[layer].index_copy_(2, self.slot, v)
+        return self.k[layer], self.v[layer], self.written  # the mask broadcasts over (B, H, 1, size)
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
@@ -513,14 +431,61 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     return torch.multinomial(probs, num_samples=1, generator=generator)
 
 
-if __name__ == "__main__":
-    import argparse
+@torch.inference_mode()  # cheaper per op than no_grad: no version counters, no view tracking
+def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
+           compile=False):
+    """Yield the next token of every sequence, (B, 1), one step at a time, with a KV cache.
 
-    parser = argparse.ArgumentParser(description="Print the parameter accounting of a preset's three input variants.")
-    parser.add_argument("--preset", default="paper", choices=list(PRESETS))
-    args = parser.parse_args()
+    temperature 0 is greedy. A prompt longer than block_size is cropped to its last block_size
+    tokens. Past block_size the cache slides: each new token sees the block_size tokens before
+    it (their keys were computed in their own windows, as in any sliding-window KV cache).
+    Once a sequence emits eos_token_id it keeps emitting it; all done ends the stream.
+    compile=True runs the one-token step through torch.compile (once per model and cache
+    shape: worth it for long generations, not for a few tokens).
+    """
+    check_ids(idx, model.config.vocab_size)
+    idx = idx[:, -model.config.block_size :]
+    p = next(model.parameters())
+    cache = KVCache(model.config, idx.shape[0], idx.shape[1] + max_new_tokens, p.device, p.dtype)
+    step = compiled_step(model) if compile else model
+    done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+    for i in range(max_new_tokens):
+        logits, _ = (model if i == 0 else step)(idx, cache=cache)  # the prompt runs eagerly
+        nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator)
+        if eos_token_id is not None:
+            nxt = torch.where(done[:, None], eos_token_id, nxt)
+            done |= nxt[:, 0] == eos_token_id
+        yield nxt
+        if eos_token_id is not None and done.all():
+            return
+        idx = nxt
+
+
+def compiled_step(model):
+    """model's forward under torch.compile, made once and kept outside the module tree (so it is
+    neither a submodule nor in the state dict)."""
+    if "_compiled" not in model.__dict__:
+        model.__dict__["_compiled"] = torch.compile(model, fullgraph=True, dynamic=False)
+    return model.__dict__["_compiled"]
+
+
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
+             compile=False):
+    """idx (B, T) -> (B, T + new): the prompt followed by what stream() yields."""
+    new = list(stream(model, idx, max_new_tokens, temperature, top_k, top_p, eos_token_id, generator, compile))
+    return torch.cat([idx, *new], dim=1)
+
+
+if __name__ == "__main__":  # python model.py --preset paper: the paper's parameter table, computed
+    from common import config_parser, parse_settings, setting  # the command line only: the model needs torch alone
+
+    @dataclass
+    class TableConfig:
+        preset: str = setting("paper", "model preset", choices=list(PRESETS))
+
+    cfg = parse_settings(config_parser(TableConfig, "Print the parameter accounting of a preset's three input variants."))
     print("| input | trainable params | input-interface params | frozen stored values |\n|---|---:|---:|---:|")
     for variant in ("learned", "binary", "affine"):
         with torch.device("meta"):  # shapes only: the paper preset costs no memory
-            n = GPT(get_config(args.preset, input=variant)).num_params()
+            n = GPT(get_config(cfg.preset, input=variant)).num_params()
         print(f"| {variant} | {n['trainable']:,} | {n['input']:,} | {n['frozen']:,} |")

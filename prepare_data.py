@@ -51,7 +51,6 @@ import sys
 import time
 import urllib.request
 from collections import deque
-from functools import lru_cache
 from itertools import chain, islice
 from pathlib import Path
 
@@ -59,6 +58,7 @@ import numpy as np
 import tiktoken
 
 from common import atomic_open, atomic_write, parse_int, run_main
+from tokenizer import get_tokenizer
 
 MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
 DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
@@ -78,24 +78,6 @@ class ShardError(ValueError):
 
 
 # ---------------------------------------------------------------- tokenizer
-@lru_cache(maxsize=8)  # building a cut encoding takes ~0.2 s
-def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None) -> tiktoken.Encoding:
-    """A tiktoken encoding, optionally cut to its first `vocab_size` - 1 merge ranks + EOT."""
-    if encoding not in tiktoken.list_encoding_names():
-        raise ValueError(f"unknown encoding {encoding!r}; choose one of {tiktoken.list_encoding_names()}")
-    base = tiktoken.get_encoding(encoding)
-    if vocab_size is None or vocab_size == base.n_vocab:
-        return base
-    ranks = base._mergeable_ranks
-    # The cut needs the 256 single bytes (so any text encodes) and cannot add ranks.
-    if not 257 <= vocab_size <= len(ranks) + 1:
-        full = f" or {base.n_vocab}" if base.n_vocab != len(ranks) + 1 else ""
-        raise ValueError(f"vocab_size must be in [257, {len(ranks) + 1}]{full} for {encoding}, got {vocab_size}")
-    kept = {b: r for b, r in ranks.items() if r < vocab_size - 1}
-    return tiktoken.Encoding(name=f"{encoding}_{vocab_size}", pat_str=base._pat_str,
-                             mergeable_ranks=kept, special_tokens={"<|endoftext|>": vocab_size - 1})
-
-
 def token_dtype(n_vocab: int) -> np.dtype:
     return DTYPES[2] if n_vocab <= 1 << 16 else DTYPES[4]
 

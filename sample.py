@@ -2,9 +2,13 @@
 Sample text from a checkpoint, streamed as it is produced (KV-cache decoding via model.stream).
 
     python sample.py                                     # out/ckpt.pt, what `python train.py` just trained
-    python sample.py --ckpt out/run                      # the card's prompt, greedy-free sampling
-    python sample.py --ckpt out/fixmin --temperature 0 --max_new_tokens 3
+    python sample.py --ckpt out/run --prompt "ROMEO:"    # continue a prompt
+    python sample.py --ckpt out/fixmin --temperature 0 --max_new_tokens 3   # a converted release: the card's prompt
     python sample.py --ckpt out/run --prompt_file p.txt --num_samples 3 --top_p 0.9 --seed 1
+
+Without a prompt, a checkpoint trained here starts a new document: from the end-of-text token, which
+ends every document of its prepared data. A converted release continues its model card's prompt,
+"Question: What is the capital of France?\\nAnswer:".
 
 The tokenizer comes from the checkpoint: a tiktoken encoding by name (native runs) or a tokenizer.json
 beside the checkpoint (converted releases; needs the `tokenizers` package). Generation stops at the
@@ -12,115 +16,45 @@ tokenizer's end-of-text token (<|endoftext|>, </s>). A prompt longer than the co
 block_size tokens (with a notice on stderr).
 """
 
-import argparse
-import codecs
-import json
 import math
-import os
 import sys
+from dataclasses import dataclass
 
 import torch
 
-from common import pick_device, run_main
-from model import load_checkpoint
-from prepare_data import get_tokenizer
+from checkpoint import load_checkpoint
+from common import config_parser, parse_settings, pick_device, run_main, setting
+from model import stream
+from tokenizer import load_text_codec
 
-DEFAULT_PROMPT = "Question: What is the capital of France?\nAnswer:"
-EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]  # end-of-text names, most common first
-
-
-class TiktokenText:
-    """A tiktoken encoding; decodes token bytes incrementally, so a character split across tokens
-    is printed once complete."""
-
-    def __init__(self, enc):
-        self.enc, self.eos_token_id = enc, enc.eot_token
-
-    def encode(self, text):
-        return self.enc.encode(text, allowed_special="all")
-
-    def decode(self, ids):
-        return self.enc.decode(ids)
-
-    def decoder(self):
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-        def decode(i=None):
-            if i is not None and i >= self.enc.n_vocab:  # a model with more ids than its tokenizer: say so, no KeyError
-                raise ValueError(f"the model produced token id {i}, but its tokenizer has {self.enc.n_vocab:,} tokens: "
-                                 "the checkpoint's tokenizer does not match its model")
-            return utf8.decode(b"" if i is None else self.enc.decode_single_token_bytes(i), final=i is None)
-        return decode
+CARD_PROMPT = "Question: What is the capital of France?\nAnswer:"  # the released models' card
 
 
-class HFText:
-    """A `tokenizers` tokenizer.json; decodes the whole continuation and prints what is new, holding
-    back a trailing U+FFFD (bytes of a character still to come)."""
-
-    def __init__(self, path):
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise ValueError("this checkpoint's tokenizer is a tokenizer.json: pip install tokenizers") from None
-        try:
-            self.tk = Tokenizer.from_file(path)
-        except Exception as e:  # the Rust library raises a bare Exception for unreadable or malformed files
-            raise ValueError(f"{path}: not a readable tokenizer.json ({e})") from None
-        eos = None
-        cfg = os.path.join(os.path.dirname(path), "tokenizer_config.json")
-        if os.path.isfile(cfg):
-            with open(cfg, encoding="utf-8") as f:
-                try:
-                    eos = json.load(f)
-                except ValueError as e:
-                    raise ValueError(f"{cfg}: not valid JSON ({e})") from None
-            eos = eos.get("eos_token") if isinstance(eos, dict) else None
-            eos = eos.get("content") if isinstance(eos, dict) else eos
-        names = ([eos] if isinstance(eos, str) else []) + EOS_CANDIDATES
-        self.eos_token_id = next((self.tk.token_to_id(n) for n in names if self.tk.token_to_id(n) is not None), None)
-
-    def encode(self, text):
-        return self.tk.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids):
-        return self.tk.decode(ids, skip_special_tokens=False)
-
-    def decoder(self):
-        ids, shown = [], [""]
-
-        def step(i=None):
-            if i is not None:
-                ids.append(i)
-            text = self.decode(ids)
-            if i is not None and text.endswith("\ufffd"):
-                return ""
-            new = text[len(shown[0]):] if text.startswith(shown[0]) else text[len(os.path.commonprefix([text, shown[0]])):]
-            shown[0] = text
-            return new
-
-        return step
+@dataclass
+class SampleConfig:
+    ckpt: str = setting("out/ckpt.pt", "a checkpoint .pt file, or a folder holding ckpt.pt")
+    prompt: str = setting("", "text to continue (default: none; a native checkpoint then starts a new document, a "
+                              "converted release continues its model card's prompt)")
+    prompt_file: str | None = setting(None, "read the prompt from this UTF-8 file instead")
+    num_samples: int = setting(1, "how many continuations")
+    max_new_tokens: int = setting(100, "tokens per continuation (fewer if end-of-text comes)")
+    temperature: float = setting(0.8, "softmax temperature; 0 = greedy")
+    top_k: int | None = setting(None, "sample only among the k most likely tokens")
+    top_p: float | None = setting(None, "nucleus sampling: the smallest set with this much probability")
+    seed: int = setting(1337, "random seed")
+    device: str = setting("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    dtype: str = setting("float32", "weights and activations", choices=["float32", "bfloat16", "float16"])
+    compile: bool = setting(False, "torch.compile the one-token decoding step: tens of seconds once, then faster "
+                                   "tokens (long outputs)")
 
 
-def load_text_codec(ckpt, ckpt_path):
+def default_prompt(ckpt):
+    """The text a sample continues when none is given. A converted release (its tokenizer is the
+    release's tokenizer.json) continues its model card's prompt. A model trained here gets none: it
+    starts from the end-of-text token that ends every document of its prepared data, i.e. at the
+    start of a new document (nanoGPT starts from "\\n")."""
     entry = ckpt.get("tokenizer")
-    if not entry:
-        raise ValueError(f"{ckpt_path} names no tokenizer: cannot turn text into tokens")
-    if not isinstance(entry, dict):
-        raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
-    if entry.get("kind") == "tiktoken":
-        return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size")))
-    if entry.get("kind") == "hf":
-        folder = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
-        name = entry.get("file", "tokenizer.json")
-        # the name comes from the checkpoint: a plain file name in its folder, never a path out of it
-        # (convert.file_in makes the same check; convert.py imports this module, so it cannot be imported here)
-        if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name or "\\" in name:
-            raise ValueError(f"{ckpt_path}: the tokenizer entry names {name!r}, which is not a file name inside {folder}: refused")
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"the checkpoint's tokenizer {path} is missing")
-        return HFText(path)
-    raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
+    return CARD_PROMPT if isinstance(entry, dict) and entry.get("kind") == "hf" else ""
 
 
 def sample_stream(model, codec, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None,
@@ -130,7 +64,7 @@ def sample_stream(model, codec, prompt_ids, max_new_tokens, temperature=1.0, top
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     decode = codec.decoder()
     eos = codec.eos_token_id
-    for nxt in model.stream(idx, max_new_tokens, temperature, top_k, top_p, eos, generator, compile):
+    for nxt in stream(model, idx, max_new_tokens, temperature, top_k, top_p, eos, generator, compile):
         i = int(nxt[0, 0])
         if i == eos:
             break
@@ -142,67 +76,65 @@ def sample_stream(model, codec, prompt_ids, max_new_tokens, temperature=1.0, top
         yield tail
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(), epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", default="out/ckpt.pt", help="a checkpoint .pt file, or a folder holding ckpt.pt")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to continue (default: the model card's %(default)r)")
-    p.add_argument("--prompt_file", default=None, help="read the prompt from this UTF-8 file instead")
-    p.add_argument("--num_samples", type=int, default=1, help="how many continuations")
-    p.add_argument("--max_new_tokens", type=int, default=100, help="tokens per continuation (fewer if end-of-text comes)")
-    p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 = greedy")
-    p.add_argument("--top_k", type=int, default=None, help="sample only among the k most likely tokens")
-    p.add_argument("--top_p", type=float, default=None, help="nucleus sampling: the smallest set with this much probability")
-    p.add_argument("--seed", type=int, default=1337, help="random seed")
-    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights and activations")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the one-token decoding step: tens of seconds once, then faster tokens (long outputs)")
-    args = p.parse_args(argv)
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise ValueError(f"--temperature must be a number >= 0 (0 = greedy), got {args.temperature}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}")
-    if args.max_new_tokens < 0 or args.num_samples < 1:
+def check_settings(cfg):
+    if not (math.isfinite(cfg.temperature) and cfg.temperature >= 0):
+        raise ValueError(f"--temperature must be a number >= 0 (0 = greedy), got {cfg.temperature}")
+    if cfg.top_p is not None and not 0 < cfg.top_p <= 1:
+        raise ValueError(f"--top_p must be in (0, 1], got {cfg.top_p}")
+    if cfg.max_new_tokens < 0 or cfg.num_samples < 1:
         raise ValueError("--max_new_tokens must be >= 0 and --num_samples >= 1")
-    if args.top_k is not None and args.top_k <= 0:
-        args.top_k = None  # 0 means no top-k cut
+    if cfg.top_k is not None and cfg.top_k <= 0:
+        cfg.top_k = None  # 0 means no top-k cut
 
-    prompt = args.prompt
-    if args.prompt_file:
-        with open(args.prompt_file, "rb") as f:
-            data = f.read()
-        try:
-            prompt = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{args.prompt_file}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    device = pick_device(args.device)
-    torch.manual_seed(args.seed)
-    model, ckpt = load_checkpoint(args.ckpt, device)
-    model = model.to(getattr(torch, args.dtype)).eval()
-    codec = load_text_codec(ckpt, args.ckpt)
 
+def read_prompt_file(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
+def prompt_ids(codec, prompt, block):
+    """The prompt's token ids, and the prompt as printed: an empty one starts from end-of-text (a
+    document boundary); a long one keeps its last `block` tokens."""
     ids = codec.encode(prompt)
-    if not ids:  # an empty prompt starts from end-of-text, as a document boundary
+    if not ids:
         if codec.eos_token_id is None:
             raise ValueError("the prompt is empty and the tokenizer has no end-of-text token to start from")
         ids = [codec.eos_token_id]
-    block = model.config.block_size
     if len(ids) > block:
         print(f"note: the prompt is {len(ids)} tokens, longer than the context ({block}): keeping its last {block}",
               file=sys.stderr)
         ids = ids[-block:]
         prompt = codec.decode(ids)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
+    return ids, prompt
 
-    for n in range(args.num_samples):
+
+def main(argv=None):
+    description, epilog = __doc__.strip().split("\n\n", 1)
+    cfg = parse_settings(config_parser(SampleConfig, description, epilog), argv)
+    check_settings(cfg)
+    prompt = read_prompt_file(cfg.prompt_file) if cfg.prompt_file else cfg.prompt
+    device = pick_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    model, ckpt = load_checkpoint(cfg.ckpt, device)
+    model = model.to(getattr(torch, cfg.dtype)).eval()
+    codec = load_text_codec(ckpt, cfg.ckpt)
+    if not (cfg.prompt_file or prompt):
+        prompt = default_prompt(ckpt)
+    ids, prompt = prompt_ids(codec, prompt, model.config.block_size)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+
+    for n in range(cfg.num_samples):
         sys.stdout.write(prompt)
         sys.stdout.flush()
-        for piece in sample_stream(model, codec, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p, generator,
-                                   args.compile):
+        for piece in sample_stream(model, codec, ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, generator,
+                                   cfg.compile):
             sys.stdout.write(piece)
             sys.stdout.flush()
-        sys.stdout.write("\n" + ("---------------\n" if args.num_samples > 1 else ""))
+        sys.stdout.write("\n" + ("---------------\n" if cfg.num_samples > 1 else ""))
         sys.stdout.flush()
     return 0
 

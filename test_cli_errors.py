@@ -144,7 +144,7 @@ def test_a_failed_torch_save_keeps_the_old_file(tmp_path, monkeypatch):
     """torch reports a full disk as RuntimeError ('unexpected pos ...'): it becomes an OSError, the old bytes stay."""
     import torch
 
-    from common import atomic_torch_save
+    from checkpoint import atomic_torch_save
 
     path = tmp_path / "ckpt.pt"
     atomic_torch_save({"step": 1}, path)

@@ -21,9 +21,10 @@ import torch
 
 import convert
 from common import run_main
-from model import GPT, canonical_code, checkpoint_dict, code_bits, get_config, load_checkpoint
-from prepare_data import get_tokenizer
+from checkpoint import checkpoint_dict, load_checkpoint
+from model import GPT, canonical_code, code_bits, generate, get_config
 from test_sample import char_tokenizer
+from tokenizer import get_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAKESPEARE = """First Citizen:
@@ -250,7 +251,7 @@ def test_transformers_matches(tmp_path, input, bias):
         diff = (model(x)[0] - hf(x).logits).abs().max().item()
     assert diff < 1e-4, diff
     prompt = x[:1, :6]
-    ours = model.generate(prompt, 20, temperature=0)
+    ours = generate(model, prompt, 20, temperature=0)
     theirs = hf.generate(prompt, max_new_tokens=20, min_new_tokens=20, do_sample=False, attention_mask=torch.ones_like(prompt))
     assert torch.equal(ours, theirs)
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
@@ -294,7 +295,7 @@ def test_release_tokenizer_to_transformers(tmp_path):
     x = torch.tensor([ids])
     with torch.no_grad():
         assert (model(x)[0] - hf(x).logits).abs().max().item() < 1e-4
-    ours = model.generate(x, 10, temperature=0, eos_token_id=2)[0].tolist()
+    ours = generate(model, x, 10, temperature=0, eos_token_id=2)[0].tolist()
     theirs = hf.generate(x, max_new_tokens=10, do_sample=False)[0].tolist()
 
     def cut(seq):  # up to and including the first end-of-text (transformers pads after it)

@@ -6,18 +6,21 @@ import io
 import pytest
 import torch
 
+from checkpoint import checkpoint_dict, load_checkpoint
 from model import (
     GPT,
     AffineCodeInput,
     BinaryCodeInput,
     GPTConfig,
+    apply_rotary,
     check_ids,
-    checkpoint_dict,
     code_bits,
+    generate,
     get_config,
     gf2_rank,
     lift_index,
-    load_checkpoint,
+    rotary_cos_sin,
+    rotate,
 )
 
 PAPER_V, PAPER_K, PAPER_PAD = 65536, 16, 57344
@@ -251,6 +254,24 @@ def test_loss_ignores_minus_one_and_starts_near_log_vocab():
     assert torch.allclose(half, expected)
 
 
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_apply_rotary_is_the_plain_rotation_of_the_two_halves(dtype, atol):
+    """The model's three-op rotary (roll + addcmul) equals rotate(), the halves x1, x2 spelled out (to
+    rounding: 1e-12 in float64, a float32 step in float32); and rotate() turns each pair (x1[i], x2[i])
+    by position * base^(-2i/D), computed here independently as a complex multiplication."""
+    D, T = 16, 300
+    cos, sin = rotary_cos_sin(torch.arange(T), D, 10000.0)
+    x = torch.randn(2, 3, T, D, generator=torch.Generator().manual_seed(0)).to(dtype)
+    fast = apply_rotary(x, cos.to(dtype), sin.to(dtype))
+    plain = rotate(x, cos[:, : D // 2].to(dtype), sin[:, D // 2 :].to(dtype))
+    torch.testing.assert_close(fast, plain, rtol=0, atol=atol)
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    x1, x2 = x.double().chunk(2, dim=-1)
+    turned = torch.complex(x1, x2) * torch.polar(torch.ones_like(angles), angles)
+    # to the rounding of the float32 tables
+    torch.testing.assert_close(plain.double(), torch.cat([turned.real, turned.imag], dim=-1), rtol=0, atol=2e-6)
+
+
 def test_checkpoint_round_trip_with_weights_only(tmp_path):
     model = tiny(input="affine", layout="interleave")
     torch.save(checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}), tmp_path / "ckpt.pt")
@@ -286,7 +307,7 @@ def test_fast_load_equals_the_old_path_bit_for_bit(tmp_path, variant):
     assert all(p.requires_grad for p in fast.parameters())
     idx = torch.randint(0, 512, (2, 20))
     assert torch.equal(fast.eval()(idx)[0], slow(idx)[0])
-    assert torch.equal(fast.generate(idx[:1], 12, temperature=0), slow.generate(idx[:1], 12, temperature=0))
+    assert torch.equal(generate(fast, idx[:1], 12, temperature=0), generate(slow, idx[:1], 12, temperature=0))
 
 
 def test_loaded_weights_never_write_back_to_the_file(tmp_path):
@@ -371,7 +392,7 @@ def test_kv_cache_matches_recomputing_the_sequence(variant):
     model = tiny(input=variant)
     prompt = torch.randint(0, 512, (3, 7))
     steps = model.config.block_size - 7  # fill the context exactly
-    cached = model.generate(prompt, steps, temperature=0)
+    cached = generate(model, prompt, steps, temperature=0)
     seq = prompt
     for _ in range(steps):
         seq = torch.cat([seq, naive_step_logits(model, seq).argmax(-1, keepdim=True)], dim=1)
@@ -390,7 +411,7 @@ def test_generation_continues_past_block_size():
     model = tiny()
     block = model.config.block_size
     prompt = torch.randint(0, 512, (2, block + 5))  # longer than the context: cropped
-    out = model.generate(prompt, 3 * block, temperature=0)
+    out = generate(model, prompt, 3 * block, temperature=0)
     assert out.shape == (2, block + 5 + 3 * block)
     assert torch.equal(out[:, : block + 5], prompt)
     # the first new token comes from the cropped prompt, exactly as a full recompute would
@@ -417,7 +438,7 @@ def test_kv_cache_follows_the_model_dtype(dtype):
     with torch.no_grad():
         model.lm_head.weight.mul_(50)
     prompt = torch.randint(0, 512, (2, 5))
-    cached = model.generate(prompt, 8, temperature=0)
+    cached = generate(model, prompt, 8, temperature=0)
     seq = prompt
     for _ in range(8):
         seq = torch.cat([seq, naive_step_logits(model, seq).argmax(-1, keepdim=True)], dim=1)
@@ -434,7 +455,7 @@ def test_compiled_step_gives_the_eager_tokens():
         model.lm_head.weight.mul_(50)  # peaked logits: no near-ties a fused kernel's rounding could flip
     prompt = torch.randint(0, 512, (2, 7))
     steps = 2 * model.config.block_size
-    assert torch.equal(model.generate(prompt, steps, temperature=0, compile=True), model.generate(prompt, steps, temperature=0))
+    assert torch.equal(generate(model, prompt, steps, temperature=0, compile=True), generate(model, prompt, steps, temperature=0))
     # kept outside the module tree: the same modules and state dict keys as before compiling
     assert [n for n, _ in model.named_modules()] == [n for n, _ in tiny().named_modules()]
     assert model.state_dict().keys() == tiny().state_dict().keys()
@@ -443,14 +464,14 @@ def test_compiled_step_gives_the_eager_tokens():
 def test_greedy_and_seeded_sampling_are_deterministic():
     model = tiny()
     prompt = torch.randint(0, 512, (2, 5))
-    assert torch.equal(model.generate(prompt, 20, temperature=0), model.generate(prompt, 20, temperature=0))
+    assert torch.equal(generate(model, prompt, 20, temperature=0), generate(model, prompt, 20, temperature=0))
 
     def sample(seed, **kw):
-        return model.generate(prompt, 20, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw)
+        return generate(model, prompt, 20, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw)
 
     assert torch.equal(sample(1), sample(1))
     assert not torch.equal(sample(1), sample(2))
-    greedy = model.generate(prompt, 20, temperature=0)
+    greedy = generate(model, prompt, 20, temperature=0)
     assert torch.equal(sample(3, top_k=1), greedy)
     assert torch.equal(sample(4, top_p=1e-6), greedy)  # the nucleus keeps only the top token
 
@@ -469,8 +490,8 @@ def test_top_k_and_top_p_restrict_the_support():
 def test_eos_stops_a_sequence():
     model = tiny()
     prompt = torch.randint(0, 512, (1, 5))
-    first = model.generate(prompt, 1, temperature=0)[0, -1].item()
-    out = model.generate(prompt, 10, temperature=0, eos_token_id=first)
+    first = generate(model, prompt, 1, temperature=0)[0, -1].item()
+    out = generate(model, prompt, 10, temperature=0, eos_token_id=first)
     assert out.shape == (1, 6) and out[0, -1] == first
 
 
@@ -484,11 +505,11 @@ def test_out_of_range_ids_name_the_id_and_the_vocabulary(bad_id):
     idx = torch.zeros(1, 4, dtype=torch.long)
     idx[0, 2] = bad_id
     with pytest.raises(ValueError, match=rf"token id {bad_id} .*\[0, 512\)"):
-        model.generate(idx, 1)
+        generate(model, idx, 1)
     with pytest.raises(ValueError, match=rf"token id {bad_id} .*\[0, 512\)"):
         check_ids(idx, 512)
     with pytest.raises(ValueError, match="at least one token"):
-        model.generate(idx[:, :0], 1)
+        generate(model, idx[:, :0], 1)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ if (SHARED / "tiktoken-cache").is_dir():  # offline: use the checked-in BPE file
 
 import prepare_data as P  # noqa: E402
 from common import run_main  # noqa: E402
+from tokenizer import get_tokenizer  # noqa: E402
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"corpus not found at {SHAKESPEARE}")
@@ -20,7 +21,7 @@ needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"corpus not
 
 @pytest.fixture(scope="module")
 def gpt2():
-    return P.get_tokenizer("gpt2")
+    return get_tokenizer("gpt2")
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +165,7 @@ def test_meta_that_is_not_json(tmp_path, raw):
 
 # ---------------------------------------------------------------- tokenizer
 def test_cut_tokenizer(gpt2, shakespeare):
-    cut = P.get_tokenizer("gpt2", 8192)
+    cut = get_tokenizer("gpt2", 8192)
     assert cut.n_vocab == 8192 and cut.eot_token == 8191
     low = " the king and the man of the house said that it is good"
     ids = gpt2.encode_ordinary(low)
@@ -174,8 +175,8 @@ def test_cut_tokenizer(gpt2, shakespeare):
     assert max(ids) < 8191 and cut.decode(ids) == text
     assert len(ids) > len(gpt2.encode_ordinary(text))  # fewer merges -> more tokens
     assert cut.decode([8191]) == "<|endoftext|>"
-    assert P.get_tokenizer("gpt2", 50257) is gpt2  # the full size is the encoding itself
-    smallest = P.get_tokenizer("gpt2", 257)
+    assert get_tokenizer("gpt2", 50257) is gpt2  # the full size is the encoding itself
+    smallest = get_tokenizer("gpt2", 257)
     ids = smallest.encode_ordinary("héllo")  # bytes only: one token per UTF-8 byte
     assert len(ids) == len("héllo".encode()) and max(ids) < 256 and smallest.decode(ids) == "héllo"
 
@@ -184,7 +185,7 @@ def test_cut_tokenizer(gpt2, shakespeare):
                                            ("gpt3", None, "cl100k_base")])
 def test_tokenizer_errors(name, size, msg):
     with pytest.raises(ValueError, match=msg):
-        P.get_tokenizer(name, size)
+        get_tokenizer(name, size)
 
 
 def test_pieces_tokenize_like_the_whole_text(gpt2):
@@ -275,7 +276,7 @@ def test_document_split_and_cut_tokenizer(tmp_path, gpt2):
     assert len(meta["sources"]) == 20 and meta["vocab_size"] == 1000 and meta["eot_token"] == 999
     tokens = shard_tokens(tmp_path / "out", meta, "val")
     assert tokens.max() == 999 and (tokens == 999).sum() == 2
-    cut = P.get_tokenizer("gpt2", 1000)
+    cut = get_tokenizer("gpt2", 1000)
     texts = [Path(s).read_text() for s in meta["sources"]]
     assert cut.decode(tokens.tolist()) == "".join(t + "<|endoftext|>" for t in (texts[9], texts[19]))
     assert val["bytes"] + train["bytes"] == sum(len(t.encode()) for t in texts)
@@ -367,7 +368,7 @@ def test_hub_mixture_with_budget(tmp_path, monkeypatch):
     assert calls[0] == ("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", True)
     total = sum(s["tokens"] for s in meta["splits"].values())
     assert 9_980 < total <= 10_000
-    text = P.get_tokenizer().decode(shard_tokens(tmp_path / "a", meta, "train").tolist())
+    text = get_tokenizer().decode(shard_tokens(tmp_path / "a", meta, "train").tolist())
     docs = text.split("<|endoftext|>")[:-1]
     assert abs(sum(d.startswith("FW") for d in docs) / len(docs) - 0.7) < 0.06
     P.prepare(["fineweb-edu", "cosmopedia"], tmp_path / "b", **kw)

@@ -9,8 +9,10 @@ import torch
 
 import convert
 import sample
+from checkpoint import checkpoint_dict
 from common import run_main
-from model import GPT, checkpoint_dict, get_config
+from model import GPT, generate, get_config
+from tokenizer import TiktokenText
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,7 @@ def native(tmp_path_factory):
 
 
 def expected_text(model, ids, n, decode, eos):
-    out = model.generate(torch.tensor([ids]), n, temperature=0, eos_token_id=eos)[0, len(ids):].tolist()
+    out = generate(model, torch.tensor([ids]), n, temperature=0, eos_token_id=eos)[0, len(ids):].tolist()
     if eos in out:
         out = out[: out.index(eos)]
     return decode(out)
@@ -33,7 +35,7 @@ def expected_text(model, ids, n, decode, eos):
 def test_greedy_matches_generate(native, capsys):
     model, folder, enc = native
     prompt = "Question: What is the capital of France?\nAnswer:"
-    assert sample.main(["--ckpt", folder, "--temperature", "0", "--max_new_tokens", "12", "--device", "cpu"]) == 0
+    assert sample.main(["--ckpt", folder, "--prompt", prompt, "--temperature", "0", "--max_new_tokens", "12", "--device", "cpu"]) == 0
     want = prompt + expected_text(model, enc.encode(prompt), 12, enc.decode, enc.eot_token) + "\n"
     assert capsys.readouterr().out == want
 
@@ -60,14 +62,14 @@ def test_sampling_is_seeded(native, capsys):
 def test_an_id_past_the_tokenizer_is_a_clear_error():
     """A model with more ids than its tokenizer (a padded vocabulary, a mismatched checkpoint) can emit
     an id nothing decodes: one clear error, not tiktoken's KeyError."""
-    codec = sample.TiktokenText(tiktoken.get_encoding("gpt2"))
+    codec = TiktokenText(tiktoken.get_encoding("gpt2"))
     with pytest.raises(ValueError, match="^the model produced token id 50300, but its tokenizer has 50,257 tokens"):
         codec.decoder()(50300)
 
 
 def test_streams_pieces_and_utf8():
     enc = tiktoken.get_encoding("gpt2")
-    codec = sample.TiktokenText(enc)
+    codec = TiktokenText(enc)
     text = "naïve 日本語 🎉 — done"
     step = codec.decoder()
     pieces = [step(i) for i in enc.encode(text)] + [step()]
@@ -77,7 +79,7 @@ def test_streams_pieces_and_utf8():
 
 def test_stream_yields_incrementally(native):
     model, _, enc = native
-    codec = sample.TiktokenText(enc)
+    codec = TiktokenText(enc)
     ids = enc.encode("Hello")
     pieces = list(sample.sample_stream(model, codec, ids, 10, temperature=0))
     assert len(pieces) > 1 and "".join(pieces) == expected_text(model, ids, 10, enc.decode, enc.eot_token)
@@ -141,8 +143,16 @@ def test_converted_hf_checkpoint_samples(tmp_path, capsys):
     sample.main(["--ckpt", str(tmp_path / "out"), "--prompt", prompt, "--temperature", "0", "--max_new_tokens", "15"])
     ids = tk.encode(prompt, add_special_tokens=False).ids
     assert tk.decode(ids) == prompt
-    want = expected_text(model, ids, 15, lambda x: tk.decode(x, skip_special_tokens=False), tk.token_to_id("</s>"))
+    decode = lambda x: tk.decode(x, skip_special_tokens=False)  # noqa: E731
+    want = expected_text(model, ids, 15, decode, tk.token_to_id("</s>"))
     assert capsys.readouterr().out == prompt + want + "\n"
+    # with no prompt, a converted release continues its model card's prompt
+    sample.main(["--ckpt", str(tmp_path / "out"), "--temperature", "0", "--max_new_tokens", "15"])
+    card = "Question: What is the capital of France?\nAnswer:"
+    ids = tk.encode(card, add_special_tokens=False).ids[-32:]  # one token a character; the context is 32
+    out = capsys.readouterr()
+    assert sample.CARD_PROMPT == card and "keeping its last 32" in out.err
+    assert out.out == card[-32:] + expected_text(model, ids, 15, decode, tk.token_to_id("</s>")) + "\n"
 
 
 # ----- bad input through the real command line: one `error:` line, exit 1, no traceback -----------
@@ -182,15 +192,15 @@ def test_bad_input_ends_in_one_error_line(native, tmp_path, capsys):
 
 
 def test_no_arguments_samples_what_train_py_just_wrote(native, tmp_path):
-    """train.py's default out_dir is `out`: `python sample.py` alone must sample out/ckpt.pt."""
+    """train.py's default out_dir is `out`: `python sample.py` alone must sample out/ckpt.pt. With no
+    prompt, a native checkpoint starts a new document: from the end-of-text token, nothing printed before."""
     model, folder, enc = native
     (tmp_path / "out").mkdir()
     with open(os.path.join(folder, "ckpt.pt"), "rb") as f:
         (tmp_path / "out" / "ckpt.pt").write_bytes(f.read())
     r = run_sample("--temperature", "0", "--max_new_tokens", "5", cwd=tmp_path)
-    prompt = sample.DEFAULT_PROMPT
     assert r.returncode == 0, r.stderr
-    assert r.stdout == prompt + expected_text(model, enc.encode(prompt), 5, enc.decode, enc.eot_token) + "\n"
+    assert r.stdout == expected_text(model, [enc.eot_token], 5, enc.decode, enc.eot_token) + "\n"
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ import torch
 
 import train
 from common import run_main
-from model import GPT, load_checkpoint
+from checkpoint import load_checkpoint
+from model import GPT
 from prepare_data import ShardError, prepare
 
 ROOT = Path(__file__).resolve().parent

@@ -30,13 +30,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import atomic_torch_save, config_parser, pick_device, run_main, setting
-from model import GPT, GPTConfig, checkpoint_dict, get_config, load_weights, read_checkpoint
+from checkpoint import atomic_torch_save, checkpoint_dict, load_weights, read_checkpoint
+from common import PEAK_FLOPS, config_parser, pick_device, run_main, setting
+from model import GPT, GPTConfig, get_config
 from prepare_data import ShardError, load_meta, read_shard
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # TrainConfig overrides each; None keeps the preset's
-# dense bf16 peak FLOP/s of one device, matched against torch.cuda.get_device_name (longest name first)
-PEAK_FLOPS = {"B200": 2250e12, "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
 
 
 # ----------------------------------------------------------------------------- settings

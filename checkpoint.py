@@ -1,0 +1,88 @@
+"""
+Checkpoints: reading, building the model they hold, and writing them: one home for every script that
+saves or loads one (train, sample, convert, compare, bench).
+
+A checkpoint is a dict of plain types, so torch.load(weights_only=True) reads it: "model" (the state
+dict), "model_config" (GPTConfig's fields), "tokenizer" (how to turn ids into text), and training state
+where train.py wrote it (optimizer, step, RNG, ...). Loading builds the model on the meta device and
+assigns the file's memory-mapped tensors to it: no random init, no second copy.
+"""
+
+import errno
+import os
+from dataclasses import asdict
+
+import torch
+
+from common import atomic_open, one_line
+from model import GPT, GPTConfig
+
+
+def checkpoint_dict(model, tokenizer, **extra):
+    """The plain-typed dict load_checkpoint reads: weights, config, tokenizer, and any training state."""
+    return {"model": model.state_dict(), "model_config": asdict(model.config), "tokenizer": tokenizer, **extra}
+
+
+def atomic_torch_save(obj, path):
+    """torch.save to `path` atomically; torch reports a failed write (a full disk) as a RuntimeError,
+    turned here into the OSError it is."""
+    try:
+        with atomic_open(path) as f:
+            torch.save(obj, f)
+    except RuntimeError as e:  # errno EIO, so callers that add their own context can use .strerror
+        raise OSError(errno.EIO, f"write failed ({one_line(e)})", str(path)) from None
+
+
+def read_checkpoint(path, device="cpu"):
+    """The checkpoint dict in a .pt file, or in a folder holding ckpt.pt; a clear error names the file.
+
+    The file is memory-mapped (copy-on-write: writing a tensor never touches the file), so on the CPU
+    its tensors are read from the page cache when first used and never held twice.
+    """
+    file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{file}: no checkpoint there")
+    try:
+        ckpt = torch.load(file, map_location=device, weights_only=True, mmap=True)
+    except Exception as e:
+        raise ValueError(f"{file}: cannot read this checkpoint, truncated or not a PyTorch file "
+                         f"({type(e).__name__}: {one_line(e)})") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+        raise ValueError(f"{file}: not a checkpoint of this project (needs 'model' and 'model_config')")
+    return ckpt
+
+
+def load_weights(model, state_dict, source):
+    """Make model's parameters and buffers the state dict's own tensors (assign: no copy), cast where a
+    dtype differs. The model may be built on the meta device; a missing, unexpected or misshapen
+    tensor is a ValueError naming `source`."""
+    own = model.state_dict()
+    problems = [f"missing {k}" for k in own if k not in state_dict]
+    problems += [f"unexpected {k}" for k in state_dict if k not in own]
+    problems += [f"{k}: {tuple(t.shape)} in the file, {tuple(own[k].shape)} in the model" for k, t in state_dict.items()
+                 if k in own and t.shape != own[k].shape]
+    if problems:
+        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
+        raise ValueError(f"{source}: weights do not fit its model_config: {'; '.join(problems[:4])}{more}")
+    # assign: the model takes these very tensors (memory-mapped on the CPU), no second copy
+    model.load_state_dict({k: t.to(own[k].dtype) for k, t in state_dict.items()}, assign=True)
+
+
+def model_from_weights(config, state_dict, source):
+    """GPT(config) holding the state dict's tensors: built on the meta device (no random init, no
+    memory), then the tensors assigned. Its non-persistent buffers (lift, rotary tables) are built on
+    the CPU in any case, so nothing is left on meta."""
+    with torch.device("meta"):
+        model = GPT(config)
+    load_weights(model, state_dict, source)
+    return model
+
+
+def load_checkpoint(path, device="cpu"):
+    """Read a checkpoint and build its model on `device`: returns (model, ckpt)."""
+    ckpt = read_checkpoint(path, device)
+    try:
+        config = GPTConfig(**ckpt["model_config"])
+    except TypeError as e:
+        raise ValueError(f"{path}: its model_config does not fit GPTConfig ({e})") from None
+    return model_from_weights(config, ckpt["model"], path).to(device), ckpt

@@ -1,0 +1,136 @@
+"""
+Tokenizers: text <-> token ids, one home for prepare_data.py, sample.py, convert.py and bench.py.
+
+- get_tokenizer: a tiktoken encoding, optionally cut to a smaller vocabulary (what prepare_data.py
+  writes shards with, and what a native checkpoint's tokenizer entry names).
+- TiktokenText, HFText: the two text codecs sample.py decodes with, a tiktoken encoding (native runs)
+  or a tokenizer.json (converted releases; needs the `tokenizers` package), each with its end-of-text id.
+- load_text_codec: the codec a checkpoint's "tokenizer" entry describes.
+- file_in: a file name read from a checkpoint or config must be a plain name in its folder.
+"""
+
+import codecs
+import json
+import os
+from functools import lru_cache
+
+import tiktoken
+
+EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]  # end-of-text names, most common first
+
+
+@lru_cache(maxsize=8)  # building a cut encoding takes ~0.2 s
+def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None) -> tiktoken.Encoding:
+    """A tiktoken encoding, optionally cut to its first `vocab_size` - 1 merge ranks + EOT."""
+    if encoding not in tiktoken.list_encoding_names():
+        raise ValueError(f"unknown encoding {encoding!r}; choose one of {tiktoken.list_encoding_names()}")
+    base = tiktoken.get_encoding(encoding)
+    if vocab_size is None or vocab_size == base.n_vocab:
+        return base
+    ranks = base._mergeable_ranks
+    # The cut needs the 256 single bytes (so any text encodes) and cannot add ranks.
+    if not 257 <= vocab_size <= len(ranks) + 1:
+        full = f" or {base.n_vocab}" if base.n_vocab != len(ranks) + 1 else ""
+        raise ValueError(f"vocab_size must be in [257, {len(ranks) + 1}]{full} for {encoding}, got {vocab_size}")
+    kept = {b: r for b, r in ranks.items() if r < vocab_size - 1}
+    return tiktoken.Encoding(name=f"{encoding}_{vocab_size}", pat_str=base._pat_str,
+                             mergeable_ranks=kept, special_tokens={"<|endoftext|>": vocab_size - 1})
+
+
+def file_in(folder, name, what):
+    """The path of `name` in `folder`; `name` comes from a config or checkpoint, so it must be a plain
+    file name (no directories, no ..): a file outside the folder is never read or copied."""
+    if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name or "\\" in name:
+        raise ValueError(f"{what} names {name!r}, which is not a file name inside {folder}: refused")
+    return os.path.join(folder, name)
+
+
+class TiktokenText:
+    """A tiktoken encoding; decodes token bytes incrementally, so a character split across tokens
+    is printed once complete."""
+
+    def __init__(self, enc):
+        self.enc, self.eos_token_id = enc, enc.eot_token
+
+    def encode(self, text):
+        return self.enc.encode(text, allowed_special="all")
+
+    def decode(self, ids):
+        return self.enc.decode(ids)
+
+    def decoder(self):
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+        def decode(i=None):
+            if i is not None and i >= self.enc.n_vocab:  # a model with more ids than its tokenizer: say so, no KeyError
+                raise ValueError(f"the model produced token id {i}, but its tokenizer has {self.enc.n_vocab:,} tokens: "
+                                 "the checkpoint's tokenizer does not match its model")
+            return utf8.decode(b"" if i is None else self.enc.decode_single_token_bytes(i), final=i is None)
+        return decode
+
+
+class HFText:
+    """A `tokenizers` tokenizer.json; decodes the whole continuation and prints what is new, holding
+    back a trailing U+FFFD (bytes of a character still to come)."""
+
+    def __init__(self, path):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ValueError("this checkpoint's tokenizer is a tokenizer.json: pip install tokenizers") from None
+        try:
+            self.tk = Tokenizer.from_file(path)
+        except Exception as e:  # the Rust library raises a bare Exception for unreadable or malformed files
+            raise ValueError(f"{path}: not a readable tokenizer.json ({e})") from None
+        eos = None
+        cfg = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+        if os.path.isfile(cfg):
+            with open(cfg, encoding="utf-8") as f:
+                try:
+                    eos = json.load(f)
+                except ValueError as e:
+                    raise ValueError(f"{cfg}: not valid JSON ({e})") from None
+            eos = eos.get("eos_token") if isinstance(eos, dict) else None
+            eos = eos.get("content") if isinstance(eos, dict) else eos
+        names = ([eos] if isinstance(eos, str) else []) + EOS_CANDIDATES
+        self.eos_token_id = next((self.tk.token_to_id(n) for n in names if self.tk.token_to_id(n) is not None), None)
+
+    def encode(self, text):
+        return self.tk.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids):
+        return self.tk.decode(ids, skip_special_tokens=False)
+
+    def decoder(self):
+        ids, shown = [], [""]
+
+        def step(i=None):
+            if i is not None:
+                ids.append(i)
+            text = self.decode(ids)
+            if i is not None and text.endswith("\ufffd"):
+                return ""
+            new = text[len(shown[0]):] if text.startswith(shown[0]) else text[len(os.path.commonprefix([text, shown[0]])):]
+            shown[0] = text
+            return new
+
+        return step
+
+
+def load_text_codec(ckpt, ckpt_path):
+    """The text codec of a checkpoint's "tokenizer" entry: {"kind": "tiktoken", "encoding", "vocab_size"}
+    or {"kind": "hf", "file"}, a tokenizer.json in the checkpoint's folder."""
+    entry = ckpt.get("tokenizer")
+    if not entry:
+        raise ValueError(f"{ckpt_path} names no tokenizer: cannot turn text into tokens")
+    if not isinstance(entry, dict):
+        raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
+    if entry.get("kind") == "tiktoken":
+        return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size")))
+    if entry.get("kind") == "hf":
+        folder = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
+        path = file_in(folder, entry.get("file", "tokenizer.json"), f"{ckpt_path}: the tokenizer entry")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"the checkpoint's tokenizer {path} is missing")
+        return HFText(path)
+    raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
