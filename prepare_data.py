@@ -131,7 +131,8 @@ def load_meta(folder) -> dict:
         raise ShardError(f"{path}: not valid JSON ({e})") from None
     splits = meta.get("splits") if isinstance(meta, dict) else None
     if not (isinstance(splits, dict) and all(map(_is_split, splits.values())) and splits.get("train", {}).get("shards")
-            and type(meta.get("vocab_size")) is int and meta["vocab_size"] > 0 and isinstance(meta.get("encoding"), str)):
+            and type(meta.get("vocab_size")) is int and meta["vocab_size"] > 0 and isinstance(meta.get("encoding"), str)
+            and isinstance(meta.get("reserve_zero", False), bool)):
         raise ShardError(f"{path}: malformed: needs a positive vocab_size, an encoding and splits "
                          '{"train": {"shards": [file names], "tokens": N}, ...}; prepare the folder again')
     missing = [s for split in splits.values() for s in split["shards"] if not (Path(folder) / s).is_file()]
@@ -355,12 +356,12 @@ def batches(docs, size: int | None = None):
 _enc = None  # the tokenizer of this pool worker (or of the main process when there is no pool)
 
 
-def _start_worker(encoding: str, vocab_size: int | None) -> None:
+def _start_worker(tok: tuple) -> None:
     global _enc
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent alone stops the pool
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool's terminate() ends a worker quietly
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # blocked while encoded() forked us
-    _enc = get_tokenizer(encoding, vocab_size)
+    _enc = get_tokenizer(*tok)
 
 
 def encode_batch(job: tuple) -> tuple:
@@ -374,19 +375,19 @@ def encode_batch(job: tuple) -> tuple:
     return split, out
 
 
-def encoded(jobs, encoding: str, vocab_size: int | None, workers: int):
+def encoded(jobs, tok: tuple, workers: int):
     """encode_batch over jobs, in order. A bounded window of apply_async (not Pool.imap, whose feeder
     thread would read the whole input into memory ahead of the workers)."""
     global _enc
     if workers <= 1:
-        _enc = get_tokenizer(encoding, vocab_size)
+        _enc = get_tokenizer(*tok)
         yield from map(encode_batch, jobs)
         return
     # a signal that lands while the workers fork is swallowed by Python's fork hooks: hold Ctrl-C and
     # SIGTERM until the pool exists (its threads keep them blocked, so they reach the main thread)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
-        pool = mp.Pool(workers, _start_worker, (encoding, vocab_size))
+        pool = mp.Pool(workers, _start_worker, (tok,))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     with pool:  # leaving it terminates the workers
@@ -437,7 +438,7 @@ def write_documents(results, writers: dict, max_tokens: int | None, total_bytes:
 def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size: int | None = None,
             val_fraction: float = 0.1, shard_tokens: int = 100_000_000, workers: int | None = None,
             overwrite: bool = False, text_field: str = "text", mix: list[float] | None = None,
-            max_tokens: int | None = None, seed: int = 0, progress: bool = True) -> dict:
+            max_tokens: int | None = None, seed: int = 0, progress: bool = True, reserve_zero: bool = True) -> dict:
     """Tokenize `inputs` into train/val shards in `out_dir`; returns the meta written there."""
     # everything that can be checked cheaply is checked before any work and before anything is removed
     if not inputs:
@@ -448,7 +449,8 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
     workers = workers or os.cpu_count() or 1
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    enc = get_tokenizer(encoding, vocab_size)
+    tok = (encoding, vocab_size, reserve_zero)  # get_tokenizer's arguments, sent to the workers
+    enc = get_tokenizer(*tok)
     out = Path(out_dir)
     old = _prepared_files(out)
     if old and not overwrite:
@@ -468,13 +470,13 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
     total_bytes = sum(map(os.path.getsize, local)) if len(local) == len(sources) else None  # for the progress line
     try:
         jobs = batches(split_documents(docs, val_fraction))
-        with contextlib.closing(encoded(jobs, encoding, vocab_size, workers)) as results:  # closing stops the pool now
+        with contextlib.closing(encoded(jobs, tok, workers)) as results:  # closing stops the pool now
             write_documents(results, writers, max_tokens, total_bytes, progress)
         splits = {s: w.close() for s, w in writers.items()}
         if not splits["train"]["tokens"]:
             raise ValueError("no training documents (--max_tokens is below the first document)")
         meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
-                "dtype": dtype.name, "splits": splits, "sources": sources, "val_fraction": val_fraction,
+                "reserve_zero": reserve_zero, "dtype": dtype.name, "splits": splits, "sources": sources, "val_fraction": val_fraction,
                 "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
         atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
         # all written: from here on only removals and renames, which need no disk space
@@ -504,6 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder for train_*.bin, val_*.bin, meta.json (default for one named corpus: data/NAME)")
     p.add_argument("--encoding", default="gpt2", help=f"tiktoken encoding: {', '.join(tiktoken.list_encoding_names())}")
     p.add_argument("--vocab_size", type=parse_int, help="keep the first N-1 BPE ranks, EOT = N-1 (default: 8192 for shakespeare, else the full encoding)")
+    p.add_argument("--reserve_zero", action=argparse.BooleanOptionalAction, default=True,
+                   help="give id 0 (the all-zero binary code) to the NUL byte, which text does not contain; "
+                   "--no-reserve_zero keeps the encoding's own ids (as data prepared before this option)")
     p.add_argument("--val_fraction", type=float, default=0.1, help="share of documents (or characters) for val")
     p.add_argument("--shard_tokens", type=parse_int, default=100_000_000, help="tokens per shard file, e.g. 1e8")
     p.add_argument("--text_field", default="text", help="record field holding the text in .jsonl/.parquet/Hub")
@@ -526,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.vocab_size is None and len(a.inputs) == 1:
         a.vocab_size = DEFAULT_VOCAB.get(a.inputs[0])
     meta = prepare(a.inputs, a.out, a.encoding, a.vocab_size, a.val_fraction, a.shard_tokens, a.workers,
-                   a.overwrite, a.text_field, a.mix, a.max_tokens, a.seed)
+                   a.overwrite, a.text_field, a.mix, a.max_tokens, a.seed, reserve_zero=a.reserve_zero)
     for name, s in meta["splits"].items():
         print(f"{name}: {s['tokens']:,} tokens, {s['documents']:,} documents, {s['bytes']:,} bytes, {len(s['shards'])} shards")
     print(f"wrote {a.out}")

@@ -208,7 +208,10 @@ def test_shakespeare_char_split_matches_reference(tmp_path, gpt2, shakespeare):
     cut = int(len(shakespeare) * 0.9)
     assert train["bytes"] == len(shakespeare[:cut].encode()) and val["bytes"] == len(shakespeare[cut:].encode())
     tokens = shard_tokens(tmp_path, meta, "val")
-    assert gpt2.decode(tokens.tolist()) == shakespeare[cut:] + "<|endoftext|>"
+    assert get_tokenizer("gpt2", None, reserve_zero=True).decode(tokens.tolist()) == shakespeare[cut:] + "<|endoftext|>"
+    # the same tokens as the plain encoding's, with ids 0 ("!") and 188 (NUL) swapped
+    swap = {0: 188, 188: 0}
+    assert [swap.get(t, t) for t in tokens.tolist()] == gpt2.encode(shakespeare[cut:]) + [gpt2.eot_token]
     assert meta["vocab_size"] == 50257 and meta["eot_token"] == 50256 and meta["dtype"] == "uint16"
     assert P.load_meta(tmp_path) == meta
 
@@ -516,3 +519,24 @@ def test_help(capsys):
     with pytest.raises(SystemExit) as e:
         P.main(["--help"])
     assert e.value.code == 0 and "--vocab_size" in capsys.readouterr().out
+
+
+def test_reserve_zero_gives_id_0_to_the_nul_byte_and_meta_records_it(tmp_path, capsys):
+    """By default no real token gets id 0 (the all-zero binary code): "!" and NUL swap ids, every other
+    token keeps its own, and meta.json says so; --no-reserve_zero writes the encoding's own ids."""
+    text = tmp_path / "t.txt"
+    text.write_text("Hello! Who's there? Nay, answer me!\n" * 50 + "a NUL \x00 byte")
+    assert main(capsys, str(text), "--out", tmp_path / "r", "--vocab_size", "1000", "--workers", "1")[0] == 0
+    assert main(capsys, str(text), "--out", tmp_path / "p", "--vocab_size", "1000", "--workers", "1", "--no-reserve_zero")[0] == 0
+    r, p = P.load_meta(tmp_path / "r"), P.load_meta(tmp_path / "p")
+    assert r["reserve_zero"] is True and p["reserve_zero"] is False
+    reserved, plain = ([*shard_tokens(tmp_path / d, m, "train").tolist(), *shard_tokens(tmp_path / d, m, "val").tolist()]
+                       for d, m in (("r", r), ("p", p)))
+    swap = {0: 188, 188: 0}
+    assert plain.count(0) == 100 and reserved.count(0) == 1  # the "!"s, and the one NUL byte
+    assert reserved == [swap.get(t, t) for t in plain]
+    assert get_tokenizer("gpt2", 1000, reserve_zero=True).decode(reserved).replace("<|endoftext|>", "") == text.read_text()
+    # data prepared before the option: no key, read as the plain ids
+    meta = {k: v for k, v in p.items() if k != "reserve_zero"}
+    (tmp_path / "p" / "meta.json").write_text(json.dumps(meta))
+    assert "reserve_zero" not in P.load_meta(tmp_path / "p")

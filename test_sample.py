@@ -12,6 +12,7 @@ import sample
 from checkpoint import checkpoint_dict
 from common import run_main
 from model import GPT, generate, get_config
+from tokenizer import load_text_codec
 from tokenizer import TiktokenText
 
 
@@ -246,3 +247,11 @@ def test_corrupt_tokenizer_config_is_one_error_line(hf_ckpt, capsys):
     assert run_main(sample.main, ["--ckpt", folder, "--max_new_tokens", "1", "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {os.path.join(folder, 'tokenizer_config.json')}: not valid JSON (") and err.count("\n") == 1
+
+
+def test_a_checkpoint_entry_without_reserve_zero_decodes_the_plain_ids():
+    """Checkpoints written before prepare_data.py reserved id 0 name no reserve_zero: their ids are the
+    encoding's own ("!" = 0); new ones say reserve_zero, "!" = 188 and NUL = 0."""
+    old = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}
+    assert load_text_codec({"tokenizer": old}, "old.pt").encode("!\x00") == [0, 188]
+    assert load_text_codec({"tokenizer": {**old, "reserve_zero": True}}, "new.pt").encode("!\x00") == [188, 0]

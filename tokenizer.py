@@ -20,21 +20,40 @@ EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]  # end-of
 
 
 @lru_cache(maxsize=8)  # building a cut encoding takes ~0.2 s
-def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None) -> tiktoken.Encoding:
-    """A tiktoken encoding, optionally cut to its first `vocab_size` - 1 merge ranks + EOT."""
+def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve_zero: bool = False) -> tiktoken.Encoding:
+    """A tiktoken encoding, optionally cut to its first `vocab_size` - 1 merge ranks + EOT.
+
+    reserve_zero: id 0 goes to the NUL byte, which text does not contain, and the token that had id 0
+    takes NUL's id. Id 0's binary code is all zeros, and a window that starts with an all-zero input
+    keeps an exactly zero residual stream in a bias-free model, where LayerNorm's gradient is huge:
+    deep binary models diverge on it (docs/zero-code.md). The paper's tokenizer gives id 0 to U+0000 for
+    the same effect. Swapping two single-byte ranks changes no merge (merges rank pairs of 2+ bytes),
+    so text encodes to the same tokens, renumbered."""
     if encoding not in tiktoken.list_encoding_names():
         raise ValueError(f"unknown encoding {encoding!r}; choose one of {tiktoken.list_encoding_names()}")
     base = tiktoken.get_encoding(encoding)
-    if vocab_size is None or vocab_size == base.n_vocab:
+    if (vocab_size is None or vocab_size == base.n_vocab) and not reserve_zero:
         return base
     ranks = base._mergeable_ranks
+    vocab_size = vocab_size or base.n_vocab
     # The cut needs the 256 single bytes (so any text encodes) and cannot add ranks.
-    if not 257 <= vocab_size <= len(ranks) + 1:
+    if not 257 <= vocab_size <= len(ranks) + 1 and vocab_size != base.n_vocab:
         full = f" or {base.n_vocab}" if base.n_vocab != len(ranks) + 1 else ""
         raise ValueError(f"vocab_size must be in [257, {len(ranks) + 1}]{full} for {encoding}, got {vocab_size}")
     kept = {b: r for b, r in ranks.items() if r < vocab_size - 1}
-    return tiktoken.Encoding(name=f"{encoding}_{vocab_size}", pat_str=base._pat_str,
-                             mergeable_ranks=kept, special_tokens={"<|endoftext|>": vocab_size - 1})
+    specials = {"<|endoftext|>": vocab_size - 1} if vocab_size != base.n_vocab else base._special_tokens
+    name = f"{encoding}_{vocab_size}" if vocab_size != base.n_vocab else encoding
+    if reserve_zero:
+        first = next(b for b, r in kept.items() if r == 0)
+        kept[first], kept[b"\x00"] = kept[b"\x00"], 0
+        name += "_nul0"
+    return tiktoken.Encoding(name=name, pat_str=base._pat_str, mergeable_ranks=kept, special_tokens=specials)
+
+
+def tiktoken_entry(meta: dict) -> dict:
+    """The checkpoint's "tokenizer" entry for data prepared as `meta` (prepare_data.py's meta.json) says."""
+    return {"kind": "tiktoken", "encoding": meta["encoding"], "vocab_size": meta["vocab_size"],
+            "reserve_zero": meta.get("reserve_zero", False)}  # data prepared before it existed: the plain ids
 
 
 def file_in(folder, name, what):
@@ -118,7 +137,7 @@ class HFText:
 
 
 def load_text_codec(ckpt, ckpt_path):
-    """The text codec of a checkpoint's "tokenizer" entry: {"kind": "tiktoken", "encoding", "vocab_size"}
+    """The text codec of a checkpoint's "tokenizer" entry: {"kind": "tiktoken", "encoding", "vocab_size", "reserve_zero"}
     or {"kind": "hf", "file"}, a tokenizer.json in the checkpoint's folder."""
     entry = ckpt.get("tokenizer")
     if not entry:
@@ -126,7 +145,7 @@ def load_text_codec(ckpt, ckpt_path):
     if not isinstance(entry, dict):
         raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
     if entry.get("kind") == "tiktoken":
-        return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size")))
+        return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size"), bool(entry.get("reserve_zero"))))
     if entry.get("kind") == "hf":
         folder = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
         path = file_in(folder, entry.get("file", "tokenizer.json"), f"{ckpt_path}: the tokenizer entry")

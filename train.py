@@ -34,6 +34,7 @@ from checkpoint import atomic_torch_save, checkpoint_dict, load_weights, read_ch
 from common import PEAK_FLOPS, config_parser, pick_device, run_main, setting
 from model import GPT, GPTConfig, get_config
 from prepare_data import ShardError, load_meta, read_shard
+from tokenizer import tiktoken_entry
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # TrainConfig overrides each; None keeps the preset's
 
@@ -260,7 +261,7 @@ def set_up(cfg, rank, world, device, distributed):
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else nullcontext()
     log = Log(cfg, rank == 0, world, mcfg.block_size, raw_model.flops_per_token(mcfg.block_size), peak_flops(cfg, device))
     run = Run(cfg, rank, world, device, distributed, model, raw_model, optimizer, train_split, val_split, autocast,
-              {"kind": "tiktoken", "encoding": meta["encoding"], "vocab_size": meta["vocab_size"]}, log)
+              tiktoken_entry(meta), log)
     state = State()
     if cfg.resume:
         restore(run, state, ckpt, source)
@@ -476,10 +477,15 @@ def read_meta(data_dir):
 def check_tokenizer(ckpt, meta, source, data_dir):
     """A token id means what the checkpoint's tokenizer says: the data must come from the same one."""
     theirs = ckpt.get("tokenizer") or {}
-    if theirs.get("kind") == "tiktoken" and (theirs.get("encoding"), theirs.get("vocab_size")) != (meta["encoding"], meta["vocab_size"]):
-        raise ValueError(f"{source}: trained on {theirs.get('encoding')} tokens at vocab_size {theirs.get('vocab_size')}, "
-                         f"but {os.path.join(data_dir, 'meta.json')} says {meta['encoding']} at vocab_size {meta['vocab_size']}: "
-                         f"prepare the data with --encoding {theirs.get('encoding')} --vocab_size {theirs.get('vocab_size')}")
+    if theirs.get("kind") != "tiktoken":
+        return
+    theirs, ours = tiktoken_entry({"reserve_zero": False, **theirs}), tiktoken_entry(meta)  # an old entry: plain ids
+    if theirs != ours:
+        flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + ("" if theirs["reserve_zero"] else " --no-reserve_zero")
+        raise ValueError(f"{source}: trained on {theirs['encoding']} tokens at vocab_size {theirs['vocab_size']}"
+                         f"{', id 0 reserved' if theirs['reserve_zero'] else ''}, but {os.path.join(data_dir, 'meta.json')} "
+                         f"says {ours['encoding']} at vocab_size {ours['vocab_size']}{', id 0 reserved' if ours['reserve_zero'] else ''}: "
+                         f"prepare the data with {flags}")
 
 
 def model_config(cfg, meta, ckpt, path):
