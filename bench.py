@@ -55,7 +55,7 @@ import model as M
 import prepare_data as P
 import train as T
 from checkpoint import checkpoint_dict
-from common import config_parser, parse_int, parse_settings, pick_device, run_main, setting
+from common import config_parser, parse_int, parse_settings, peak_flops, pick_device, run_main, setting
 from tokenizer import get_tokenizer
 
 VARIANTS = ("binary", "affine", "learned")
@@ -154,7 +154,7 @@ def bench_train(cfg, device, tmp):
                 steps = [e for e in map(json.loads, f) if e["event"] == "train"]
             dts[v] += [e["dt"] for e in steps[cfg.warmup:]]
     rate = statistics.median(rates)
-    peak = T.peak_flops(T.TrainConfig(), device)
+    peak = peak_flops(device)
     with torch.device("meta"):
         flops = M.GPT(M.get_config(preset, block_size=block)).flops_per_token(block)
     rows = {}

@@ -1,6 +1,6 @@
 """
 Checkpoints: reading, building the model they hold, and writing them: one home for every script that
-saves or loads one (train, sample, convert, compare, bench).
+saves or loads one (train, sample, convert, compare, bench), and the RNG states a resumed run restores.
 
 A checkpoint is a dict of plain types, so torch.load(weights_only=True) reads it: "model" (the state
 dict), "model_config" (GPTConfig's fields), "tokenizer" (how to turn ids into text), and training state
@@ -10,8 +10,10 @@ assigns the file's memory-mapped tensors to it: no random init, no second copy.
 
 import errno
 import os
+import random
 from dataclasses import asdict
 
+import numpy as np
 import torch
 
 from common import atomic_open, one_line
@@ -86,3 +88,22 @@ def load_checkpoint(path, device="cpu"):
     except TypeError as e:
         raise ValueError(f"{path}: its model_config does not fit GPTConfig ({e})") from None
     return model_from_weights(config, ckpt["model"], path).to(device), ckpt
+
+
+def rng_state(device):
+    """Every RNG this process uses (torch, CUDA, python, numpy), as plain types (tensors and lists) that
+    weights_only loading accepts. Saved per rank, so on a CPU a run stopped and resumed logs the same
+    losses, bit for bit, as one never stopped."""
+    py, np_state = random.getstate(), np.random.get_state()
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            "python": [py[0], list(py[1]), py[2]],
+            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]}
+
+
+def set_rng_state(state, device):
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))

@@ -86,6 +86,16 @@ def _pid_alive(pid):
 PEAK_FLOPS = {"B200": 2250e12, "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
 
 
+def peak_flops(device):
+    """Peak FLOP/s of one device, for MFU: PEAK_FLOPS's entry for this GPU, else None (no CPU figure)."""
+    import torch
+
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((v for k, v in sorted(PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])) if k in name), None)
+    return None
+
+
 def pick_device(name="auto"):
     """'auto' -> cuda, then mps, then cpu. An explicit name must be usable here, or ValueError says why."""
     import torch  # here, not at the top: prepare_data.py needs no torch, and importing it takes seconds

@@ -16,7 +16,6 @@ labelled sections at the bottom, each with its rule in its docstring.
 import json
 import math
 import os
-import random
 import signal
 import sys
 import threading
@@ -30,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import atomic_torch_save, checkpoint_dict, load_weights, read_checkpoint
-from common import PEAK_FLOPS, config_parser, pick_device, run_main, setting
+from checkpoint import atomic_torch_save, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
+from common import config_parser, peak_flops, pick_device, run_main, setting
 from model import GPT, GPTConfig, get_config
 from prepare_data import ShardError, load_meta, read_shard
 from tokenizer import tiktoken_entry
@@ -259,7 +258,7 @@ def set_up(cfg, rank, world, device, distributed):
     # precision: bf16 autocast on CUDA (weights and optimizer stay float32), plain float32 elsewhere
     use_amp = device.type == "cuda" and dtype == "bfloat16"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else nullcontext()
-    log = Log(cfg, rank == 0, world, mcfg.block_size, raw_model.flops_per_token(mcfg.block_size), peak_flops(cfg, device))
+    log = Log(cfg, rank == 0, world, mcfg.block_size, raw_model.flops_per_token(mcfg.block_size), cfg.peak_flops or peak_flops(device))
     run = Run(cfg, rank, world, device, distributed, model, raw_model, optimizer, train_split, val_split, autocast,
               tiktoken_entry(meta), log)
     state = State()
@@ -414,16 +413,6 @@ class Log:
         return self.tokens_per_step * len(self.step_times) / sum(self.step_times) if self.step_times else None
 
 
-def peak_flops(cfg, device):
-    """Peak FLOP/s of one device, for MFU: --peak_flops, else PEAK_FLOPS's entry for this GPU, else None."""
-    if cfg.peak_flops:
-        return cfg.peak_flops
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        return next((v for k, v in sorted(PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])) if k in name), None)
-    return None
-
-
 # ----------------------------------------------------------------------------- processes and precision
 def start_processes(cfg):
     """-> rank, world size, device, distributed. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; each rank
@@ -559,7 +548,7 @@ def check_state(run, state):
 # ----------------------------------------------------------------------------- checkpoints: save and resume
 def save(run, state, name):
     """Write out_dir/name (ckpt.pt latest, best.pt best val loss) only of a good state; every rank takes part.
-    The checkpoint is a plain-typed dict (model.checkpoint_dict, from the uncompiled, unwrapped module): weights,
+    The checkpoint is a plain-typed dict (checkpoint.checkpoint_dict, from the uncompiled, unwrapped module): weights,
     AdamW state, stream position and every rank's RNG states, so a resumed run continues bit for bit. It is
     written atomically: a crash, a second Ctrl-C or a full disk mid-write leaves the previous file as it was."""
     check_state(run, state)
@@ -597,25 +586,6 @@ def restore(run, state, ckpt, source):
         set_rng_state(ckpt["rng"][run.rank], run.device)
     elif run.rank == 0:
         print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {run.world}: RNG streams reseeded")
-
-
-def rng_state(device):
-    """Every RNG this process uses (torch, CUDA, python, numpy), as plain types (tensors and lists) that
-    weights_only loading accepts. Saved per rank, so on a CPU a run stopped and resumed logs the same
-    losses, bit for bit, as one never stopped."""
-    py, np_state = random.getstate(), np.random.get_state()
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-            "python": [py[0], list(py[1]), py[2]],
-            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]}
-
-
-def set_rng_state(state, device):
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
-    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
 
 
 # ----------------------------------------------------------------------------- signals: finish the step, save, exit 0
