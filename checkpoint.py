@@ -51,7 +51,20 @@ def read_checkpoint(path, device="cpu"):
                          f"({type(e).__name__}: {one_line(e)})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
         raise ValueError(f"{file}: not a checkpoint of this project (needs 'model' and 'model_config')")
+    if not (isinstance(ckpt["model"], dict) and all(isinstance(t, torch.Tensor) for t in ckpt["model"].values())):
+        raise ValueError(f"{file}: its 'model' entry is not a dict of tensors (a {type(ckpt['model']).__name__})")
+    if not (isinstance(ckpt["model_config"], dict) and all(isinstance(k, str) for k in ckpt["model_config"])):
+        raise ValueError(f"{file}: its 'model_config' entry is not a dict of GPTConfig fields "
+                         f"(a {type(ckpt['model_config']).__name__})")
     return ckpt
+
+
+def check_finite(tensors, what, doing):
+    """Refuse NaN or inf weights, naming the tensors: a diverged or corrupt checkpoint is not `doing`'d."""
+    bad = [n for n, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"{what} holds NaN or inf values in {', '.join(bad[:10])}: refusing to {doing} a diverged "
+                         "or corrupt checkpoint")
 
 
 def load_weights(model, state_dict, source):
@@ -85,7 +98,7 @@ def load_checkpoint(path, device="cpu"):
     ckpt = read_checkpoint(path, device)
     try:
         config = GPTConfig(**ckpt["model_config"])
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: its model_config does not fit GPTConfig ({e})") from None
     return model_from_weights(config, ckpt["model"], path).to(device), ckpt
 

@@ -349,6 +349,8 @@ def check_config(c):
         raise ValueError(f"pad_token_id {c.pad_token_id} is outside [0, {c.vocab_size})")
     if not 0.0 <= c.dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {c.dropout}")
+    if not (type(c.rope_base) in (int, float) and math.isfinite(c.rope_base) and c.rope_base > 1):
+        raise ValueError(f"rope_base must be a number > 1 (the rotary base, 10000 in most models), got {c.rope_base!r}")
 
 
 # ----------------------------------------------------------------------------- fast decoding
