@@ -173,3 +173,17 @@ def test_an_unreadable_checkpoint_is_one_plain_line(tmp_path, capsys):
     assert run_main(sample.main, ["--ckpt", str(path), "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "\x1b[" not in err and err.startswith(f"error: {path}: cannot read this checkpoint")
+
+
+@pytest.mark.parametrize("value, traceback", [("0", False), ("false", False), ("", False), ("1", True), ("yes", True)])
+def test_traceback_env_turns_tracebacks_on_only_when_true(tmp_path, value, traceback):
+    missing = tmp_path / "missing.txt"
+    p = script("prepare_data.py", str(missing), "--out", str(tmp_path / "d"), env={**os.environ, "TRACEBACK": value})
+    out, err = p.communicate(timeout=120)
+    assert (p.returncode, out) == (1, "")
+    if traceback:
+        assert err.startswith("Traceback (most recent call last):") and err.endswith(f"ValueError: {missing}: no such file "
+                                                                                     "or folder (named inputs: shakespeare, "
+                                                                                     "fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n")
+    else:
+        assert err == f"error: {missing}: no such file or folder (named inputs: shakespeare, fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n"
