@@ -141,6 +141,8 @@ def check_out(src, out, overwrite):
     """Refuse an OUT that is the source folder, lies inside it or holds it (an --overwrite would replace
     the source's own files; for a checkpoint file, its folder must not be OUT), and a non-empty OUT
     unless --overwrite. Checked before any work, and again as OUT's one writer."""
+    if not os.fspath(out):
+        raise ConversionError("OUT is '' (empty): name a folder")
     folder = os.path.realpath(src if os.path.isdir(src) else os.path.dirname(os.path.abspath(src)))
     o = os.path.realpath(out)
     where = ("is" if o == folder else "is inside" if o.startswith(folder + os.sep) and os.path.isdir(src) else

@@ -464,32 +464,38 @@ def _prepared_files(out: Path, overwrite: bool) -> list[Path]:
     ValueError when `out` holds files of these names that this script did not write, or prepared
     data and no --overwrite. Its own files are recognised by content: a meta.json that readers
     accept, shards that start with the shard magic."""
-    meta = out / "meta.json"
-    if meta.exists():
+    meta, old = out / "meta.json", []
+    for p in [meta, *sorted(p for p in out.glob("*") if SHARD_NAME.fullmatch(p.name))]:
         try:
-            ours = meta.is_file() and is_meta(json.loads(meta.read_bytes()))
-        except (OSError, ValueError, RecursionError):
-            ours = False
+            ours = _written_here(p)
+        except FileNotFoundError:  # removed since the listing, by a run finishing in another process
+            continue
         if not ours:
-            raise ValueError(f"{meta} is not a meta.json of prepared data (prepare_data.py did not write it): "
-                             "it is left alone; choose another --out")
-    shards = sorted(p for p in out.glob("*") if SHARD_NAME.fullmatch(p.name))
-    for p in shards:
-        with contextlib.suppress(OSError), open(p, "rb") as f:
-            if f.read(len(MAGIC)) == MAGIC:
-                continue
-        raise ValueError(f"{p} is not a token shard (prepare_data.py did not write it): it is left alone; "
-                         "choose another --out")
-    old = [meta] * meta.exists() + shards
+            what = "a meta.json of prepared data" if p == meta else "a token shard"
+            raise ValueError(f"{p} is not {what} (prepare_data.py did not write it): it is left alone; choose another --out")
+        old.append(p)
     if old and not overwrite:
         raise ValueError(f"{out}: already holds prepared data ({old[0].name}); pass --overwrite to replace it")
     return old
 
 
+def _written_here(path: Path) -> bool:
+    """Whether a file is this script's: a meta.json that readers accept, a shard with the shard magic."""
+    try:
+        with open(path, "rb") as f:
+            if path.name != "meta.json":
+                return f.read(len(MAGIC)) == MAGIC
+            return is_meta(json.loads(f.read()))
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, RecursionError):  # a folder, unreadable, not JSON
+        return False
+
+
 def _staged_files(staging: Path) -> list[Path]:
     """The files of a staging folder, all of them this script's (a mark, shards, meta.json, their temp
     files); a ValueError naming the folder or the files when it is not this script's."""
-    if not staging.exists():
+    if not staging.exists() or staging.is_dir() and not any(staging.iterdir()):  # an empty one holds nothing to lose
         return []
     if not (staging / STAGING_MARK).is_file():
         raise ValueError(f"{staging} exists and prepare_data.py did not make it (it has no {STAGING_MARK} mark): "
@@ -504,7 +510,7 @@ def _staged_files(staging: Path) -> list[Path]:
 
 def _clear_staging(staging: Path) -> None:
     """Remove a staging folder of this script's (left by a killed run, or this run's)."""
-    if staging.exists():
+    if os.path.lexists(staging):
         for p in _staged_files(staging):
             p.unlink()
         staging.rmdir()
@@ -556,7 +562,7 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
     if not os.fspath(out_dir):
         raise ValueError("the output folder is '' (empty): name one, e.g. --out data/mine")
     out = Path(out_dir)
-    _prepared_files(out, overwrite), _staged_files(out / STAGING)  # fail fast; checked again as the folder's one writer
+    _prepared_files(out, overwrite)  # fail fast; checked again, with the staging folder, as the folder's one writer
     groups = [resolve_input(a) for a in inputs]  # the files each named input stands for
     sources = [s for group in groups for s in group]
     weights = mix_weights(mix, len(groups)) if mix is not None else None
@@ -567,7 +573,7 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
         staging = out / STAGING  # holds this run's files until all are written
         _clear_staging(staging)  # left by a killed run
         staging.mkdir()
-        atomic_write(staging / STAGING_MARK, "staging folder of prepare_data.py: removed when its run ends\n")
+        (staging / STAGING_MARK).write_text("staging folder of prepare_data.py: removed when its run ends\n")
         streams = [chain.from_iterable(read_documents(s, text_field) for s in group) for group in groups]
         docs = mix_documents(streams, weights, seed) if weights is not None else chain.from_iterable(streams)
         dtype = token_dtype(enc.n_vocab)

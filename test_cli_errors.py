@@ -18,7 +18,7 @@ import compare
 import convert
 import prepare_data
 import train
-from common import run_main
+from common import LOCK_NAME, run_main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,9 +36,9 @@ def script(*args, **kw):
 
 
 def tree(folder):
-    """{relative path: bytes} of every file under folder."""
+    """{relative path: bytes} of every file under folder, but the writer lock's (it holds the last writer's pid)."""
     return {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
-            for d, _, files in os.walk(folder) for f in files}
+            for d, _, files in os.walk(folder) for f in files if f != LOCK_NAME}
 
 
 def test_malformed_meta_json_is_one_line(tiny_data, tmp_path, capsys):
@@ -103,9 +103,10 @@ def test_paths_from_a_config_stay_in_its_folder(tmp_path, capsys):
 
 
 def test_garbage_config_json_is_one_line(tmp_path, capsys):
-    (tmp_path / "config.json").write_text("{garbage")
-    code, out, err = run(convert.main, ["hf2native", str(tmp_path), str(tmp_path / "out")], capsys)
-    assert (code, out, err) == (1, "", f"error: {tmp_path / 'config.json'} is not valid JSON (Expecting property name "
+    (tmp_path / "release").mkdir()
+    (tmp_path / "release" / "config.json").write_text("{garbage")
+    code, out, err = run(convert.main, ["hf2native", str(tmp_path / "release"), str(tmp_path / "out")], capsys)
+    assert (code, out, err) == (1, "", f"error: {tmp_path / 'release' / 'config.json'} is not valid JSON (Expecting property name "
                                        "enclosed in double quotes: line 1 column 2 (char 1))\n")
 
 
