@@ -66,6 +66,8 @@ def writer_lock(folder, outputs=()):
 
     if not os.fspath(folder):
         raise ValueError("the output folder is '' (empty): name a folder")
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"{folder} is a file, not a folder: name a folder to write into")
     key = os.path.realpath(folder)
     if key in _held:  # this process holds it already (a study that prepares its data into its own folder)
         yield

@@ -283,6 +283,20 @@ def build_parser():
     return p
 
 
+def check_results(out, names):
+    """This study replaces only results it wrote: files of these `names` in `out` must sit beside a
+    results.json of its own (the two are written together); else a ValueError names them, before any run."""
+    present = [n for n in names if os.path.lexists(os.path.join(out, n))]
+    try:
+        with open(os.path.join(out, "results.json")) as f:
+            ours = {"rows", "runs"} <= json.load(f).keys()
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    if present and not ours:
+        raise ValueError(f"{out} holds {', '.join(present)}, not written by this study (no results.json of its own "
+                         "beside them): they are left alone; choose another --out")
+
+
 def write_results(out, report, results, png):
     """results.md and results.json into out, atomically; the report (and where the plot went) to stdout."""
     atomic_write(os.path.join(out, "results.md"), report)
@@ -315,6 +329,7 @@ def main(argv=None):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
     with writer_lock(args.out, outputs=("results.md", "results.json")):  # one comparison per folder at a time
+        check_results(args.out, ("results.md", "results.json", "val_loss.png"))
         meta = prepared(args)
         for seed in range(args.seeds):  # before any training: every run to be reused was trained as asked now
             for v in variants:

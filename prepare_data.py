@@ -468,7 +468,7 @@ def _prepared_files(out: Path, overwrite: bool) -> list[Path]:
     for p in [meta, *sorted(p for p in out.glob("*") if SHARD_NAME.fullmatch(p.name))]:
         try:
             ours = _written_here(p)
-        except FileNotFoundError:  # removed since the listing, by a run finishing in another process
+        except (FileNotFoundError, NotADirectoryError):  # none (or `out` is a file: writer_lock says so)
             continue
         if not ours:
             what = "a meta.json of prepared data" if p == meta else "a token shard"
@@ -486,7 +486,7 @@ def _written_here(path: Path) -> bool:
             if path.name != "meta.json":
                 return f.read(len(MAGIC)) == MAGIC
             return is_meta(json.loads(f.read()))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # removed meanwhile by a run ending in another process, or none
         raise
     except (OSError, ValueError, RecursionError):  # a folder, unreadable, not JSON
         return False

@@ -408,6 +408,7 @@ def main(argv=None):
     if args.ablation != "none" and len(parse_sizes(args.ablation, "--ablation")) != 1:
         raise ValueError(f"--ablation takes one size (e.g. 4x128) or none, got {args.ablation!r}")
     with writer_lock(args.out, outputs=("results.md", "results.json")):  # one sweep per folder at a time
+        compare.check_results(args.out, ("results.md", "results.json", "scaling.png"))
         meta = compare.prepared(args)
         jobs = plan(args, meta["vocab_size"])
         for point, variant, seed in jobs:  # before any training: every run to be reused was trained as asked now

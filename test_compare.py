@@ -170,3 +170,13 @@ def test_a_second_comparison_into_one_out_is_refused_while_the_first_runs(data, 
     stdout, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr
     assert "| learned | 1 |" in (out / "results.md").read_text()
+
+
+def test_a_users_results_file_in_out_is_refused_and_kept(data, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.md").write_text("my own notes\n")
+    p = cli("--data", data, "--out", out, "--variants", "learned", "--steps", "4", *TINY)
+    assert p.communicate(timeout=300) == ("", f"error: {out} holds results.md, not written by this study (no results.json "
+                                              "of its own beside them): they are left alone; choose another --out\n")
+    assert p.returncode == 1 and files(out) == {"results.md": b"my own notes\n"}

@@ -634,6 +634,7 @@ def test_bad_inputs_of_every_kind_are_one_line_naming_them(tmp_path):
     o = tmp_path / "o"
     cases = [
         ([ok], "", "the output folder is '' (empty): name one, e.g. --out data/mine"),
+        ([ok], ok, f"{ok} is a file, not a folder: name a folder to write into"),
         ([ok, tmp_path / "nested.jsonl"], o, f"{tmp_path / 'nested.jsonl'}:2: JSON nested too deeply to read (not a text record)"),
         ([tmp_path / "surrogate.jsonl"], o,
          f"{tmp_path / 'surrogate.jsonl'}:2: 'text' holds a lone surrogate (\\ud800) at character 12, which is not Unicode text"),
