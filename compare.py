@@ -14,8 +14,8 @@ Design choices, up front:
   retrained; an interrupted one resumes from its checkpoint. Stop and rerun freely. Either only when
   the run was trained with the settings asked for now (its log's start records say) on the data its
   final.json names (a hash of meta.json): a rerun with another --steps, --lr, ... into the same --out
-  is refused, naming what differs. One
-  comparison writes a folder at a time (a second is refused while the first holds <out>/.writer.lock).
+  is refused, naming what differs. One comparison writes a folder at a time (a second is refused
+  while the first holds <out>/.writer.lock).
 - The curve's evaluations use eval_batches fixed validation batches; the final validation loss, computed
   from the last checkpoint, covers every window of the validation split once. Perplexity = exp(loss). Bits per byte
   = loss / ln 2 * (validation tokens / validation UTF-8 bytes): tokenizer-independent, so runs with
@@ -110,8 +110,8 @@ def check_settings(cfg):
     try:
         with open(log) as f:
             starts = [e["train_config"] for e in map(json.loads, f) if e.get("event") == "start"]
-        for was in starts:
-            was = {**was, "data_dir": os.path.abspath(was["data_dir"])}
+        for was in starts:  # a setting added since that run is at its default there: it did what the default does
+            was = {**asdict(TrainConfig()), **was, "data_dir": os.path.abspath(was["data_dir"])}
             if diff := [k for k in asked if was.get(k) != asked[k]]:
                 raise ValueError(f"{cfg.out_dir} was trained with {', '.join(f'{k}={was.get(k)}' for k in diff)}, but this "
                                  f"command asks for {', '.join(f'{k}={asked[k]}' for k in diff)}: its results would be "
@@ -347,6 +347,7 @@ def main(argv=None):
         write_results(args.out, f"{header}\n\n{table(rows)}\n\n{verdict(rows)}{diverged(every)}\n",
                       {"rows": rows, "runs": every}, png)
     return rows
+
 
 if __name__ == "__main__":
     sys.exit(run_main(main))
