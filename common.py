@@ -47,9 +47,18 @@ def writer_lock(folder, outputs=()):
     `folder`/.writer.lock, which the kernel releases when the process ends, even when it is killed with
     -9, so a lock never outlives its writer. A second writer gets a ValueError naming the holder's pid.
     Once locked, removes the temp files a killed writer left (atomic_open's `<name>.tmp<pid>`, that pid
-    no longer running) of the file names in `outputs`: only names the caller writes, never a user's."""
+    no longer running) of the file names in `outputs`: only names the caller writes, never a user's.
+    A process that holds `folder` already may enter again (a no-op)."""
     import fcntl
 
+    if not os.fspath(folder):
+        raise ValueError("the output folder is '' (empty): name a folder")
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"{folder} is a file, not a folder: name a folder to write into")
+    key = os.path.realpath(folder)
+    if key in _held:  # this process holds it already (a study that prepares its data into its own folder)
+        yield
+        return
     os.makedirs(folder, exist_ok=True)
     fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -66,9 +75,14 @@ def writer_lock(folder, outputs=()):
             if m and m.group(1) in outputs and not _pid_alive(int(m.group(2))):
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(folder, name))
+        _held.add(key)
         yield
     finally:
+        _held.discard(key)
         os.close(fd)  # closing the descriptor releases the lock
+
+
+_held = set()  # the folders this process holds: a second open of the lock file would conflict with its own
 
 
 def _pid_alive(pid):
@@ -231,12 +245,12 @@ def run_main(main, argv=None):
     """Run a script's main(argv) and return its exit code (0 unless main returns an int). The project's expected errors (bad input, missing or
     corrupt files, a full disk, a diverged run: ValueError, OSError, FloatingPointError) print one
     `error:` line and exit 1; Ctrl-C exits 130 quietly. Anything else is a bug and keeps its traceback.
-    Set TRACEBACK=1 to see the traceback of an expected error too."""
+    Set TRACEBACK=1 (or true, yes, on) to see the traceback of an expected error too."""
     try:
         result = main(argv)
         return result if isinstance(result, int) else 0
     except (ValueError, OSError, FloatingPointError) as e:
-        if os.environ.get("TRACEBACK"):
+        if os.environ.get("TRACEBACK", "").lower() in ("1", "true", "yes", "on"):
             raise
         print(f"error: {e}", file=sys.stderr)
         return 1

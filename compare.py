@@ -10,8 +10,12 @@ Design choices, up front:
 - Every run is train.train() with one TrainConfig; only `input` and `seed` change between runs. A seed
   fixes the initialisation and the data order, so for each seed the three inputs see the same batches
   in the same order, with the same architecture, steps and optimizer.
-- Runs live in <out>/<input>-seed<k>/. A finished run (its log.jsonl ends with an "end" event) is read
-  back, not retrained; an interrupted one resumes from its checkpoint. Stop and rerun freely.
+- Runs live in <out>/<input>-seed<k>/. A finished run (its final.json, written last) is read back, not
+  retrained; an interrupted one resumes from its checkpoint. Stop and rerun freely. Either only when
+  the run was trained with the settings asked for now (its log's start records say) on the data its
+  final.json names (a hash of meta.json): a rerun with another --steps, --lr, ... into the same --out
+  is refused, naming what differs. One comparison writes a folder at a time (a second is refused
+  while the first holds <out>/.writer.lock).
 - The curve's evaluations use eval_batches fixed validation batches; the final validation loss, computed
   from the last checkpoint, covers every window of the validation split once. Perplexity = exp(loss). Bits per byte
   = loss / ln 2 * (validation tokens / validation UTF-8 bytes): tokenizer-independent, so runs with
@@ -22,17 +26,19 @@ Design choices, up front:
 """
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import statistics
 import sys
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
 from checkpoint import load_checkpoint
-from common import atomic_write, pick_device, run_main
+from common import atomic_write, pick_device, run_main, writer_lock
 from model import GPT, GPTConfig, get_config
 from prepare_data import load_meta, prepare
 from train import Split, TrainConfig, train
@@ -78,19 +84,65 @@ def full_val_loss(out, data_dir, meta, batch_size, device):
     return total / val.n
 
 
+def run_config(args, variant, seed):
+    """The TrainConfig of one (input, seed) run."""
+    return TrainConfig(
+        data_dir=os.path.abspath(args.data), out_dir=run_dir(args.out, variant, seed), preset=args.preset, input=variant,
+        seed=seed, device=args.device, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+        block_size=args.block_size, batch_size=args.batch_size, max_steps=args.steps, lr=args.lr, min_lr=args.lr / 10,
+        warmup_steps=max(1, args.steps // 20), eval_interval=max(1, args.steps // args.evals),
+        eval_steps=args.eval_batches, log_interval=max(1, args.steps // 10), save_interval=max(1, args.steps // 4),
+        compile=args.compile,
+    )
+
+
+# where and how a run executes, not what it trains: a run is continued or read back under other values of these
+PLACE = ("out_dir", "device", "compile", "resume", "overwrite")
+
+
+def check_settings(cfg):
+    """A run folder that holds an earlier run (finished, diverged or interrupted) is reused only if that
+    run was trained under the settings asked for now (every "start" record of its log.jsonl says so);
+    otherwise a ValueError names the settings that differ."""
+    log = os.path.join(cfg.out_dir, "log.jsonl")
+    if not os.path.exists(log):
+        return
+    asked = {k: v for k, v in asdict(cfg).items() if k not in PLACE}
+    try:
+        with open(log) as f:
+            starts = [e["train_config"] for e in map(json.loads, f) if e.get("event") == "start"]
+        for was in starts:  # a setting added since that run is at its default there: it did what the default does
+            was = {**asdict(TrainConfig()), **was, "data_dir": os.path.abspath(was["data_dir"])}
+            if diff := [k for k in asked if was.get(k) != asked[k]]:
+                raise ValueError(f"{cfg.out_dir} was trained with {', '.join(f'{k}={was.get(k)}' for k in diff)}, but this "
+                                 f"command asks for {', '.join(f'{k}={asked[k]}' for k in diff)}: its results would be "
+                                 "reported under settings it never used; use another --out (or remove that folder to "
+                                 "train it again)")
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError):
+        raise ValueError(f"{log} is not a log train.py wrote (its start records are unreadable): cannot tell the "
+                         "settings of that run; use another --out") from None
+    final = os.path.join(cfg.out_dir, "final.json")
+    if os.path.exists(final):
+        with open(final) as f:
+            was = json.load(f).get("data")
+        if was is not None and was != data_hash(cfg.data_dir):
+            raise ValueError(f"{cfg.out_dir} was trained on other data than {cfg.data_dir} holds now (its meta.json "
+                             "changed since): use another --out (or remove that folder to train it again)")
+
+
+def data_hash(data_dir):
+    """A fingerprint of a prepared folder: its meta.json names every shard and its token count."""
+    with open(os.path.join(data_dir, "meta.json"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
 def run_one(args, meta, variant, seed):
     """Train one (input, seed) run, or read it back when it already finished; returns its record."""
     out = run_dir(args.out, variant, seed)
     final = os.path.join(out, "final.json")  # written last: its presence means the run is complete
+    cfg = run_config(args, variant, seed)
+    check_settings(cfg)
     if not os.path.exists(final):
-        cfg = TrainConfig(
-            data_dir=args.data, out_dir=out, preset=args.preset, input=variant, seed=seed, device=args.device,
-            n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size,
-            batch_size=args.batch_size, max_steps=args.steps, lr=args.lr, min_lr=args.lr / 10,
-            warmup_steps=max(1, args.steps // 20), eval_interval=max(1, args.steps // args.evals),
-            eval_steps=args.eval_batches, log_interval=max(1, args.steps // 10), save_interval=max(1, args.steps // 4),
-            compile=args.compile,
-        )
         # the folder is this run's own: continue its checkpoint, or start afresh over a hard-killed start
         cfg.resume = os.path.exists(os.path.join(out, "ckpt.pt"))
         cfg.overwrite = not cfg.resume
@@ -99,12 +151,12 @@ def run_one(args, meta, variant, seed):
             summary = train(cfg)
         except FloatingPointError as e:  # a diverged run is a result: recorded, not retried on every rerun
             print(f"diverged: {e}")
-            atomic_write(final, json.dumps({"diverged": str(e)}))
+            atomic_write(final, json.dumps({"diverged": str(e), "data": data_hash(args.data)}))
             return {"variant": variant, "seed": seed, "diverged": str(e)}
         if summary["interrupted"]:
             raise SystemExit(f"stopped during {out}: rerun the same command to continue")
         val_loss = full_val_loss(out, args.data, meta, args.batch_size, pick_device(args.device))
-        atomic_write(final, json.dumps({"val_loss": val_loss}))
+        atomic_write(final, json.dumps({"val_loss": val_loss, "data": data_hash(args.data)}))
     with open(final) as f:
         done = json.load(f)
     if "diverged" in done:
@@ -232,6 +284,20 @@ def build_parser():
     return p
 
 
+def check_results(out, names):
+    """This study replaces only results it wrote: files of these `names` in `out` must sit beside a
+    results.json of its own (the two are written together); else a ValueError names them, before any run."""
+    present = [n for n in names if os.path.lexists(os.path.join(out, n))]
+    try:
+        with open(os.path.join(out, "results.json")) as f:
+            ours = {"rows", "runs"} <= json.load(f).keys()
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    if present and not ours:
+        raise ValueError(f"{out} holds {', '.join(present)}, not written by this study (no results.json of its own "
+                         "beside them): they are left alone; choose another --out")
+
+
 def write_results(out, report, results, png):
     """results.md and results.json into out, atomically; the report (and where the plot went) to stdout."""
     atomic_write(os.path.join(out, "results.md"), report)
@@ -241,6 +307,8 @@ def write_results(out, report, results, png):
 
 def prepared(args):
     """The meta.json of args.data (default <out>/data), preparing args.corpus there on first use."""
+    if args.data == "":
+        raise ValueError("--data is '' (empty): name a prepared folder, or leave --data out for <out>/data")
     args.data = args.data or os.path.join(args.out, "data")
     if not os.path.exists(os.path.join(args.data, "meta.json")):
         print(f"preparing {args.corpus} with {args.encoding} cut to {args.vocab_size} tokens into {args.data}")
@@ -256,23 +324,29 @@ def main(argv=None):
     variants = args.variants.split(",")
     if unknown := set(variants) - set(VARIANTS):
         raise ValueError(f"unknown input(s) {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
+    if twice := sorted({v for v in variants if variants.count(v) > 1}):
+        raise ValueError(f"--variants names {', '.join(twice)} more than once: name each input once")
     for name in ("seeds", "steps", "evals", "eval_batches", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    meta = prepared(args)
-
-    every = [run_one(args, meta, v, seed) for seed in range(args.seeds) for v in variants]
-    runs = [r for r in every if "diverged" not in r]
-    rows = summarize(runs, meta)
-    cfg = get_config(args.preset, vocab_size=meta["vocab_size"], n_layer=args.n_layer, n_head=args.n_head,
-                     n_embd=args.n_embd, block_size=args.block_size)
-    header = (f"{len(variants)} inputs x {args.seeds} seeds, {args.steps} steps of {args.batch_size} x {args.block_size} "
-              f"tokens; {cfg.n_layer} layers x {cfg.n_embd}, {cfg.n_head} heads, vocab {cfg.vocab_size} "
-              f"(K = {cfg.code_bits} bits); data {args.data} ({meta['encoding']}, "
-              f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)")
-    png = plot(runs, os.path.join(args.out, "val_loss.png")) if runs else None
-    write_results(args.out, f"{header}\n\n{table(rows)}\n\n{verdict(rows)}{diverged(every)}\n", {"rows": rows, "runs": every},
-                  png)
+    with writer_lock(args.out, outputs=("results.md", "results.json")):  # one comparison per folder at a time
+        check_results(args.out, ("results.md", "results.json", "val_loss.png"))
+        meta = prepared(args)
+        for seed in range(args.seeds):  # before any training: every run to be reused was trained as asked now
+            for v in variants:
+                check_settings(run_config(args, v, seed))
+        every = [run_one(args, meta, v, seed) for seed in range(args.seeds) for v in variants]
+        runs = [r for r in every if "diverged" not in r]
+        rows = summarize(runs, meta)
+        cfg = get_config(args.preset, vocab_size=meta["vocab_size"], n_layer=args.n_layer, n_head=args.n_head,
+                         n_embd=args.n_embd, block_size=args.block_size)
+        header = (f"{len(variants)} inputs x {args.seeds} seeds, {args.steps} steps of {args.batch_size} x {args.block_size} "
+                  f"tokens; {cfg.n_layer} layers x {cfg.n_embd}, {cfg.n_head} heads, vocab {cfg.vocab_size} "
+                  f"(K = {cfg.code_bits} bits); data {args.data} ({meta['encoding']}, "
+                  f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)")
+        png = plot(runs, os.path.join(args.out, "val_loss.png")) if runs else None
+        write_results(args.out, f"{header}\n\n{table(rows)}\n\n{verdict(rows)}{diverged(every)}\n",
+                      {"rows": rows, "runs": every}, png)
     return rows
 
 

@@ -20,7 +20,8 @@ Design choices:
 - The export writes the fixed code as GPT-NeoX's V x n_embd input table (the code lifted to width),
   absent biases as zeros, and keeps a "native_gpt" entry in config.json so that hf2native restores
   the native model exactly.
-- Output folders: every file is written atomically; a non-empty OUT is refused unless --overwrite,
+- Output folders: every file is written atomically; one conversion writes an OUT at a time; an OUT that
+  is, holds or lies inside the source folder is refused; a non-empty OUT is refused unless --overwrite,
   which replaces the model and tokenizer files and removes old ones the new folder does not have
   (a stale shard index would otherwise be read with the new weights). Other files are left alone.
 - File names read from a config or checkpoint (shards, tokenizer) must be plain names in their folder.
@@ -38,7 +39,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from checkpoint import atomic_torch_save, check_finite, checkpoint_dict, load_checkpoint, model_from_weights
-from common import atomic_write, config_parser, one_line, parse_settings, run_main, setting
+from common import LOCK_NAME, atomic_write, config_parser, one_line, parse_settings, run_main, setting, writer_lock
 from model import GPT, GPTConfig, canonical_code, code_bits
 from tokenizer import file_in, load_text_codec
 
@@ -124,10 +125,26 @@ def listing(named, limit=60):
 
 
 # ----------------------------------------------------------------------------------- files and folders
-def check_out(out, overwrite):
-    """Refuse a non-empty OUT unless --overwrite (checked before any work is done)."""
-    if os.path.isdir(out) and os.listdir(out) and not overwrite:
-        raise ConversionError(f"{out} is not empty (it holds {', '.join(sorted(os.listdir(out))[:6])}): pass "
+# what a conversion writes into OUT: a killed conversion's temp files of these names are removed
+WRITTEN = ("ckpt.pt", "model.safetensors", "config.json", "generation_config.json", *OLD_TOKENIZER_FILES)
+
+
+def check_out(src, out, overwrite):
+    """Refuse an OUT that is the source folder, lies inside it or holds it (an --overwrite would replace
+    the source's own files; for a checkpoint file, its folder must not be OUT), and a non-empty OUT
+    unless --overwrite. Checked before any work, and again as OUT's one writer."""
+    if not os.fspath(out):
+        raise ConversionError("OUT is '' (empty): name a folder")
+    folder = os.path.realpath(src if os.path.isdir(src) else os.path.dirname(os.path.abspath(src)))
+    o = os.path.realpath(out)
+    where = ("is" if o == folder else "is inside" if o.startswith(folder + os.sep) and os.path.isdir(src) else
+             "holds" if folder.startswith(o + os.sep) and os.path.isdir(src) else None)
+    if where:
+        raise ConversionError(f"OUT {out} {where} the source {'' if os.path.isdir(src) else 'folder of '}{src}: "
+                              "write the conversion to a folder of its own")
+    held = sorted(set(os.listdir(out)) - {LOCK_NAME}) if os.path.isdir(out) else []
+    if held and not overwrite:
+        raise ConversionError(f"{out} is not empty (it holds {', '.join(held[:6])}): pass "
                               "--overwrite to replace its model and tokenizer files (other files are kept)")
 
 
@@ -483,15 +500,16 @@ def copy_tokenizer_files(src, dst):
 
 
 def convert_hf_to_native(folder, out_dir, layout="auto", input=None, overwrite=False):
-    check_out(out_dir, overwrite)
+    check_out(folder, out_dir, overwrite)
     model, tok, info = hf_to_native(folder, layout, input)
-    os.makedirs(out_dir, exist_ok=True)
-    copied = copy_tokenizer_files(folder, out_dir)
-    if tok is None:
-        print(f"warning: {folder} has no tokenizer.json; sample.py will need one in {out_dir}", file=sys.stderr)
-    path = os.path.join(out_dir, "ckpt.pt")
-    atomic_torch_save(checkpoint_dict(model, tok, source={**info, "tokenizer_files": copied}), path)
-    remove_stale(out_dir, copied + ["ckpt.pt"], weights=False)
+    with writer_lock(out_dir, WRITTEN):
+        check_out(folder, out_dir, overwrite)
+        copied = copy_tokenizer_files(folder, out_dir)
+        if tok is None:
+            print(f"warning: {folder} has no tokenizer.json; sample.py will need one in {out_dir}", file=sys.stderr)
+        path = os.path.join(out_dir, "ckpt.pt")
+        atomic_torch_save(checkpoint_dict(model, tok, source={**info, "tokenizer_files": copied}), path)
+        remove_stale(out_dir, copied + ["ckpt.pt"], weights=False)
     return path, model, info
 
 
@@ -592,10 +610,9 @@ def export_tokenizer(entry, ckpt_dir, out_dir, block_size):
 
 def convert_native_to_hf(ckpt_path, out_dir, dtype="float32", overwrite=False):
     """Write a GPTNeoXForCausalLM folder: config.json, model.safetensors, generation_config.json, tokenizer."""
-    check_out(out_dir, overwrite)
+    check_out(ckpt_path, out_dir, overwrite)
     model, ckpt = load_checkpoint(ckpt_path, "cpu")
     check_finite(model.state_dict(), ckpt_path, "convert")
-    c = model.config
     ckpt_dir = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
     entry = check_tokenizer_entry(ckpt.get("tokenizer"), ckpt_dir)
     try:
@@ -603,9 +620,17 @@ def convert_native_to_hf(ckpt_path, out_dir, dtype="float32", overwrite=False):
     except ImportError:
         raise ConversionError("writing model.safetensors needs the safetensors package: pip install safetensors") from None
     tensors = {n: t.to(getattr(torch, dtype)) for n, t in neox_state_dict(model).items()}
-    os.makedirs(out_dir, exist_ok=True)
+    weights = save(tensors, metadata={"format": "pt"})
+    with writer_lock(out_dir, WRITTEN):
+        check_out(ckpt_path, out_dir, overwrite)
+        return write_hf_folder(model, weights, entry, ckpt_dir, out_dir, dtype)
+
+
+def write_hf_folder(model, weights, entry, ckpt_dir, out_dir, dtype):
+    """native2hf's writes, as OUT's one writer: tokenizer, model.safetensors (`weights`, bytes), configs."""
+    c = model.config
     written, bos_id, eos_id = export_tokenizer(entry, ckpt_dir, out_dir, c.block_size)
-    atomic_write(os.path.join(out_dir, "model.safetensors"), save(tensors, metadata={"format": "pt"}))
+    atomic_write(os.path.join(out_dir, "model.safetensors"), weights)
     meta = {"input": c.input, "layout": c.layout, "affine_seed": c.affine_seed, "pad_token_id": c.pad_token_id,
             "bias": c.bias, "tokenizer": entry if entry and entry["kind"] == "tiktoken" else None}
     if c.input == "affine":

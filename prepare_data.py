@@ -19,7 +19,8 @@ Design choices:
   instead: its first int(len*(1-f)) characters are train, the rest val (so one big .txt file such as
   tinyshakespeare gets the usual 90/10 character split).
 - Mixtures (`--mix`): documents are drawn from the inputs with the given weights by a seeded RNG (a
-  document-level ratio); the mixture stops when any input runs dry.
+  document-level ratio); the mixture stops when any input runs dry. An input is what was named: a
+  folder or a glob is one input (its files in order), whatever number of files it holds.
 - Budget (`--max_tokens`): whole documents only; stop before the first document that would take
   train+val past the budget.
 - Parallelism: long documents are cut into ~256k-character pieces only right after "<non-space>\\n"
@@ -32,7 +33,10 @@ Design choices:
 - Nothing is lost: every input is opened and its first document read before any work; the new shards
   go to OUT/.partial and replace the old ones only once all of them are written; meta.json comes last,
   written atomically. A bad input, a full disk, Ctrl-C or SIGTERM therefore leaves the old data byte
-  for byte, and never a folder that looks complete.
+  for byte, and never a folder that looks complete. One run writes a folder at a time (a second is
+  refused while the first holds OUT/.writer.lock), and only files this script wrote are replaced or
+  removed: a meta.json it cannot read as prepared data, a shard without the shard magic or an
+  unmarked .partial folder is refused by name, with or without --overwrite.
 """
 
 import argparse
@@ -44,8 +48,8 @@ import multiprocessing as mp
 import os
 import random
 import re
-import shutil
 import signal
+import stat
 import struct
 import sys
 import time
@@ -57,7 +61,7 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from common import atomic_open, atomic_write, parse_int, run_main
+from common import atomic_open, atomic_write, parse_int, run_main, writer_lock
 from tokenizer import get_tokenizer
 
 MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
@@ -129,16 +133,21 @@ def load_meta(folder) -> dict:
         meta = json.loads(path.read_bytes())
     except ValueError as e:  # not JSON, or not UTF-8
         raise ShardError(f"{path}: not valid JSON ({e})") from None
-    splits = meta.get("splits") if isinstance(meta, dict) else None
-    if not (isinstance(splits, dict) and all(map(_is_split, splits.values())) and splits.get("train", {}).get("shards")
-            and type(meta.get("vocab_size")) is int and meta["vocab_size"] > 0 and isinstance(meta.get("encoding"), str)
-            and isinstance(meta.get("reserve_zero", False), bool)):
+    if not is_meta(meta):
         raise ShardError(f"{path}: malformed: needs a positive vocab_size, an encoding and splits "
                          '{"train": {"shards": [file names], "tokens": N}, ...}; prepare the folder again')
-    missing = [s for split in splits.values() for s in split["shards"] if not (Path(folder) / s).is_file()]
+    missing = [s for split in meta["splits"].values() for s in split["shards"] if not (Path(folder) / s).is_file()]
     if missing:
         raise ShardError(f"{folder}: missing shards {missing[:3]}")
     return meta
+
+
+def is_meta(meta) -> bool:
+    """Whether parsed JSON is a prepared folder's meta.json (what its readers use is there and well-formed)."""
+    splits = meta.get("splits") if isinstance(meta, dict) else None
+    return bool(isinstance(splits, dict) and all(map(_is_split, splits.values())) and splits.get("train", {}).get("shards")
+                and type(meta.get("vocab_size")) is int and meta["vocab_size"] > 0 and isinstance(meta.get("encoding"), str)
+                and isinstance(meta.get("reserve_zero", False), bool))
 
 
 def _is_split(split) -> bool:
@@ -181,25 +190,46 @@ class ShardWriter:
 # ---------------------------------------------------------------- inputs
 def resolve_inputs(inputs: list[str]) -> list[str]:
     """Expand folders and globs to sorted files, fetch named corpora; fail before any work."""
-    out = []
-    for arg in inputs:
-        if os.path.isdir(arg):
-            files = sorted(str(p) for p in Path(arg).rglob("*") if p.suffix in EXTS and p.is_file())
-            if not files:
-                raise ValueError(f"{arg}: folder holds no {'/'.join(EXTS)} files")
-            out += files
-        elif os.path.exists(arg) or arg in HUB or arg.startswith("hf:"):
-            out.append(arg)
-        elif arg == "shakespeare":
-            out.append(download(SHAKESPEARE_URL, Path(os.environ.get("BCGPT_CORPUS_CACHE", "data")) / "tinyshakespeare.txt"))
-        elif any(c in arg for c in "*?["):
-            files = sorted(f for f in glob.glob(arg, recursive=True) if os.path.isfile(f))
-            if not files:
-                raise ValueError(f"{arg}: no files match this pattern")
-            out += files
-        else:
-            raise ValueError(f"{arg}: no such file or folder (named inputs: {', '.join(NAMED)}, hf:REPO[:CONFIG])")
-    return out
+    return [f for arg in inputs for f in resolve_input(arg)]
+
+
+def resolve_input(arg: str) -> list[str]:
+    """The files (or the one Hub source) one named input stands for."""
+    if os.path.isdir(arg):
+        files = sorted(str(p) for p in Path(arg).rglob("*") if p.suffix in EXTS and not p.is_dir())
+        if not files:
+            raise ValueError(f"{arg}: folder holds no {'/'.join(EXTS)} files")
+        return [regular_file(f) for f in files]
+    if os.path.lexists(arg):
+        return [regular_file(arg)]
+    if arg in HUB or arg.startswith("hf:"):
+        return [arg]
+    if arg == "shakespeare":
+        return [download(SHAKESPEARE_URL, Path(os.environ.get("BCGPT_CORPUS_CACHE", "data")) / "tinyshakespeare.txt")]
+    if any(c in arg for c in "*?["):
+        files = sorted(f for f in glob.glob(arg, recursive=True) if not os.path.isdir(f))
+        if not files:
+            raise ValueError(f"{arg}: no files match this pattern")
+        return [regular_file(f) for f in files]
+    raise ValueError(f"{arg}: no such file or folder (named inputs: {', '.join(NAMED)}, hf:REPO[:CONFIG])")
+
+
+KINDS = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISFIFO: "a named pipe (FIFO)",
+         stat.S_ISSOCK: "a socket"}
+
+
+def regular_file(path: str) -> str:
+    """`path` if it is a regular file (or a symlink to one); else a ValueError saying what it is: a
+    device or a pipe is not text to read to its end."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
+    if stat.S_ISREG(mode):
+        return path
+    kind = next((k for test, k in KINDS.items() if test(mode)), "not a regular file")
+    link = f"a symlink to {os.path.realpath(path)}, " if os.path.islink(path) else ""
+    raise ValueError(f"{path}: {link}{kind}, not a file: give a text file, a folder or a named corpus")
 
 
 def download(url: str, path: Path) -> str:
@@ -242,6 +272,8 @@ def read_documents(source: str, text_field: str = "text"):
                         record = json.loads(decode_utf8(line, source, offset))
                     except json.JSONDecodeError as e:
                         raise ValueError(f"{source}:{lineno}: invalid JSON ({e.msg})") from None
+                    except RecursionError:  # the parser recurses once per bracket
+                        raise ValueError(f"{source}:{lineno}: JSON nested too deeply to read (not a text record)") from None
                     yield from record_texts([record], text_field, f"{source}:{lineno}")
                 offset += len(line)
     elif source.endswith(".parquet"):
@@ -274,6 +306,11 @@ def record_texts(records, text_field: str, name: str):
         text = record.get(text_field) if isinstance(record, dict) else None
         if not isinstance(text, str):
             raise ValueError(f"{name}: record has no string field {text_field!r} (try --text_field)")
+        try:
+            text.encode("utf-8")  # a JSON "\\ud800" escape decodes to a lone surrogate, which is no text
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{name}: {text_field!r} holds a lone surrogate (\\u{ord(text[e.start]):04x}) at character "
+                             f"{e.start}, which is not Unicode text") from None
         if text:
             yield text
 
@@ -401,10 +438,65 @@ def encoded(jobs, tok: tuple, workers: int):
 
 
 # ---------------------------------------------------------------- main logic
-def _prepared_files(out: Path) -> list[Path]:
-    """Files of a previous run, meta.json first."""
-    found = [p for p in out.glob("*") if re.fullmatch(r"(train|val)_\d+\.bin|meta\.json", p.name)]
-    return sorted(found, key=lambda p: (p.name != "meta.json", p.name))
+STAGING, STAGING_MARK = ".partial", ".prepare_data"  # this run's files until all are written; the mark says whose
+SHARD_NAME = re.compile(r"(train|val)_\d+\.bin")
+
+
+def _prepared_files(out: Path, overwrite: bool) -> list[Path]:
+    """The files of a previous run in `out`, meta.json first, when --overwrite may replace them; a
+    ValueError when `out` holds files of these names that this script did not write, or prepared
+    data and no --overwrite. Its own files are recognised by content: a meta.json that readers
+    accept, shards that start with the shard magic."""
+    meta, old = out / "meta.json", []
+    for p in [meta, *sorted(p for p in out.glob("*") if SHARD_NAME.fullmatch(p.name))]:
+        try:
+            ours = _written_here(p)
+        except (FileNotFoundError, NotADirectoryError):  # none (or `out` is a file: writer_lock says so)
+            continue
+        if not ours:
+            what = "a meta.json of prepared data" if p == meta else "a token shard"
+            raise ValueError(f"{p} is not {what} (prepare_data.py did not write it): it is left alone; choose another --out")
+        old.append(p)
+    if old and not overwrite:
+        raise ValueError(f"{out}: already holds prepared data ({old[0].name}); pass --overwrite to replace it")
+    return old
+
+
+def _written_here(path: Path) -> bool:
+    """Whether a file is this script's: a meta.json that readers accept, a shard with the shard magic."""
+    try:
+        with open(path, "rb") as f:
+            if path.name != "meta.json":
+                return f.read(len(MAGIC)) == MAGIC
+            return is_meta(json.loads(f.read()))
+    except (FileNotFoundError, NotADirectoryError):  # removed meanwhile by a run ending in another process, or none
+        raise
+    except (OSError, ValueError, RecursionError):  # a folder, unreadable, not JSON
+        return False
+
+
+def _staged_files(staging: Path) -> list[Path]:
+    """The files of a staging folder, all of them this script's (a mark, shards, meta.json, their temp
+    files); a ValueError naming the folder or the files when it is not this script's."""
+    if not staging.exists() or staging.is_dir() and not any(staging.iterdir()):  # an empty one holds nothing to lose
+        return []
+    if not (staging / STAGING_MARK).is_file():
+        raise ValueError(f"{staging} exists and prepare_data.py did not make it (it has no {STAGING_MARK} mark): "
+                         "it is left alone; move it away or choose another --out")
+    ours = re.compile(rf"(?:{SHARD_NAME.pattern}|meta\.json)(?:\.tmp\d+)?|{re.escape(STAGING_MARK)}")
+    theirs = sorted(p.name for p in staging.iterdir() if not ours.fullmatch(p.name) or not p.is_file())
+    if theirs:
+        raise ValueError(f"{staging} holds files prepare_data.py did not write ({', '.join(theirs[:3])}): "
+                         "they are left alone; move them away or choose another --out")
+    return list(staging.iterdir())
+
+
+def _clear_staging(staging: Path) -> None:
+    """Remove a staging folder of this script's (left by a killed run, or this run's)."""
+    if os.path.lexists(staging):
+        for p in _staged_files(staging):
+            p.unlink()
+        staging.rmdir()
 
 
 def write_documents(results, writers: dict, max_tokens: int | None, total_bytes: int | None, progress: bool) -> None:
@@ -451,43 +543,48 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
         raise ValueError(f"workers must be at least 1, got {workers}")
     tok = (encoding, vocab_size, reserve_zero)  # get_tokenizer's arguments, sent to the workers
     enc = get_tokenizer(*tok)
+    if not os.fspath(out_dir):
+        raise ValueError("the output folder is '' (empty): name one, e.g. --out data/mine")
     out = Path(out_dir)
-    old = _prepared_files(out)
-    if old and not overwrite:
-        raise ValueError(f"{out_dir}: already holds prepared data ({old[0].name}); pass --overwrite to replace it")
-    sources = resolve_inputs(inputs)
-    weights = mix_weights(mix, len(sources)) if mix is not None else None
+    _prepared_files(out, overwrite)  # fail fast; checked again, with the staging folder, as the folder's one writer
+    groups = [resolve_input(a) for a in inputs]  # the files each named input stands for
+    sources = [s for group in groups for s in group]
+    weights = mix_weights(mix, len(groups)) if mix is not None else None
     check_inputs(sources, text_field)
 
-    staging = out / ".partial"  # holds this run's files until all are written
-    shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
-    staging.mkdir(parents=True)
-    streams = [read_documents(s, text_field) for s in sources]
-    docs = mix_documents(streams, weights, seed) if weights is not None else chain.from_iterable(streams)
-    dtype = token_dtype(enc.n_vocab)
-    writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
-    local = [s for s in sources if os.path.isfile(s)]
-    total_bytes = sum(map(os.path.getsize, local)) if len(local) == len(sources) else None  # for the progress line
-    try:
-        jobs = batches(split_documents(docs, val_fraction))
-        with contextlib.closing(encoded(jobs, tok, workers)) as results:  # closing stops the pool now
-            write_documents(results, writers, max_tokens, total_bytes, progress)
-        splits = {s: w.close() for s, w in writers.items()}
-        if not splits["train"]["tokens"]:
-            raise ValueError("no training documents (--max_tokens is below the first document)")
-        meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
-                "reserve_zero": reserve_zero, "dtype": dtype.name, "splits": splits, "sources": sources, "val_fraction": val_fraction,
-                "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
-        atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
-        # all written: from here on only removals and renames, which need no disk space
-        for p in old:  # meta.json first, so that the folder stops looking complete at once
-            p.unlink()
-        for name in [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"]:  # meta.json last
-            os.replace(staging / name, out / name)
-        staging.rmdir()
-    except BaseException:  # a bad input halfway, a full disk, Ctrl-C: the old data stays as it was
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with writer_lock(out):  # one writer per folder: a second run into `out` is refused while this one runs
+        old = _prepared_files(out, overwrite)
+        staging = out / STAGING  # holds this run's files until all are written
+        _clear_staging(staging)  # left by a killed run
+        staging.mkdir()
+        (staging / STAGING_MARK).write_text("staging folder of prepare_data.py: removed when its run ends\n")
+        streams = [chain.from_iterable(read_documents(s, text_field) for s in group) for group in groups]
+        docs = mix_documents(streams, weights, seed) if weights is not None else chain.from_iterable(streams)
+        dtype = token_dtype(enc.n_vocab)
+        writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
+        local = [s for s in sources if os.path.isfile(s)]
+        total_bytes = sum(map(os.path.getsize, local)) if len(local) == len(sources) else None  # for the progress line
+        try:
+            jobs = batches(split_documents(docs, val_fraction))
+            with contextlib.closing(encoded(jobs, tok, workers)) as results:  # closing stops the pool now
+                write_documents(results, writers, max_tokens, total_bytes, progress)
+            splits = {s: w.close() for s, w in writers.items()}
+            if not splits["train"]["tokens"]:
+                raise ValueError("no training documents (--max_tokens is below the first document)")
+            meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
+                    "reserve_zero": reserve_zero, "dtype": dtype.name, "splits": splits, "sources": sources, "val_fraction": val_fraction,
+                    "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
+            atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
+            # all written: from here on only removals and renames, which need no disk space
+            for p in old:  # meta.json first, so that the folder stops looking complete at once
+                p.unlink()
+            for name in [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"]:  # meta.json last
+                os.replace(staging / name, out / name)
+            _clear_staging(staging)
+        except BaseException:  # a bad input halfway, a full disk, Ctrl-C: the old data stays as it was
+            with contextlib.suppress(ValueError, OSError):
+                _clear_staging(staging)
+            raise
     return meta
 
 
@@ -512,8 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val_fraction", type=float, default=0.1, help="share of documents (or characters) for val")
     p.add_argument("--shard_tokens", type=parse_int, default=100_000_000, help="tokens per shard file, e.g. 1e8")
     p.add_argument("--text_field", default="text", help="record field holding the text in .jsonl/.parquet/Hub")
-    p.add_argument("--mix", type=parse_weights, help="document weights per input, e.g. 0.7 (two inputs) or 0.5,0.3,0.2 "
-                   "(default: concatenate)")
+    p.add_argument("--mix", type=parse_weights, help="document weights per named input (a folder is one), e.g. 0.7 (two inputs) or "
+                   "0.5,0.3,0.2 (default: concatenate)")
     p.add_argument("--max_tokens", type=parse_int, help="token budget for train+val, whole documents, e.g. 1e9 (default: no limit)")
     p.add_argument("--seed", type=parse_int, default=0, help="seed of the --mix draws")
     p.add_argument("--workers", type=parse_int, default=os.cpu_count(), help="tokenizer processes; 1 = no pool")

@@ -19,7 +19,8 @@ Design choices, up front:
   depth alone would leave the input's width (the place where the code's 13 bits must be unpacked) fixed.
 - Every run is compare.run_one (train.train + a full validation pass); its folder layout, resume and
   read-back are compare.py's, one folder per point: <out>/<L>x<D>[-long]/<input>-seed<k>/. Stop and
-  rerun the same command freely: finished runs are read back, interrupted ones resume.
+  rerun the same command freely: finished runs are read back, interrupted ones resume (only when
+  trained with the settings asked for now: compare.check_settings). One sweep per --out at a time.
 - The gap of one seed is binary loss - learned loss of that seed (same init stream and data order), in
   nats per token; its % is the perplexity ratio - 1. The trend is a power law in the binary model's
   trainable parameters, gap = c * N^-alpha, fitted by least squares on log gap vs log N over the
@@ -44,7 +45,7 @@ import numpy as np
 import torch
 
 import compare
-from common import run_main
+from common import run_main, writer_lock
 from model import GPT, get_config
 from prepare_data import load_meta
 
@@ -61,12 +62,18 @@ GPU = dict(sizes="12x768", affine_sizes="", ablation="none", long_factor=1, step
 PAPER = {"trainable": 469_828_608, "gap_nats": math.log(2.36 / 2.44), "gap_pct": 2.36 / 2.44 - 1}
 
 
-def parse_sizes(text):
-    """'2x48,4x128' -> [(2, 48), (4, 128)]: n_layer x n_embd."""
-    try:
-        return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ValueError(f"sizes must look like 2x48,4x128 (n_layer x n_embd), got {text!r}") from None
+def parse_sizes(text, flag="--sizes", allow_none=False):
+    """'2x48,4x128' -> [(2, 48), (4, 128)]: n_layer x n_embd, positive integers; '' -> [] if allow_none."""
+    sizes = []
+    for s in filter(str.strip, text.split(",")):
+        parts = s.strip().lower().split("x")
+        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+            sizes = None
+            break
+        sizes.append((int(parts[0]), int(parts[1])))
+    if sizes is None or not (sizes or allow_none):
+        raise ValueError(f"{flag} must look like 2x48,4x128 (n_layer x n_embd, positive integers), got {text!r}")
+    return sizes
 
 
 def trainable(n_layer, n_embd, variant, args, vocab_size):
@@ -98,7 +105,7 @@ def plan(args, vocab_size):
         if (L, D) not in sizes:
             jobs += [(point(L, D), "learned", s) for s in range(args.seeds)]
         jobs += [(point(ablation_depth(L, D, args, vocab_size), D), "binary", s) for s in range(args.seeds)]
-    jobs += [(point(L, D), "affine", s) for L, D in parse_sizes(args.affine_sizes) for s in range(args.seeds)]
+    jobs += [(point(L, D), "affine", s) for L, D in parse_sizes(args.affine_sizes, allow_none=True) for s in range(args.seeds)]
     if args.long_factor > 1:
         L, D = sizes[0]
         jobs += [(point(L, D, "-long", args.long_factor), v, s) for s in range(args.long_seeds) for v in ("learned", "binary")]
@@ -392,26 +399,34 @@ def main(argv=None):
     for name, value in {**DEFAULTS, **(QUICK if args.quick else GPU if args.gpu else {})}.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    args.out = args.out or "runs/scaling" + ("-quick" if args.quick else "-gpu" if args.gpu else "")
+    if args.out is None:
+        args.out = "runs/scaling" + ("-quick" if args.quick else "-gpu" if args.gpu else "")
     for name in ("seeds", "steps", "evals", "jobs", "long_factor", "long_seeds", "batch_size", "eval_batches"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    meta = compare.prepared(args)
-    jobs = plan(args, meta["vocab_size"])
-    print(f"{len(jobs)} runs: " + ", ".join(f"{p[0]} {v} s{s}" for p, v, s in jobs), flush=True)
-    every = run_all(args, jobs)
-    runs_by_point, failed = finished(every)
+    parse_sizes(args.sizes), parse_sizes(args.affine_sizes, "--affine_sizes", allow_none=True)
+    if args.ablation != "none" and len(parse_sizes(args.ablation, "--ablation")) != 1:
+        raise ValueError(f"--ablation takes one size (e.g. 4x128) or none, got {args.ablation!r}")
+    with writer_lock(args.out, outputs=("results.md", "results.json")):  # one sweep per folder at a time
+        compare.check_results(args.out, ("results.md", "results.json", "scaling.png"))
+        meta = compare.prepared(args)
+        jobs = plan(args, meta["vocab_size"])
+        for point, variant, seed in jobs:  # before any training: every run to be reused was trained as asked now
+            compare.check_settings(compare.run_config(run_args(args, point), variant, seed))
+        print(f"{len(jobs)} runs: " + ", ".join(f"{p[0]} {v} s{s}" for p, v, s in jobs), flush=True)
+        every = run_all(args, jobs)
+        runs_by_point, failed = finished(every)
 
-    rows = size_rows(runs_by_point, meta)
-    result = analyse(runs_by_point, args, meta["vocab_size"])
-    header = (f"{args.steps} steps of {args.batch_size} x {args.block_size} tokens per run (long runs x{args.long_factor}), "
-              f"{args.seeds} seeds, lr {args.lr}, {args.n_head} heads; data {args.data} ({meta['encoding']} cut to "
-              f"{meta['vocab_size']}, {meta['splits']['train']['tokens']:,} train / "
-              f"{meta['splits']['val']['tokens']:,} val tokens)")
-    png = plot(result, os.path.join(args.out, "scaling.png"))
-    failed = "".join(f"\nDiverged, left out: {name} {r['variant']} seed {r['seed']}: {r['diverged']}" for name, r in failed)
-    compare.write_results(args.out, f"{header}\n\n{table(rows)}\n\n{reading(result)}{failed}\n",
-                          {"rows": rows, "analysis": result, "runs": every}, png)
+        rows = size_rows(runs_by_point, meta)
+        result = analyse(runs_by_point, args, meta["vocab_size"])
+        header = (f"{args.steps} steps of {args.batch_size} x {args.block_size} tokens per run (long runs "
+                  f"x{args.long_factor}), {args.seeds} seeds, lr {args.lr}, {args.n_head} heads; data {args.data} "
+                  f"({meta['encoding']} cut to {meta['vocab_size']}, {meta['splits']['train']['tokens']:,} train / "
+                  f"{meta['splits']['val']['tokens']:,} val tokens)")
+        png = plot(result, os.path.join(args.out, "scaling.png"))
+        failed = "".join(f"\nDiverged, left out: {name} {r['variant']} seed {r['seed']}: {r['diverged']}" for name, r in failed)
+        compare.write_results(args.out, f"{header}\n\n{table(rows)}\n\n{reading(result)}{failed}\n",
+                              {"rows": rows, "analysis": result, "runs": every}, png)
     return rows, result
 
 

@@ -18,7 +18,7 @@ import compare
 import convert
 import prepare_data
 import train
-from common import run_main
+from common import LOCK_NAME, run_main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,9 +36,9 @@ def script(*args, **kw):
 
 
 def tree(folder):
-    """{relative path: bytes} of every file under folder."""
+    """{relative path: bytes} of every file under folder, but the writer lock's (it holds the last writer's pid)."""
     return {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
-            for d, _, files in os.walk(folder) for f in files}
+            for d, _, files in os.walk(folder) for f in files if f != LOCK_NAME}
 
 
 def test_malformed_meta_json_is_one_line(tiny_data, tmp_path, capsys):
@@ -103,9 +103,10 @@ def test_paths_from_a_config_stay_in_its_folder(tmp_path, capsys):
 
 
 def test_garbage_config_json_is_one_line(tmp_path, capsys):
-    (tmp_path / "config.json").write_text("{garbage")
-    code, out, err = run(convert.main, ["hf2native", str(tmp_path), str(tmp_path / "out")], capsys)
-    assert (code, out, err) == (1, "", f"error: {tmp_path / 'config.json'} is not valid JSON (Expecting property name "
+    (tmp_path / "release").mkdir()
+    (tmp_path / "release" / "config.json").write_text("{garbage")
+    code, out, err = run(convert.main, ["hf2native", str(tmp_path / "release"), str(tmp_path / "out")], capsys)
+    assert (code, out, err) == (1, "", f"error: {tmp_path / 'release' / 'config.json'} is not valid JSON (Expecting property name "
                                        "enclosed in double quotes: line 1 column 2 (char 1))\n")
 
 
@@ -173,3 +174,17 @@ def test_an_unreadable_checkpoint_is_one_plain_line(tmp_path, capsys):
     assert run_main(sample.main, ["--ckpt", str(path), "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "\x1b[" not in err and err.startswith(f"error: {path}: cannot read this checkpoint")
+
+
+@pytest.mark.parametrize("value, traceback", [("0", False), ("false", False), ("", False), ("1", True), ("yes", True)])
+def test_traceback_env_turns_tracebacks_on_only_when_true(tmp_path, value, traceback):
+    missing = tmp_path / "missing.txt"
+    p = script("prepare_data.py", str(missing), "--out", str(tmp_path / "d"), env={**os.environ, "TRACEBACK": value})
+    out, err = p.communicate(timeout=120)
+    assert (p.returncode, out) == (1, "")
+    if traceback:
+        assert err.startswith("Traceback (most recent call last):") and err.endswith(f"ValueError: {missing}: no such file "
+                                                                                     "or folder (named inputs: shakespeare, "
+                                                                                     "fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n")
+    else:
+        assert err == f"error: {missing}: no such file or folder (named inputs: shakespeare, fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n"

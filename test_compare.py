@@ -3,8 +3,11 @@
 import json
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,9 +96,87 @@ def test_a_diverged_run_is_reported_and_not_retried(data, tmp_path):
             "--steps", "6", "--evals", "2", "--eval_batches", "2", "--seeds", "1", "--device", "cpu", "--lr", "1e6"]
     compare.main(args)
     record = json.loads((tmp_path / "binary-seed0" / "final.json").read_text())
-    assert set(record) == {"diverged"} and "at step" in record["diverged"]
+    assert set(record) == {"diverged", "data"} and "at step" in record["diverged"]
     mtime = os.path.getmtime(tmp_path / "binary-seed0" / "final.json")
     compare.main(args)  # read back, not trained again
     assert os.path.getmtime(tmp_path / "binary-seed0" / "final.json") == mtime
     report = (tmp_path / "results.md").read_text()
     assert "diverged, left out: binary seed 0: " in report
+
+
+# ---------------------------------------------------------------- reused runs match their settings; one writer (issue 18)
+TINY = ["--preset", "tiny", "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
+        "--evals", "2", "--eval_batches", "2", "--seeds", "1", "--device", "cpu"]
+
+
+def cli(*args, **kw):
+    return subprocess.Popen([sys.executable, "compare.py", *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file() and p.name != ".writer.lock"}
+
+
+def test_a_rerun_with_other_settings_or_data_is_refused_not_mixed_in(data, tmp_path):
+    out = tmp_path / "out"
+    compare.main(["--data", data, "--out", str(out), "--variants", "learned", "--steps", "4", *TINY])
+    before = files(out)
+    p = cli("--data", data, "--out", out, "--variants", "learned", "--steps", "8", "--lr", "1e-3", *TINY)
+    stdout, stderr = p.communicate(timeout=300)
+    assert (p.returncode, stdout) == (1, "")
+    assert stderr == (f"error: {out / 'learned-seed0'} was trained with max_steps=4, lr=0.002, min_lr=0.0002, eval_interval=2, "
+                      "save_interval=1, but this command asks for max_steps=8, lr=0.001, min_lr=0.0001, eval_interval=4, "
+                      "save_interval=2: its results would be reported under settings it never used; use another --out "
+                      "(or remove that folder to train it again)\n")
+    moved = tmp_path / "data"  # the same settings on data re-prepared in place: refused too
+    shutil.copytree(data, moved)
+    run = out / "learned-seed0"
+    (run / "log.jsonl").write_text((run / "log.jsonl").read_text().replace(json.dumps(data), json.dumps(str(moved))))
+    meta = json.loads((moved / "meta.json").read_text())
+    (moved / "meta.json").write_text(json.dumps({**meta, "seed": 1}))
+    before = files(out)
+    p = cli("--data", moved, "--out", out, "--variants", "learned", "--steps", "4", *TINY)
+    stdout, stderr = p.communicate(timeout=300)
+    assert (p.returncode, stderr) == (1, f"error: {run} was trained on other data than {moved} holds now (its meta.json "
+                                         "changed since): use another --out (or remove that folder to train it again)\n")
+    assert files(out) == before
+
+
+def test_a_variant_named_twice_is_refused(data, tmp_path):
+    p = cli("--data", data, "--out", tmp_path / "out", "--variants", "binary,binary,learned", "--steps", "4", *TINY)
+    assert p.communicate(timeout=300) == ("", "error: --variants names binary more than once: name each input once\n")
+    assert p.returncode == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_second_comparison_into_one_out_is_refused_while_the_first_runs(data, tmp_path):
+    """Two real processes: the second is refused while the first (paused with SIGSTOP mid-training) holds --out;
+    the first then finishes and reports."""
+    out = tmp_path / "out"
+    args = ["--data", data, "--out", out, "--variants", "learned", "--steps", "4", *TINY]
+    first = cli(*args)
+    try:
+        deadline = time.time() + 120
+        while not (out / "learned-seed0" / "log.jsonl").exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        assert first.poll() is None, first.communicate()
+        first.send_signal(signal.SIGSTOP)
+        second = cli(*args)
+        assert second.communicate(timeout=300) == ("", f"error: {out} is being written by another process (pid {first.pid}); "
+                                                       "wait for it to finish or choose another folder\n")
+        assert second.returncode == 1
+    finally:
+        first.send_signal(signal.SIGCONT)
+    stdout, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr
+    assert "| learned | 1 |" in (out / "results.md").read_text()
+
+
+def test_a_users_results_file_in_out_is_refused_and_kept(data, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.md").write_text("my own notes\n")
+    p = cli("--data", data, "--out", out, "--variants", "learned", "--steps", "4", *TINY)
+    assert p.communicate(timeout=300) == ("", f"error: {out} holds results.md, not written by this study (no results.json "
+                                              "of its own beside them): they are left alone; choose another --out\n")
+    assert p.returncode == 1 and files(out) == {"results.md": b"my own notes\n"}

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 import convert
-from common import run_main
+from common import LOCK_NAME, run_main
 from checkpoint import checkpoint_dict, load_checkpoint
 from model import GPT, canonical_code, code_bits, generate, get_config
-from test_sample import char_tokenizer
 from tokenizer import get_tokenizer
+from test_sample import char_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAKESPEARE = """First Citizen:
@@ -368,7 +368,7 @@ def test_hf2native_never_replaces_a_checkpoint(tmp_path):
     assert stdout == (f"wrote {out / 'ckpt.pt'}: binary input, layout tile, names any, nanoGPT, 32,928 trainable "
                       "parameters, 2,048 frozen values\n")
     assert_same_model(model, load_checkpoint(str(out))[0])
-    assert sorted(os.listdir(out)) == ["ckpt.pt"]  # the stale tokenizer file went, no temp file stayed
+    assert sorted(os.listdir(out)) == [LOCK_NAME, "ckpt.pt"]  # the stale tokenizer file went, no temp file stayed
 
 
 def test_native2hf_overwrite_leaves_no_stale_files(tmp_path):
@@ -388,10 +388,58 @@ def test_native2hf_overwrite_leaves_no_stale_files(tmp_path):
     code, stdout, err = run("native2hf", native, out, "--overwrite")
     assert code == 0, err
     assert err == "warning: the checkpoint names no tokenizer; none exported\n"
-    assert sorted(os.listdir(out)) == ["README.md", "config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(os.listdir(out)) == [LOCK_NAME, "README.md", "config.json", "generation_config.json", "model.safetensors"]
     assert (out / "README.md").read_text() == "my model card"
     _, back, _ = convert.convert_hf_to_native(str(out), str(tmp_path / "again"))
     assert_same_model(model, back)
+
+
+def files(folder):
+    return {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
+            for d, _, names in os.walk(folder) for f in names}
+
+
+def test_out_is_never_the_source_or_around_it(tmp_path):
+    """`hf2native SRC SRC --overwrite` once removed the source's tokenizer files: an OUT that is SRC, lies inside
+    it or holds it is refused, naming both, and the source stays byte for byte."""
+    model = tiny("binary", pad_token_id=3)
+    src = write_hf(tmp_path / "hf", to_convention(model, "nanogpt"), bvv_config(model))
+    for name in ("tokenizer_config.json", "vocab.json", "merges.txt"):
+        (src / name).write_text(f"the release's {name}")
+    before = files(tmp_path)
+    for out, where in [(src, "is"), (src / "native", "is inside"), (tmp_path, "holds")]:
+        code, stdout, err = run("hf2native", src, out, "--layout", "tile", "--overwrite", real=where == "is")
+        assert (code, stdout, err) == (1, "", f"error: OUT {out} {where} the source {src}: write the conversion to a "
+                                              "folder of its own\n")
+    native = save_native(model, tmp_path / "native")
+    before = files(tmp_path)
+    for args, where in [((native, native), "is the source"), ((native / "ckpt.pt", native), "is the source folder of")]:
+        code, stdout, err = run("native2hf", *args, "--overwrite")
+        assert (code, stdout, err) == (1, "", f"error: OUT {args[1]} {where} {args[0]}: write the conversion to a folder "
+                                              "of its own\n")
+    assert files(tmp_path) == before
+
+
+def test_a_conversion_into_an_out_being_written_is_refused(tmp_path):
+    """A second writer of OUT (a real process holding common.writer_lock, as a running conversion does) -> refused."""
+    model = tiny("binary", pad_token_id=3)
+    src = write_hf(tmp_path / "hf", to_convention(model, "nanogpt"), bvv_config(model))
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from common import writer_lock\n"
+                               f"with writer_lock({str(out)!r}): print('held', flush=True); time.sleep(60)"],
+                              cwd=HERE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        code, stdout, err = run("hf2native", src, out, "--layout", "tile", real=True)
+        assert (code, stdout, err) == (1, "", f"error: {out} is being written by another process (pid {holder.pid}); "
+                                              "wait for it to finish or choose another folder\n")
+        assert os.listdir(out) == [LOCK_NAME]
+    finally:
+        holder.kill()
+        holder.wait()
+    code, stdout, err = run("hf2native", src, out, "--layout", "tile", real=True)  # the holder is gone: so is its lock
+    assert code == 0, err
+    assert_same_model(model, load_checkpoint(str(out))[0])
 
 
 # ------------------------------------------------------------------------------------ bad inputs: one line

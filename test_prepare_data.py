@@ -12,7 +12,7 @@ if (SHARED / "tiktoken-cache").is_dir():  # offline: use the checked-in BPE file
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken-cache"))
 
 import prepare_data as P  # noqa: E402
-from common import run_main  # noqa: E402
+from common import LOCK_NAME, run_main  # noqa: E402
 from tokenizer import get_tokenizer  # noqa: E402
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
@@ -55,7 +55,8 @@ def cli(*argv, **kwargs):
 
 
 def snapshot(folder):
-    return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir())}
+    """{name: bytes} of a folder's files, but the writer lock's, which holds the pid of the last writer."""
+    return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir()) if p.name != LOCK_NAME}
 
 
 @pytest.fixture
@@ -263,7 +264,7 @@ def test_meta_and_shards_agree(tmp_path, gpt2):
         assert all(len(P.read_shard(out / f)) == 5000 for f in s["shards"][:-1])  # fixed-size shards
     assert meta["splits"]["train"]["shards"][:2] == ["train_000000.bin", "train_000001.bin"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["meta.json"] + meta["splits"]["train"]["shards"] + meta["splits"]["val"]["shards"])
+        [LOCK_NAME, "meta.json"] + meta["splits"]["train"]["shards"] + meta["splits"]["val"]["shards"])
     assert P.load_meta(out) == meta
 
 
@@ -450,7 +451,7 @@ def test_failure_halfway_leaves_no_shards(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "write_shard", lambda path, t, w=P.write_shard: written.append(path) or w(path, t))
     with pytest.raises(ValueError, match="zz.jsonl: not valid UTF-8 at byte offset 48"):
         P.prepare([str(tmp_path)], tmp_path / "out", shard_tokens=100, workers=2, progress=False)
-    assert len(written) > 10 and os.listdir(tmp_path / "out") == []
+    assert len(written) > 10 and os.listdir(tmp_path / "out") == [LOCK_NAME]
 
 
 def test_full_disk_keeps_the_old_data(tmp_path, capsys, monkeypatch, prepared):
@@ -477,7 +478,7 @@ def test_refuses_prepared_folder_unless_overwrite(tmp_path, capsys, prepared):
     assert snapshot(out) == before
     assert main(capsys, tmp_path / "b.txt", "--out", out, "--overwrite")[0] == 0
     meta = P.load_meta(out)  # no stale shards from the bigger first run
-    assert sorted(os.listdir(out)) == sorted(["meta.json", *meta["splits"]["train"]["shards"], *meta["splits"]["val"]["shards"]])
+    assert sorted(os.listdir(out)) == sorted([LOCK_NAME, "meta.json", *meta["splits"]["train"]["shards"], *meta["splits"]["val"]["shards"]])
     assert len(meta["splits"]["train"]["shards"]) < len([n for n in before if n.startswith("train_")])
 
 
@@ -540,3 +541,149 @@ def test_reserve_zero_gives_id_0_to_the_nul_byte_and_meta_records_it(tmp_path, c
     meta = {k: v for k, v in p.items() if k != "reserve_zero"}
     (tmp_path / "p" / "meta.json").write_text(json.dumps(meta))
     assert "reserve_zero" not in P.load_meta(tmp_path / "p")
+
+
+# ---------------------------------------------------------------- one writer, and only the project's files (issue 18)
+def busy_input(path):
+    """~4 MB of JSONL: enough work that a run is still writing when it is paused after its first shard."""
+    lines = words(2000).splitlines()
+    path.write_text("".join(json.dumps({"text": "\n".join(lines[i:i + 20])}) + "\n" for i in range(0, 2000, 20)) * 40)
+    return path
+
+
+def wait_for(path, proc, seconds=60):
+    deadline = time.time() + seconds
+    while not path.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, proc.communicate()
+
+
+def consistent(out):
+    """meta.json agrees with the shards: every listed shard, each split's token count, ids inside the vocabulary."""
+    meta = P.load_meta(out)
+    for split in ("train", "val"):
+        tokens = shard_tokens(out, meta, split)
+        assert len(tokens) == meta["splits"][split]["tokens"] and tokens.max() < meta["vocab_size"]
+    assert sorted(os.listdir(out)) == sorted([LOCK_NAME, "meta.json", *meta["splits"]["train"]["shards"],
+                                              *meta["splits"]["val"]["shards"]])
+    return meta
+
+
+def test_a_second_writer_is_refused_while_the_first_runs(tmp_path, prepared):
+    """Two real processes into one --out: the second is refused with one line while the first holds the folder
+    (paused with SIGSTOP, so the overlap is certain); the first then finishes with meta.json matching its shards."""
+    out, _ = prepared
+    first = subprocess.Popen([sys.executable, str(ROOT / "prepare_data.py"), str(busy_input(tmp_path / "big.jsonl")),
+                              "--out", str(out), "--overwrite", "--shard_tokens", "20000", "--workers", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(out / ".partial" / "train_000000.bin", first)
+        first.send_signal(signal.SIGSTOP)
+        (tmp_path / "small.txt").write_text(words(50, seed=3))
+        second = cli(tmp_path / "small.txt", "--out", out, "--overwrite", "--workers", "1")
+        assert (second.returncode, second.stdout) == (1, "")
+        assert second.stderr == (f"error: {out} is being written by another process (pid {first.pid}); wait for it "
+                                 "to finish or choose another folder\n")
+    finally:
+        first.send_signal(signal.SIGCONT)
+    stdout, stderr = first.communicate(timeout=120)
+    assert (first.returncode, stderr) == (0, ""), stderr
+    assert consistent(out)["sources"] == [str(tmp_path / "big.jsonl")]
+
+
+def test_a_writer_killed_with_sigkill_leaves_no_lock_and_its_staging_goes(tmp_path, prepared):
+    out, before = prepared
+    first = subprocess.Popen([sys.executable, str(ROOT / "prepare_data.py"), str(busy_input(tmp_path / "big.jsonl")),
+                              "--out", str(out), "--overwrite", "--shard_tokens", "20000", "--workers", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(out / ".partial" / "train_000000.bin", first)
+    first.kill()
+    first.communicate(timeout=60)
+    assert (out / ".partial").is_dir() and {n: b for n, b in tree(out).items() if "/" not in n} == before
+    (tmp_path / "small.txt").write_text(words(50, seed=3))
+    r = cli(tmp_path / "small.txt", "--out", out, "--overwrite", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert consistent(out)["sources"] == [str(tmp_path / "small.txt")]
+
+
+def test_user_files_in_the_output_folder_are_refused_by_name_and_kept(tmp_path):
+    (tmp_path / "a.txt").write_text(words(50))
+    corpus = tmp_path / "corpus"  # a folder with a meta.json of its own: not prepared data
+    corpus.mkdir()
+    (corpus / "meta.json").write_text('{"title": "my corpus", "license": "CC-BY"}\n')
+    staged = tmp_path / "staged"  # a user's folder that happens to be called .partial
+    (staged / ".partial").mkdir(parents=True)
+    (staged / ".partial" / "notes.txt").write_text("my notes\n")
+    shard = tmp_path / "shard"  # a user's file with a shard's name
+    shard.mkdir()
+    (shard / "train_000000.bin").write_bytes(b"my own binary file")
+    for folder, msg in [(corpus, f"{corpus / 'meta.json'} is not a meta.json of prepared data (prepare_data.py did not "
+                                 "write it): it is left alone; choose another --out"),
+                        (staged, f"{staged / '.partial'} exists and prepare_data.py did not make it (it has no "
+                                 ".prepare_data mark): it is left alone; move it away or choose another --out"),
+                        (shard, f"{shard / 'train_000000.bin'} is not a token shard (prepare_data.py did not write it): "
+                                "it is left alone; choose another --out")]:
+        before = tree(folder)
+        for overwrite in ([], ["--overwrite"]):
+            r = cli(tmp_path / "a.txt", "--out", folder, "--workers", "1", *overwrite)
+            assert (r.returncode, r.stdout, r.stderr) == (1, "", f"error: {msg}\n")
+            assert tree(folder) == before
+
+
+def test_a_marked_staging_folder_with_a_user_file_inside_is_refused(tmp_path, prepared):
+    out, before = prepared
+    (out / ".partial").mkdir()
+    (out / ".partial" / ".prepare_data").write_text("mark\n")
+    (out / ".partial" / "train_000000.bin").write_bytes(b"left by a killed run")
+    (out / ".partial" / "keep.txt").write_text("mine\n")
+    (tmp_path / "a.txt").write_text(words(50))
+    r = cli(tmp_path / "a.txt", "--out", out, "--overwrite", "--workers", "1")
+    assert (r.returncode, r.stderr) == (1, f"error: {out / '.partial'} holds files prepare_data.py did not write "
+                                           "(keep.txt): they are left alone; move them away or choose another --out\n")
+    assert (out / ".partial" / "keep.txt").read_text() == "mine\n"
+    assert {n: b for n, b in tree(out).items() if "/" not in n} == before
+
+
+def tree(folder):
+    """{relative path: bytes} of every file under folder, but the writer lock's (it holds the last writer's pid)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file() and p.name != LOCK_NAME}
+
+
+def test_bad_inputs_of_every_kind_are_one_line_naming_them(tmp_path):
+    (tmp_path / "nested.jsonl").write_text('{"text": "fine"}\n' + "[" * 100_000 + "\n")
+    (tmp_path / "surrogate.jsonl").write_text('{"text": "fine"}\n{"text": "half a pair \\ud800 here"}\n')
+    os.symlink("/dev/zero", tmp_path / "zero.txt")
+    os.mkfifo(tmp_path / "pipe.txt")
+    ok = tmp_path / "ok.txt"
+    ok.write_text(words(20))
+    o = tmp_path / "o"
+    cases = [
+        ([ok], "", "the output folder is '' (empty): name one, e.g. --out data/mine"),
+        ([ok], ok, f"{ok} is a file, not a folder: name a folder to write into"),
+        ([ok, tmp_path / "nested.jsonl"], o, f"{tmp_path / 'nested.jsonl'}:2: JSON nested too deeply to read (not a text record)"),
+        ([tmp_path / "surrogate.jsonl"], o,
+         f"{tmp_path / 'surrogate.jsonl'}:2: 'text' holds a lone surrogate (\\ud800) at character 12, which is not Unicode text"),
+        ([ok, tmp_path / "zero.txt"], o, f"{tmp_path / 'zero.txt'}: a symlink to /dev/zero, a character device, not a file: "
+                                         "give a text file, a folder or a named corpus"),
+        ([tmp_path], o, f"{tmp_path / 'pipe.txt'}: a named pipe (FIFO), not a file: give a text file, a folder or a named corpus"),
+    ]
+    for inputs, out, msg in cases:
+        r = cli(*inputs, "--out", out, "--workers", "1")
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", f"error: {msg}\n"), msg
+    assert os.listdir(o) == [LOCK_NAME]  # the records past the first were read as the folder's writer: nothing else written
+
+
+def test_mix_counts_the_inputs_named_not_their_files(tmp_path):
+    for name, files, docs in (("a", 2, 10), ("b", 1, 200)):
+        (tmp_path / name).mkdir()
+        for i in range(files):
+            (tmp_path / name / f"{i}.jsonl").write_text("".join(json.dumps({"text": f"{name}{i} doc {j}"}) + "\n" for j in range(docs)))
+    r = cli(tmp_path / "a", tmp_path / "b", "--mix", "0.2,0.3,0.5", "--out", tmp_path / "o", "--workers", "1")
+    assert (r.returncode, r.stderr) == (1, "error: --mix needs one non-negative weight per input (or all but the last), "
+                                           "got [0.2, 0.3, 0.5] for 2 inputs\n")
+    r = cli(tmp_path / "a", tmp_path / "b", "--mix", "0.5", "--out", tmp_path / "o", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    text = get_tokenizer("gpt2", None, reserve_zero=True).decode(np.concatenate([shard_tokens(tmp_path / "o", P.load_meta(tmp_path / "o"), s)
+                                                    for s in ("train", "val")]).tolist())
+    docs = text.split("<|endoftext|>")[:-1]  # folder a's two files are one stream: its second file is reached
+    assert {d[:2] for d in docs} == {"a0", "a1", "b0"} and sum(d.startswith("a") for d in docs) == 20

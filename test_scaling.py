@@ -4,6 +4,11 @@ synthetic numbers with a known answer."""
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -58,8 +63,19 @@ def test_sweep_end_to_end_and_resume(data, tmp_path):
     assert len(header.strip("|").split("|")) == 10 and report.count("\n| 1x16 |") == 3
     assert "Seed spread:" in report and ("Fit (mean gap per size)" in report or "Fit: none" in report)
     assert json.loads((tmp_path / "results.json").read_text())["analysis"]["seed_spread"] == result["seed_spread"]
-    pytest.importorskip("matplotlib")
-    assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if _has_matplotlib():
+        assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # a rerun into the same --out with other settings is refused before any training, naming the difference
+    before = files(tmp_path)
+    r = cli("--data", data, "--out", tmp_path, "--sizes", "1x16,1x32", "--affine_sizes", "1x16", "--ablation", "1x32",
+            "--long_factor", "2", "--long_seeds", "2", "--steps", "5", "--evals", "1", "--seeds", "2", "--n_head", "2",
+            "--block_size", "16", "--batch_size", "2", "--eval_batches", "1", "--device", "cpu")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"error: {tmp_path / '1x16' / 'learned-seed0'} was trained with max_steps=3, eval_interval=3, but "
+                        "this command asks for max_steps=5, eval_interval=5: its results would be reported under settings "
+                        "it never used; use another --out (or remove that folder to train it again)\n")
+    assert files(tmp_path) == before
 
 
 def test_power_law_fit_recovers_a_known_trend():
@@ -86,7 +102,67 @@ def test_fit_refuses_what_a_power_law_cannot_describe():
 def test_bad_arguments_are_one_line_errors(data, tmp_path):
     with pytest.raises(ValueError, match="sizes must look like 2x48"):
         sweep(data, tmp_path, sizes="two by 48")
+    with pytest.raises(ValueError, match=r"^--sizes must look like 2x48,4x128 \(n_layer x n_embd, positive integers\), got '0x48,2x64'$"):
+        sweep(data, tmp_path, sizes="0x48,2x64")
+    with pytest.raises(ValueError, match=r"^--affine_sizes must look like 2x48,4x128 \(n_layer x n_embd, positive integers\), got '2x'$"):
+        scaling.main(["--affine_sizes", "2x", "--data", data, "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="--quick and --gpu"):
         scaling.main(["--quick", "--gpu", "--data", data, "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="--seeds must be at least 1"):
         scaling.main(["--seeds", "0", "--data", data, "--out", str(tmp_path)])
+
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "scaling.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file() and p.name != ".writer.lock"}
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--sizes", "", "--sizes must look like 2x48,4x128 (n_layer x n_embd, positive integers), got ''"),
+    ("--sizes", "2x48x3", "--sizes must look like 2x48,4x128 (n_layer x n_embd, positive integers), got '2x48x3'"),
+    ("--ablation", "2x48,4x128", "--ablation takes one size (e.g. 4x128) or none, got '2x48,4x128'"),
+    ("--out", "", "the output folder is '' (empty): name a folder"),
+])
+def test_malformed_values_are_one_error_line(data, tmp_path, flag, value, message):
+    args = {"--out": str(tmp_path / "out"), flag: value}
+    r = cli("--data", data, "--steps", "1", *[x for kv in args.items() for x in kv])
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"error: {message}\n")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_second_sweep_into_one_out_is_refused_while_the_first_runs(data, tmp_path):
+    """Two real processes: the second is refused while the first (paused with SIGSTOP mid-training) holds --out."""
+    args = [sys.executable, "scaling.py", "--data", data, "--out", str(tmp_path), "--sizes", "1x16", "--affine_sizes", "",
+            "--ablation", "none", "--long_factor", "1", "--steps", "3", "--evals", "1", "--seeds", "1", "--n_head", "2",
+            "--block_size", "16", "--batch_size", "2", "--eval_batches", "1", "--device", "cpu"]
+    first = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "1x16" / "learned-seed0" / "log.jsonl").exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        assert first.poll() is None, first.communicate()
+        first.send_signal(signal.SIGSTOP)
+        second = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert (second.returncode, second.stdout, second.stderr) == (
+            1, "", f"error: {tmp_path} is being written by another process (pid {first.pid}); wait for it to finish or "
+                   "choose another folder\n")
+    finally:
+        first.send_signal(signal.SIGCONT)
+    stdout, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr
+    assert "| 1x16 | binary | 1 |" in (tmp_path / "results.md").read_text()
