@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import atomic_torch_save, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
+from checkpoint import atomic_torch_save, check_buildable, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
 from common import LOCK_NAME, config_parser, one_line, peak_flops, pick_device, run_main, setting, writer_lock
 from model import GPT, GPTConfig, get_config
 from prepare_data import ShardError, load_meta, read_shard
@@ -256,6 +256,8 @@ def set_up(cfg, rank, world, device, distributed, held):
 
     # model and optimizer
     torch.manual_seed(cfg.seed + rank)  # rank 0's init is every rank's (DDP broadcasts it); dropout differs
+    if ckpt is not None:
+        check_buildable(mcfg, ckpt["model"], source)  # a model_config of another writer may ask for a billion blocks
     raw_model = GPT(mcfg).to(device)
     if ckpt is not None:
         load_weights(raw_model, ckpt["model"], source)
