@@ -531,6 +531,17 @@ def test_settings_that_cannot_work_are_refused_not_turned_off(data_dir, tmp_path
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("flag, counts", [("--n_layer=1000000000", "12,288,000,016,384 parameters"),
+                                          ("--batch_size=1000000000", "logits of 1,000,000,000 x 32 tokens")])
+def test_a_run_that_cannot_fit_is_refused_before_building(data_dir, tmp_path, capsys, flag, counts):
+    """A billion layers built for hours; a billion sequences ended in the OOM killer (exit -9)."""
+    assert run_main(train.main, flags(data_dir, tmp_path) + [flag]) == 1
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"error: this run needs at least [\d,.]+ GiB \(.*{counts}.*\), but [\d,.]+ GiB is free on cpu: "
+                        r"train a smaller model or batch\n", err), err
+    assert not tmp_path.joinpath("ckpt.pt").exists()
+
+
 def test_a_grad_clip_of_nan_is_refused_on_the_command_line(data_dir, tmp_path):
     assert cli(*flags(data_dir, tmp_path, grad_clip="nan")) == (
         1, "", "error: grad_clip must be a finite number >= 0 (0: no clipping), got nan\n")

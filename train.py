@@ -31,8 +31,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import atomic_torch_save, check_buildable, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
-from common import LOCK_NAME, config_parser, one_line, peak_flops, pick_device, run_main, setting, writer_lock
-from model import GPT, GPTConfig, get_config
+from common import LOCK_NAME, available_memory, config_parser, one_line, peak_flops, pick_device, run_main, setting, writer_lock
+from model import GPT, GPTConfig, get_config, memory_bytes
 from prepare_data import ShardError, load_meta, read_shard
 from tokenizer import tiktoken_entry
 
@@ -248,6 +248,7 @@ def set_up(cfg, rank, world, device, distributed, held):
     if ckpt is not None:
         check_tokenizer(ckpt, meta, source, cfg.data_dir)
     mcfg = model_config(cfg, meta, ckpt, source)
+    check_fits(cfg, mcfg, device)  # a billion layers or sequences is refused, not built until the OOM killer comes
     if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
         print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
     train_split = Split(cfg.data_dir, meta, "train", mcfg.block_size, mcfg.vocab_size)
@@ -497,6 +498,21 @@ def check_settings(cfg):
         raise ValueError(f"peak_flops must be a finite number > 0 (or none), got {cfg.peak_flops}")
     if cfg.resume and cfg.overwrite:
         raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces it: pass one of them")
+
+
+def check_fits(cfg, mcfg, device):
+    """Refuse a model or batch that cannot fit, before building it, with the numbers: a lower bound of what
+    training holds (weights, gradients and AdamW's two moments, 16 bytes a parameter, counting only the
+    blocks' 12 n_embd^2 and the head; a micro-batch's logits at 2 bytes or more; what GPT builds besides
+    its weights) against the device's free memory."""
+    params = mcfg.n_layer * 12 * mcfg.n_embd**2 + mcfg.vocab_size * mcfg.n_embd
+    need = 16 * params + 2 * cfg.batch_size * mcfg.block_size * mcfg.vocab_size + memory_bytes(mcfg)
+    free = available_memory(device)
+    if free is not None and need > free:
+        raise ValueError(f"this run needs at least {need / 2**30:,.1f} GiB ({params:,} parameters with their gradients "
+                         f"and AdamW state, and logits of {cfg.batch_size:,} x {mcfg.block_size:,} tokens over "
+                         f"{mcfg.vocab_size:,}), but {free / 2**30:,.1f} GiB is free on {device}: train a smaller model "
+                         "or batch")
 
 
 def read_meta(data_dir):
