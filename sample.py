@@ -84,6 +84,8 @@ def check_settings(cfg):
         raise ValueError(f"--temperature must be a number >= 0 (0 = greedy), got {cfg.temperature}")
     if cfg.top_p is not None and not 0 < cfg.top_p <= 1:
         raise ValueError(f"--top_p must be in (0, 1], got {cfg.top_p}")
+    if not -2**63 <= cfg.seed < 2**64:  # what torch.manual_seed takes
+        raise ValueError(f"--seed must be in [-2**63, 2**64), got {cfg.seed}")
     if cfg.max_new_tokens < 0 or cfg.num_samples < 1:
         raise ValueError("--max_new_tokens must be >= 0 and --num_samples >= 1")
     if cfg.top_k is not None and cfg.top_k <= 0:

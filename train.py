@@ -248,7 +248,9 @@ def set_up(cfg, rank, world, device, distributed, held):
     if ckpt is not None:
         check_tokenizer(ckpt, meta, source, cfg.data_dir)
     mcfg = model_config(cfg, meta, ckpt, source)
-    check_fits(cfg, mcfg, device)  # a billion layers or sequences is refused, not built until the OOM killer comes
+    if ckpt is not None:
+        check_buildable(mcfg, ckpt["model"], source)  # a model_config of another writer may ask for a billion blocks
+    check_fits(cfg, mcfg, world, device)  # a billion layers or sequences is refused, not built until the OOM killer comes
     if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
         print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
     train_split = Split(cfg.data_dir, meta, "train", mcfg.block_size, mcfg.vocab_size)
@@ -257,8 +259,6 @@ def set_up(cfg, rank, world, device, distributed, held):
 
     # model and optimizer
     torch.manual_seed(cfg.seed + rank)  # rank 0's init is every rank's (DDP broadcasts it); dropout differs
-    if ckpt is not None:
-        check_buildable(mcfg, ckpt["model"], source)  # a model_config of another writer may ask for a billion blocks
     raw_model = GPT(mcfg).to(device)
     if ckpt is not None:
         load_weights(raw_model, ckpt["model"], source)
@@ -492,6 +492,8 @@ def check_settings(cfg):
     for name in ("beta1", "beta2"):
         if not 0 <= getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
+    if not 0 <= cfg.seed < 2**63:  # numpy's data order takes no negative seed, torch none past 2**64
+        raise ValueError(f"seed must be in [0, 2**63), got {cfg.seed}")
     if cfg.lr_decay_steps is not None and cfg.lr_decay_steps < 1:
         raise ValueError(f"lr_decay_steps must be at least 1 (or none: max_steps), got {cfg.lr_decay_steps}")
     if cfg.peak_flops is not None and not (math.isfinite(cfg.peak_flops) and cfg.peak_flops > 0):
@@ -500,11 +502,11 @@ def check_settings(cfg):
         raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces it: pass one of them")
 
 
-def check_fits(cfg, mcfg, device):
+def check_fits(cfg, mcfg, world, device):
     """Refuse a model or batch that cannot fit, before building it, with the numbers: a lower bound of what
     training holds (weights, gradients and AdamW's two moments, 16 bytes a parameter, counting only the
     blocks' 12 n_embd^2 and the head; a micro-batch's logits at 2 bytes or more; what GPT builds besides
-    its weights) against the device's free memory."""
+    its weights) against the device's free memory, and the validation windows' ids against the CPU's."""
     params = mcfg.n_layer * 12 * mcfg.n_embd**2 + mcfg.vocab_size * mcfg.n_embd
     need = 16 * params + 2 * cfg.batch_size * mcfg.block_size * mcfg.vocab_size + memory_bytes(mcfg)
     free = available_memory(device)
@@ -513,6 +515,11 @@ def check_fits(cfg, mcfg, device):
                          f"and AdamW state, and logits of {cfg.batch_size:,} x {mcfg.block_size:,} tokens over "
                          f"{mcfg.vocab_size:,}), but {free / 2**30:,.1f} GiB is free on {device}: train a smaller model "
                          "or batch")
+    ids, free = 8 * cfg.eval_steps * cfg.batch_size * world, available_memory(torch.device("cpu"))
+    if free is not None and ids > free:
+        raise ValueError(f"eval_steps {cfg.eval_steps:,} x batch_size {cfg.batch_size:,} x {world} process(es) validation "
+                         f"windows need {ids / 2**30:,.1f} GiB for their ids alone, but {free / 2**30:,.1f} GiB is free: "
+                         "evaluate fewer batches")
 
 
 def read_meta(data_dir):
