@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import atomic_torch_save, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
-from common import config_parser, peak_flops, pick_device, run_main, setting
+from common import config_parser, parse_settings, peak_flops, pick_device, run_main, setting
 from model import GPT, GPTConfig, get_config
 from prepare_data import ShardError, load_meta, read_shard
 from tokenizer import tiktoken_entry
@@ -88,7 +88,7 @@ class TrainConfig:
 
 
 def parse_config(argv=None) -> TrainConfig:
-    return TrainConfig(**vars(config_parser(TrainConfig, __doc__.strip().split("\n\n")[0]).parse_args(argv)))
+    return parse_settings(config_parser(TrainConfig, __doc__.strip().split("\n\n")[0]), argv)
 
 
 # ----------------------------------------------------------------------------- data
