@@ -172,8 +172,39 @@ def parse_bool(s):
 
 def setting(default=MISSING, help="", **argument):
     """A dataclass field with its --help text, for config_parser. Other keywords go to argparse's
-    add_argument: choices=[...], nargs=...; positional=True makes it a positional argument."""
+    add_argument: choices=[...], nargs=..., type=... (instead of the annotation's); positional=True
+    makes it a positional argument. A list default is copied for each instance."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **argument})
     return field(default=default, metadata={"help": help, **argument})
+
+
+def preset_setting(default, help="", **presets):
+    """A setting whose value a preset switch can change: `steps: int = preset_setting(600, "...", quick=60)`
+    is 600, or 60 under --quick, unless the command line names --steps. The field is None after parsing
+    when not given ("the preset's value"); resolve_presets fills it in. --help shows the default and
+    each preset's value."""
+    values = "".join(f"; --{name}: {_shown(value)}" for name, value in presets.items())
+    return setting(None, f"{help} (default {_shown(default)}{values})".lstrip(), presets={None: default, **presets})
+
+
+def _shown(value):
+    return repr(value) if value == "" else value  # an empty value is seen as ''
+
+
+
+def resolve_presets(cfg, *switches):
+    """Fill each preset_setting of `cfg` left unset with the value of the preset whose bool switch (a
+    field named in `switches`, e.g. "quick") is on, else its default. Two switches on at once is a
+    ValueError: they are two different studies."""
+    on = [name for name in switches if getattr(cfg, name)]
+    if len(on) > 1:
+        raise ValueError(f"{' and '.join('--' + name for name in on)} are two different studies: choose one")
+    for f in fields(cfg):
+        if "presets" in f.metadata and getattr(cfg, f.name) is None:
+            values = f.metadata["presets"]
+            setattr(cfg, f.name, values.get(on[0] if on else None, values[None]))
+    return cfg
 
 
 def config_parser(cls, description, epilog=None):
@@ -188,6 +219,8 @@ def config_parser(cls, description, epilog=None):
       through.
     - `cls` may be a dict {command: dataclass} for a script with subcommands: one subparser each, its
       help the dataclass's docstring; parse_settings returns the chosen command's dataclass.
+    - preset_setting(default, help, quick=...): a value that a preset switch (a bool field such as
+      --quick) changes; resolve_presets(cfg, "quick") fills it in after parse_settings.
     --help shows each default unless the help text already speaks of it. parse_settings(parser, argv)
     gives the filled dataclass.
     """
@@ -225,11 +258,12 @@ def _add_fields(p, cls):
     for f in fields(cls):
         args = typing.get_args(hints[f.name])
         kind = next((t for t in args if t is not type(None)), hints[f.name])
-        parse = {int: parse_int, bool: parse_bool}.get(kind, kind)
+        parse = _parser_of(kind)
         if type(None) in args:
             parse = _or_none(parse)
         default = f.default_factory() if f.default_factory is not MISSING else f.default
-        extra = {k: v for k, v in f.metadata.items() if k not in ("help", "positional")}
+        extra = {k: v for k, v in f.metadata.items() if k not in ("help", "positional", "presets")}
+        parse = extra.pop("type", parse)
         help = f.metadata.get("help", "")
         if f.metadata.get("positional"):
             p.add_argument(f.name, type=parse, help=help, **({} if default is MISSING else {"default": default}), **extra)
@@ -240,6 +274,10 @@ def _add_fields(p, cls):
             p.add_argument(f"--no-{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
         else:
             p.add_argument(f"--{f.name}", type=parse, default=default, help=help, **extra)
+
+
+def _parser_of(kind):
+    return {int: parse_int, bool: parse_bool}.get(kind, kind)
 
 
 def _or_none(parse):

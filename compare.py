@@ -25,29 +25,58 @@ Design choices, up front:
   seeds of any input. "Inside" means the gap is no larger than that spread.
 """
 
-import argparse
 import hashlib
 import json
 import math
 import os
 import statistics
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
 from checkpoint import load_checkpoint
-from common import atomic_write, pick_device, run_main, writer_lock
-from model import GPT, GPTConfig, get_config
+from common import (atomic_write, config_parser, parse_settings, pick_device, preset_setting, resolve_presets, run_main,
+                    setting, writer_lock)
+from model import GPT, PRESETS, GPTConfig, get_config
 from prepare_data import load_meta, prepare
 from train import Split, TrainConfig, train
 
 VARIANTS = ("learned", "binary", "affine")
-# CPU-sized defaults: a 4 x 128 decoder, context 128; --quick shortens the run and drops a seed
-DEFAULTS = dict(preset="small", n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=16, steps=600,
-                lr=2e-3, seeds=3, evals=10, eval_batches=8)
-QUICK = dict(steps=60, seeds=2, evals=3)
+
+
+@dataclass
+class DataSettings:
+    """What a study trains on: --data, or --corpus prepared into <out>/data on first use (see prepared())."""
+    corpus: list[str] = setting(["shakespeare"], "text to prepare (files, folders, 'shakespeare'); default "
+                                                 "shakespeare (downloaded once)", nargs="+")
+    data: str | None = setting(None, "prepared shards to use (default: <out>/data, prepared on first run)")
+    encoding: str = setting("gpt2", "tiktoken encoding")
+    vocab_size: int = setting(8192, "cut the encoding to this many tokens (default 8192: K = 13 bits)")
+    reserve_zero: bool = setting(True, "prepare --corpus with id 0 (the all-zero code) given to the NUL byte, as "
+                                       "prepare_data.py does by default")
+
+
+@dataclass
+class CompareConfig(DataSettings):
+    """CPU-sized defaults: a 4 x 128 decoder, context 128; --quick shortens the run and drops a seed."""
+    out: str = setting("runs/compare", "folder of the runs, the table and the plot")
+    variants: str = setting(",".join(VARIANTS), "comma-separated inputs to compare")
+    quick: bool = setting(False, "a short run: each setting's --quick value below")
+    preset: str = setting("small", "model preset the sizes below start from", choices=list(PRESETS))
+    n_layer: int = setting(4, "decoder layers")
+    n_head: int = setting(4, "attention heads")
+    n_embd: int = setting(128, "model width")
+    block_size: int = setting(128, "context length in tokens")
+    batch_size: int = setting(16, "sequences per step")
+    steps: int = preset_setting(600, "training steps of each run", quick=60)
+    lr: float = setting(2e-3, "peak learning rate (min_lr = lr / 10)")
+    seeds: int = preset_setting(3, "seeds per input", quick=2)
+    evals: int = preset_setting(10, "evaluations along each run", quick=3)
+    eval_batches: int = setting(8, "validation batches per evaluation")
+    device: str = setting("auto", "auto | cpu | cuda | mps")
+    compile: bool = setting(False, "torch.compile each model")
 
 
 def run_dir(out, variant, seed):
@@ -267,23 +296,6 @@ def plot(runs, path):
     return path
 
 
-def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])
-    p.add_argument("--corpus", nargs="+", default=["shakespeare"],
-                   help="text to prepare (files, folders, 'shakespeare'); default shakespeare (downloaded once)")
-    p.add_argument("--data", default=None, help="prepared shards to use (default: <out>/data, prepared on first run)")
-    p.add_argument("--encoding", default="gpt2", help="tiktoken encoding (default gpt2)")
-    p.add_argument("--vocab_size", type=int, default=8192, help="cut the encoding to this many tokens (default 8192: K = 13 bits)")
-    p.add_argument("--out", default="runs/compare", help="folder of the runs, the table and the plot (default runs/compare)")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated inputs to compare (default all three)")
-    p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
-    for name, value in DEFAULTS.items():
-        p.add_argument(f"--{name}", type=type(value), default=None, help=f"(default {value}; --quick: {QUICK.get(name, value)})")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps (default auto)")
-    p.add_argument("--compile", action="store_true", help="torch.compile each model")
-    return p
-
-
 def check_results(out, names):
     """This study replaces only results it wrote: files of these `names` in `out` must sit beside a
     results.json of its own (the two are written together); else a ValueError names them, before any run."""
@@ -306,21 +318,35 @@ def write_results(out, report, results, png):
 
 
 def prepared(args):
-    """The meta.json of args.data (default <out>/data), preparing args.corpus there on first use."""
+    """The meta.json of args.data (default <out>/data), preparing args.corpus there on first use. Data
+    this study prepared earlier must have been prepared as asked now, or a ValueError says what differs."""
     if args.data == "":
         raise ValueError("--data is '' (empty): name a prepared folder, or leave --data out for <out>/data")
+    own = args.data is None  # <out>/data: the study prepares it from --corpus, --encoding, ...
     args.data = args.data or os.path.join(args.out, "data")
     if not os.path.exists(os.path.join(args.data, "meta.json")):
-        print(f"preparing {args.corpus} with {args.encoding} cut to {args.vocab_size} tokens into {args.data}")
-        prepare(args.corpus, args.data, encoding=args.encoding, vocab_size=args.vocab_size)
-    return load_meta(args.data)
+        ids = "" if args.reserve_zero else " (the encoding's own ids)"
+        print(f"preparing {args.corpus} with {args.encoding} cut to {args.vocab_size} tokens{ids} into {args.data}")
+        prepare(args.corpus, args.data, encoding=args.encoding, vocab_size=args.vocab_size,
+                reserve_zero=args.reserve_zero)
+    meta = load_meta(args.data)
+    asked = {"encoding": args.encoding, "vocab_size": args.vocab_size, "reserve_zero": args.reserve_zero}
+    was = {**asked, **meta, "reserve_zero": meta.get("reserve_zero", False)}  # data from before the option: plain ids
+    if own and (diff := [k for k in asked if was[k] != asked[k]]):
+        raise ValueError(f"{args.data} was prepared with {', '.join(f'{k}={was[k]}' for k in diff)}, but this "
+                         f"command asks for {', '.join(f'{k}={asked[k]}' for k in diff)}: use another --out (or remove "
+                         f"{args.data} to prepare it again)")
+    return meta
+
+
+def parse_config(argv=None):
+    """The settings of a command line, --quick's values filled in."""
+    parser = config_parser(CompareConfig, __doc__.strip().split("\n\n")[0])
+    return resolve_presets(parse_settings(parser, argv), "quick")
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    for name, value in {**DEFAULTS, **(QUICK if args.quick else {})}.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    args = parse_config(argv)
     variants = args.variants.split(",")
     if unknown := set(variants) - set(VARIANTS):
         raise ValueError(f"unknown input(s) {sorted(unknown)}: choose from {', '.join(VARIANTS)}")

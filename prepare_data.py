@@ -55,13 +55,14 @@ import sys
 import time
 import urllib.request
 from collections import deque
+from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
 
 import numpy as np
 import tiktoken
 
-from common import atomic_open, atomic_write, parse_int, run_main, writer_lock
+from common import atomic_open, atomic_write, config_parser, parse_int, parse_settings, run_main, setting, writer_lock
 from tokenizer import get_tokenizer
 
 MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
@@ -595,38 +596,44 @@ def parse_weights(s: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Details: the module docstring.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("inputs", nargs="+", help="files (.txt = one document, .jsonl, .parquet), folders, globs, "
-                   f"the named corpora {', '.join(NAMED)}, or hf:REPO[:CONFIG]")
-    p.add_argument("--out", help="output folder for train_*.bin, val_*.bin, meta.json (default for one named corpus: data/NAME)")
-    p.add_argument("--encoding", default="gpt2", help=f"tiktoken encoding: {', '.join(tiktoken.list_encoding_names())}")
-    p.add_argument("--vocab_size", type=parse_int, help="keep the first N-1 BPE ranks, EOT = N-1 (default: 8192 for shakespeare, else the full encoding)")
-    p.add_argument("--reserve_zero", action=argparse.BooleanOptionalAction, default=True,
-                   help="give id 0 (the all-zero binary code) to the NUL byte, which text does not contain; "
-                   "--no-reserve_zero keeps the encoding's own ids (as data prepared before this option)")
-    p.add_argument("--val_fraction", type=float, default=0.1, help="share of documents (or characters) for val")
-    p.add_argument("--shard_tokens", type=parse_int, default=100_000_000, help="tokens per shard file, e.g. 1e8")
-    p.add_argument("--text_field", default="text", help="record field holding the text in .jsonl/.parquet/Hub")
-    p.add_argument("--mix", type=parse_weights, help="document weights per named input (a folder is one), e.g. 0.7 (two inputs) or "
-                   "0.5,0.3,0.2 (default: concatenate)")
-    p.add_argument("--max_tokens", type=parse_int, help="token budget for train+val, whole documents, e.g. 1e9 (default: no limit)")
-    p.add_argument("--seed", type=parse_int, default=0, help="seed of the --mix draws")
-    p.add_argument("--workers", type=parse_int, default=os.cpu_count(), help="tokenizer processes; 1 = no pool")
-    p.add_argument("--overwrite", action="store_true", help="replace prepared data already in --out")
-    return p
+@dataclass
+class PrepareConfig:
+    inputs: list[str] = setting(help="files (.txt = one document, .jsonl, .parquet), folders, globs, the named corpora "
+                                     f"{', '.join(NAMED)}, or hf:REPO[:CONFIG]", positional=True, nargs="+")
+    out: str | None = setting(None, "output folder for train_*.bin, val_*.bin, meta.json (default for one named "
+                                    "corpus: data/NAME)")
+    encoding: str = setting("gpt2", f"tiktoken encoding: {', '.join(tiktoken.list_encoding_names())}")
+    vocab_size: int | None = setting(None, "keep the first N-1 BPE ranks, EOT = N-1 (default: 8192 for shakespeare, "
+                                           "else the full encoding)")
+    reserve_zero: bool = setting(True, "give id 0 (the all-zero binary code) to the NUL byte, which text does not "
+                                       "contain; without it the ids are the encoding's own (as in data prepared "
+                                       "before this option)")
+    val_fraction: float = setting(0.1, "share of documents (or characters) for val")
+    shard_tokens: int = setting(100_000_000, "tokens per shard file, e.g. 1e8")
+    text_field: str = setting("text", "record field holding the text in .jsonl/.parquet/Hub")
+    mix: list[float] | None = setting(None, "document weights per named input (a folder is one), e.g. 0.7 (two inputs) "
+                                            "or 0.5,0.3,0.2 (default: concatenate)", type=parse_weights)
+    max_tokens: int | None = setting(None, "token budget for train+val, whole documents, e.g. 1e9 (default: no limit)")
+    seed: int = setting(0, "seed of the --mix draws")
+    workers: int = setting(os.cpu_count(), "tokenizer processes; 1 = no pool")
+    overwrite: bool = setting(False, "replace prepared data already in --out")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    a = p.parse_args(argv)
+def parse_config(argv: list[str] | None = None) -> PrepareConfig:
+    """The settings of a command line, with the defaults of a single named corpus (its --out, its --vocab_size)."""
+    p = config_parser(PrepareConfig, __doc__.split("\n\n")[0], epilog="Details: the module docstring.")
+    a = parse_settings(p, argv)
     if a.out is None:
         if len(a.inputs) != 1 or a.inputs[0] not in NAMED:
             p.error(f"--out is needed (only a single named corpus, {', '.join(NAMED)}, has a default)")
         a.out = os.path.join("data", a.inputs[0])
     if a.vocab_size is None and len(a.inputs) == 1:
         a.vocab_size = DEFAULT_VOCAB.get(a.inputs[0])
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_config(argv)
     meta = prepare(a.inputs, a.out, a.encoding, a.vocab_size, a.val_fraction, a.shard_tokens, a.workers,
                    a.overwrite, a.text_field, a.mix, a.max_tokens, a.seed, reserve_zero=a.reserve_zero)
     for name, s in meta["splits"].items():

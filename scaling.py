@@ -31,13 +31,13 @@ Design choices, up front:
   (the median over (size, input) of the max-min validation loss across seeds).
 """
 
-import argparse
 import math
 import os
 import signal
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from multiprocessing import get_context
 from types import SimpleNamespace
 
@@ -45,20 +45,41 @@ import numpy as np
 import torch
 
 import compare
-from common import run_main, writer_lock
+from common import config_parser, parse_settings, preset_setting, resolve_presets, run_main, setting, writer_lock
 from model import GPT, get_config
 from prepare_data import load_meta
 
-# the default study: ~2 h on 2 CPU cores with --jobs 2
-DEFAULTS = dict(sizes="2x48,3x80,4x128,6x192", affine_sizes="2x48,4x128", ablation="4x128", long_factor=3,
-                long_seeds=1, steps=400, seeds=2, evals=8, n_head=4, block_size=128, batch_size=16, lr=2e-3,
-                eval_batches=8, vocab_size=8192)
-QUICK = dict(sizes="1x16,1x32,2x48,2x64", affine_sizes="1x16,2x48", ablation="2x64", long_factor=3, long_seeds=2,
-             steps=30, evals=3, block_size=64, batch_size=8, eval_batches=4)
-# one large point for a single H200 (bf16 autocast, --compile): 12 x 768 learned vs binary, 2 seeds,
-# 1,500 steps of 32 x 1024 tokens (49M tokens a run); needs a corpus of that size (see README)
-GPU = dict(sizes="12x768", affine_sizes="", ablation="none", long_factor=1, steps=1500, seeds=2, evals=10,
-           n_head=12, block_size=1024, batch_size=32, lr=1e-3, eval_batches=20)
+
+@dataclass
+class ScalingConfig(compare.DataSettings):
+    """The default study: ~2 h on 2 CPU cores with --jobs 2. --quick: tiny sizes, a few minutes. --gpu: one
+    large point for a single H200 (bf16 autocast, --compile): 12 x 768 learned vs binary, 2 seeds, 1,500 steps
+    of 32 x 1024 tokens (49M tokens a run); needs a corpus of that size (see docs/results.md)."""
+    out: str = preset_setting("runs/scaling", "folder of the runs, the table and the plot",
+                              quick="runs/scaling-quick", gpu="runs/scaling-gpu")
+    quick: bool = setting(False, "tiny sizes, a few minutes: each setting's --quick value below")
+    gpu: bool = setting(False, "one large point for a single GPU: each setting's --gpu value below")
+    sizes: str = preset_setting("2x48,3x80,4x128,6x192", "decoder sizes, n_layer x n_embd",
+                                quick="1x16,1x32,2x48,2x64", gpu="12x768")
+    affine_sizes: str = preset_setting("2x48,4x128", "sizes that also train the affine input",
+                                       quick="1x16,2x48", gpu="")
+    ablation: str = preset_setting("4x128", "the size whose binary model gets the learned one's parameter count in "
+                                            "extra layers, or none", quick="2x64", gpu="none")
+    long_factor: int = preset_setting(3, "the smallest size trained this many times longer (1: no long runs)", gpu=1)
+    long_seeds: int = preset_setting(1, "seeds of the long runs", quick=2)
+    steps: int = preset_setting(400, "training steps of each run", quick=30, gpu=1500)
+    seeds: int = preset_setting(2, "seeds per point")
+    evals: int = preset_setting(8, "evaluations along each run", quick=3, gpu=10)
+    n_head: int = preset_setting(4, "attention heads", gpu=12)
+    block_size: int = preset_setting(128, "context length in tokens", quick=64, gpu=1024)
+    batch_size: int = preset_setting(16, "sequences per step", quick=8, gpu=32)
+    lr: float = preset_setting(2e-3, "peak learning rate (min_lr = lr / 10)", gpu=1e-3)
+    eval_batches: int = preset_setting(8, "validation batches per evaluation", quick=4, gpu=20)
+    jobs: int = setting(1, "runs in parallel, each with cores/jobs threads")
+    device: str = setting("auto", "auto | cpu | cuda | mps")
+    compile: bool = setting(False, "torch.compile each model")
+
+
 PAPER = {"trainable": 469_828_608, "gap_nats": math.log(2.36 / 2.44), "gap_pct": 2.36 / 2.44 - 1}
 
 
@@ -373,34 +394,14 @@ def plot(result, path):
     return path
 
 
-def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpus", nargs="+", default=["shakespeare"],
-                   help="text to prepare (files, folders, 'shakespeare'); default shakespeare (downloaded)")
-    p.add_argument("--data", default=None, help="prepared shards to use (default: <out>/data, prepared on first run)")
-    p.add_argument("--encoding", default="gpt2", help="tiktoken encoding (default gpt2)")
-    p.add_argument("--out", default=None, help="folder of the runs, the table and the plot (default runs/scaling, "
-                                               "runs/scaling-quick with --quick, runs/scaling-gpu with --gpu)")
-    p.add_argument("--quick", action="store_true", help=f"tiny sizes, a few minutes: {QUICK}")
-    p.add_argument("--gpu", action="store_true", help=f"one large point for a single GPU: {GPU}")
-    for name, value in DEFAULTS.items():
-        p.add_argument(f"--{name}", type=type(value), default=None, help=f"(default {value})")
-    p.add_argument("--jobs", type=int, default=1, help="runs in parallel, each with cores/jobs threads (default 1)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps (default auto)")
-    p.add_argument("--compile", action="store_true", help="torch.compile each model")
-    return p
+def parse_config(argv=None):
+    """The settings of a command line, --quick's or --gpu's values filled in."""
+    parser = config_parser(ScalingConfig, __doc__.strip().split("\n\n")[0])
+    return resolve_presets(parse_settings(parser, argv), "quick", "gpu")
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    if args.quick and args.gpu:
-        raise ValueError("--quick and --gpu are two different studies: choose one")
-    for name, value in {**DEFAULTS, **(QUICK if args.quick else GPU if args.gpu else {})}.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.out is None:
-        args.out = "runs/scaling" + ("-quick" if args.quick else "-gpu" if args.gpu else "")
+    args = parse_config(argv)
     for name in ("seeds", "steps", "evals", "jobs", "long_factor", "long_seeds", "batch_size", "eval_batches"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")

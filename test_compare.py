@@ -180,3 +180,18 @@ def test_a_users_results_file_in_out_is_refused_and_kept(data, tmp_path):
     assert p.communicate(timeout=300) == ("", f"error: {out} holds results.md, not written by this study (no results.json "
                                               "of its own beside them): they are left alone; choose another --out\n")
     assert p.returncode == 1 and files(out) == {"results.md": b"my own notes\n"}
+
+
+def test_corpus_is_prepared_with_reserve_zero_as_asked_and_reused_only_so(tmp_path):
+    """--corpus is prepared into <out>/data with id 0 given to NUL (prepare_data.py's default) or, under
+    --no-reserve_zero, with the encoding's own ids; data prepared one way is not reused under the other."""
+    (tmp_path / "a.txt").write_text("It is a truth universally acknowledged, that a single man in possession of a good "
+                                    "fortune, must be in want of a wife.\n" * 20)
+    args = ["--corpus", str(tmp_path / "a.txt"), "--vocab_size", "512", "--out"]
+    own = compare.prepared(compare.parse_config([*args, str(tmp_path / "own"), "--no-reserve_zero"]))
+    reserved = compare.prepared(compare.parse_config([*args, str(tmp_path / "reserved")]))
+    assert (own["reserve_zero"], reserved["reserve_zero"]) == (False, True)
+    with pytest.raises(ValueError) as e:
+        compare.prepared(compare.parse_config([*args, str(tmp_path / "own")]))
+    assert str(e.value) == (f"{tmp_path / 'own' / 'data'} was prepared with reserve_zero=False, but this command asks for "
+                            f"reserve_zero=True: use another --out (or remove {tmp_path / 'own' / 'data'} to prepare it again)")

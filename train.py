@@ -31,7 +31,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import atomic_torch_save, check_buildable, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
-from common import LOCK_NAME, available_memory, config_parser, one_line, peak_flops, pick_device, run_main, setting, writer_lock
+from common import (LOCK_NAME, available_memory, config_parser, one_line, parse_settings, peak_flops, pick_device, run_main,
+                    setting, writer_lock)
 from model import GPT, GPTConfig, get_config, memory_bytes
 from prepare_data import ShardError, load_meta, read_shard
 from tokenizer import tiktoken_entry
@@ -92,7 +93,7 @@ class TrainConfig:
 
 
 def parse_config(argv=None) -> TrainConfig:
-    return TrainConfig(**vars(config_parser(TrainConfig, __doc__.strip().split("\n\n")[0]).parse_args(argv)))
+    return parse_settings(config_parser(TrainConfig, __doc__.strip().split("\n\n")[0]), argv)
 
 
 # ----------------------------------------------------------------------------- data
