@@ -286,6 +286,7 @@ import torch
 import model as M
 import quantize as Q
 path, way, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.set_num_threads(int(sys.argv[4]))
 t1 = time.perf_counter()
 if way == "old":  # the path before issue 12: random init, a full read, a copy into the model
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
@@ -300,25 +301,25 @@ next(stream)
 first = time.perf_counter() - t1
 for _ in stream:
     pass
-print(first, time.perf_counter() - t1, time.perf_counter() - t0)
+last = time.perf_counter()
+# this process's own peak RSS (VmHWM: kB; ru_maxrss would carry the parent's high-water mark over exec)
+peak = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
+print(first, last - t1, last - t0, peak)
 """
 
 
-def run_load_child(path, way, tokens):
+def run_load_child(path, way, tokens, threads):
     """(seconds from reading the file to the first generated token, to the last of `tokens`, seconds
     since the interpreter started running the child's code, peak RSS in bytes) of a fresh process."""
     import subprocess
 
     here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.Popen([sys.executable, "-c", LOAD_CHILD, path, way, str(tokens)], cwd=here, stdout=subprocess.PIPE,
-                            text=True)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (ru_maxrss: KiB on Linux)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise RuntimeError(f"the {way} loading child failed (exit {proc.returncode})")
-    first, last, total = map(float, out.split())
-    return first, last, total, usage.ru_maxrss * 1024
+    run = subprocess.run([sys.executable, "-c", LOAD_CHILD, path, way, str(tokens), str(threads)], cwd=here,
+                         stdout=subprocess.PIPE, text=True)
+    if run.returncode:
+        raise RuntimeError(f"the {way} loading child failed (exit {run.returncode})")
+    first, last, total, peak = map(float, run.stdout.split())
+    return first, last, total, peak
 
 
 def bench_load(cfg, tmp):
@@ -332,7 +333,7 @@ def bench_load(cfg, tmp):
     runs = {"old": [], "new": [], **({"int8": []} if cfg.int8 else {})}
     for _ in range(cfg.load_repeats):
         for way in runs:
-            runs[way].append(run_load_child(path, way, cfg.load_tokens))
+            runs[way].append(run_load_child(path, way, cfg.load_tokens, torch.get_num_threads()))
     os.remove(path)
     rows = {way: {"first_token_s": statistics.median(r[0] for r in rs), "last_token_s": statistics.median(r[1] for r in rs),
                   "process_s": statistics.median(r[2] for r in rs), "peak_rss": max(r[3] for r in rs)} for way, rs in runs.items()}
