@@ -75,7 +75,7 @@ def check_quantize(scheme, device, dtype=torch.float32, compile=False):
     if dtype != torch.float32:
         raise ValueError("--quantize int8 starts from float32 weights: leave --dtype at float32")
     if compile:  # torch 2.13's inductor fails on the oneDNN int8 op called this way
-        raise ValueError("--quantize int8 runs eagerly: drop --compile (int8 eager is faster than compiled float32)")
+        raise ValueError("--quantize int8 runs eagerly: drop --compile (torch.compile fails on its oneDNN int8 op)")
 
 
 def quantize_int8(model):

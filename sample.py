@@ -161,7 +161,7 @@ def main(argv=None):
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the one-token decoding step: tens of seconds once, then faster tokens (long outputs)")
     p.add_argument("--quantize", default=None, choices=QUANTIZE,
-                   help="int8: the linear layers' weights in int8 on a CPU, several times faster at batch 1 (quantize.py)")
+                   help="int8: the linear layers' weights in int8 (CPU): a quarter of the bytes per token, faster decoding (quantize.py)")
     args = p.parse_args(argv)
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         raise ValueError(f"--temperature must be a number >= 0 (0 = greedy), got {args.temperature}")
