@@ -29,6 +29,9 @@ Design choices, up front:
   same code) and reported for HF (another implementation); the KV/HF target counts only with equal tokens.
   Each way runs at every --threads count, interleaved. At batch 1 the KV cache also runs on bfloat16 and
   float16 copies of the weights: speed against float32, and how many leading tokens stay float32's.
+  On a CPU the KV cache also runs on quantize.py's int8 copy (eager), beside its own "int8 matmuls alone"
+  (the int8 ceiling) and the bytes of weights a token reads in each; the load section adds a child that
+  quantizes after loading, and every child decodes load_tokens greedy tokens (end to end time).
   Paper preset: --sample_preset=paper --no-recompute (recomputing 470M parameters per context token is slow).
 - Data preparation: prepare_data.prepare on `prep_copies` concatenated copies of a corpus, with one
   worker (no pool) and with all cores. How much `cores` processes can give on this machine at all is
