@@ -29,6 +29,9 @@ Design choices, up front:
   same code) and reported for HF (another implementation); the KV/HF target counts only with equal tokens.
   Each way runs at every --threads count, interleaved. At batch 1 the KV cache also runs on bfloat16 and
   float16 copies of the weights: speed against float32, and how many leading tokens stay float32's.
+  On a CPU the KV cache also runs on quantize.py's int8 copy (eager), beside its own "int8 matmuls alone"
+  (the int8 ceiling) and the bytes of weights a token reads in each; the load section adds a child that
+  quantizes after loading, and every child decodes load_tokens greedy tokens (end to end time).
   Paper preset: --sample_preset=paper --no-recompute (recomputing 470M parameters per context token is slow).
 - Data preparation: prepare_data.prepare on `prep_copies` concatenated copies of a corpus, with one
   worker (no pool) and with all cores. How much `cores` processes can give on this machine at all is
@@ -53,6 +56,7 @@ import torch
 
 import model as M
 import prepare_data as P
+import quantize as Q
 import train as T
 from checkpoint import checkpoint_dict
 from common import config_parser, parse_int, parse_settings, peak_flops, pick_device, run_main, setting
@@ -87,9 +91,11 @@ class BenchConfig:
     sample_compile: bool = setting(True, "also time the KV cache with its one-token step compiled (stream(compile=True)); "
                                            "compiling happens in the untimed warm-up")
     precisions: str = setting("bfloat16,float16", "comma-separated weight dtypes timed against float32 at batch 1 (KV cache)")
+    int8: bool = setting(True, "also time quantize.py's int8 weights (KV cache, eager) and their matmuls alone (CPU)")
     # loading
     load_preset: str = setting("paper", "model preset of the checkpoint loaded (paper: a 1.9 GB file in a temp dir)")
     load_repeats: int = setting(1, "child processes per loading path, interleaved")
+    load_tokens: int = setting(64, "greedy tokens each loading child generates (end to end: load, quantize, these tokens)")
     # data preparation
     corpus: str | None = setting(None, "text file for data preparation (default: tiny Shakespeare, fetched as prepare_data.py does)")
     prep_copies: int = setting(8, "copies of the corpus concatenated")
@@ -176,15 +182,23 @@ def recompute_generate(model, idx, new_tokens):
 
 
 def matmuls_alone(model, batch, new_tokens):
-    """What decoding would cost if a token cost only its matmuls: every nn.Linear weight times one row
-    per sequence, new_tokens times (reading all the weights per token bounds batch-1 decoding on a CPU)."""
-    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    rows = {w.shape[1]: torch.randn(batch, 1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+    """What decoding would cost if a token cost only its matmuls: every linear layer (nn.Linear, or
+    quantize.Int8Linear with its activation rounding) times one row per sequence, new_tokens times
+    (reading all the weights per token bounds batch-1 decoding on a CPU)."""
+    layers = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, Q.Int8Linear))]
+    device = next(model.parameters()).device
+    rows = {m.in_features: torch.randn(batch, 1, m.in_features, device=device) for m in layers}
     with torch.inference_mode():
         for _ in range(new_tokens):
-            for w in weights:
-                torch.nn.functional.linear(rows[w.shape[1]], w)
+            for m in layers:
+                m(rows[m.in_features])
     return torch.zeros(1)
+
+
+def weight_bytes(model):
+    """Bytes of the linear layers' weights and scales: what one decoded token must read (at batch 1)."""
+    layers = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, Q.Int8Linear))]
+    return sum(t.numel() * t.element_size() for m in layers for t in (*m.parameters(), *m.buffers()))
 
 
 def leading_agreement(a, b, start):
@@ -224,6 +238,7 @@ def bench_sample(cfg, device, tmp, threads):
     vocab = model.config.vocab_size
     hf = hf_twin(model, tmp, device)
     low = {name: copy.deepcopy(model).to(getattr(torch, name)) for name in cfg.precisions.split(",") if name}
+    int8 = Q.quantize_int8(model) if cfg.int8 and device.type == "cpu" else None
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
     for B in (int(b) for b in cfg.sample_batches.split(",")):
@@ -237,6 +252,9 @@ def bench_sample(cfg, device, tmp, threads):
         ways["matmuls_alone"] = lambda: matmuls_alone(model, B, cfg.new_tokens)
         if cfg.sample_compile:
             ways["kv_compiled"] = lambda: M.generate(model, prompt, cfg.new_tokens, temperature=0, compile=True)
+        if int8 is not None:
+            ways["int8"] = lambda: M.generate(int8, prompt, cfg.new_tokens, temperature=0)
+            ways["int8_matmuls_alone"] = lambda: matmuls_alone(int8, B, cfg.new_tokens)
         if B == 1:
             ways.update({name: (lambda m=m: M.generate(m, prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
         outs, times, first = {}, {(t, k): [] for t in threads for k in ways}, {}
@@ -262,9 +280,12 @@ def bench_sample(cfg, device, tmp, threads):
                 row["compiled_same_tokens_hf"] = bool(torch.equal(out["hf_generate"], out["kv_compiled"]))
                 row["compiled_first_call_s"] = first[B, "kv_compiled"]
             row["agree"] = {name: leading_agreement(out[name], out["kv_cache"], cfg.prompt_len) for name in low if name in out}
+            if "int8" in out:
+                row["int8_agree"] = leading_agreement(out["int8"], out["kv_cache"], cfg.prompt_len)
             rows.append(row)
     torch.set_num_threads(threads[0])
-    return {"preset": cfg.sample_preset, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens, "rows": rows}
+    return {"preset": cfg.sample_preset, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens, "rows": rows,
+            "weight_bytes": weight_bytes(model), "int8_weight_bytes": int8 and weight_bytes(int8)}
 
 
 # ----------------------------------------------------------------------------- loading
@@ -273,8 +294,10 @@ import sys, time
 t0 = time.perf_counter()
 import torch
 from checkpoint import load_checkpoint
-from model import GPT, GPTConfig, generate
-path, way = sys.argv[1], sys.argv[2]
+from model import GPT, GPTConfig, stream
+from quantize import quantize_int8
+path, way, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.set_num_threads(int(sys.argv[4]))
 t1 = time.perf_counter()
 if way == "old":  # the path before issue 12: random init, a full read, a copy into the model
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
@@ -282,42 +305,50 @@ if way == "old":  # the path before issue 12: random init, a full read, a copy i
     model.load_state_dict(ckpt["model"])
 else:
     model, ckpt = load_checkpoint(path)
-generate(model.eval(), torch.zeros(1, 8, dtype=torch.long), 1, temperature=0)
-print(time.perf_counter() - t1, time.perf_counter() - t0)
+if way == "int8":
+    model = quantize_int8(model)
+tokens_out = stream(model.eval(), torch.zeros(1, 8, dtype=torch.long), tokens, temperature=0)
+next(tokens_out)
+first = time.perf_counter() - t1
+for _ in tokens_out:
+    pass
+last = time.perf_counter()
+# this process's own peak RSS (VmHWM: kB; ru_maxrss would carry the parent's high-water mark over exec)
+peak = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
+print(first, last - t1, last - t0, peak)
 """
 
 
-def run_load_child(path, way):
-    """(seconds from reading the file to the first generated token, seconds since the interpreter
-    started running the child's code, peak RSS in bytes) of a fresh process."""
+def run_load_child(path, way, tokens, threads):
+    """(seconds from reading the file to the first generated token, to the last of `tokens`, seconds
+    since the interpreter started running the child's code, peak RSS in bytes) of a fresh process."""
     import subprocess
 
     here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.Popen([sys.executable, "-c", LOAD_CHILD, path, way], cwd=here, stdout=subprocess.PIPE, text=True)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (ru_maxrss: KiB on Linux)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise RuntimeError(f"the {way} loading child failed (exit {proc.returncode})")
-    first, total = map(float, out.split())
-    return first, total, usage.ru_maxrss * 1024
+    run = subprocess.run([sys.executable, "-c", LOAD_CHILD, path, way, str(tokens), str(threads)], cwd=here,
+                         stdout=subprocess.PIPE, text=True)
+    if run.returncode:
+        raise RuntimeError(f"the {way} loading child failed (exit {run.returncode})")
+    first, last, total, peak = map(float, run.stdout.split())
+    return first, last, total, peak
 
 
 def bench_load(cfg, tmp):
-    """Time to the first token and peak memory of a fresh process that loads a checkpoint of
-    `load_preset` and generates one token, the old way and checkpoint.load_checkpoint's, interleaved."""
+    """Time to the first token, to the last of load_tokens, and peak memory of a fresh process that loads
+    a checkpoint of `load_preset` and decodes greedily: the old way, checkpoint.load_checkpoint's, and (CPU,
+    --int8) load_checkpoint then quantize.quantize_int8; interleaved."""
     path = os.path.join(tmp, "load.pt")
     torch.manual_seed(0)
     torch.save(checkpoint_dict(M.GPT(M.get_config(cfg.load_preset)), None), path)
     size = os.path.getsize(path)
-    runs = {"old": [], "new": []}
+    runs = {"old": [], "new": [], **({"int8": []} if cfg.int8 else {})}
     for _ in range(cfg.load_repeats):
         for way in runs:
-            runs[way].append(run_load_child(path, way))
+            runs[way].append(run_load_child(path, way, cfg.load_tokens, torch.get_num_threads()))
     os.remove(path)
-    rows = {way: {"first_token_s": statistics.median(r[0] for r in rs), "process_s": statistics.median(r[1] for r in rs),
-                  "peak_rss": max(r[2] for r in rs)} for way, rs in runs.items()}
-    return {"preset": cfg.load_preset, "ckpt_bytes": size, "repeats": cfg.load_repeats, "ways": rows}
+    rows = {way: {"first_token_s": statistics.median(r[0] for r in rs), "last_token_s": statistics.median(r[1] for r in rs),
+                  "process_s": statistics.median(r[2] for r in rs), "peak_rss": max(r[3] for r in rs)} for way, rs in runs.items()}
+    return {"preset": cfg.load_preset, "ckpt_bytes": size, "repeats": cfg.load_repeats, "tokens": cfg.load_tokens, "ways": rows}
 
 
 # ----------------------------------------------------------------------------- data preparation
@@ -411,11 +442,17 @@ def run(cfg: BenchConfig) -> dict:
             if "kv_compiled" in r:
                 target(f"KV-cache compiled step / HF generate tokens/s, batch 1, {r['threads']} threads, same tokens ({sa['preset']})",
                        r["kv_compiled"] / r["hf_generate"], 1.5, valid=r["compiled_same_tokens_hf"])
+            if "int8" in r:
+                target(f"int8 / float32 KV-cache tokens/s, batch 1, {r['threads']} threads ({sa['preset']})",
+                       r["int8"] / r["kv_cache"], 3.0)
     if lo:
         old, new = lo["ways"]["old"], lo["ways"]["new"]
         target(f"time to first token, load_checkpoint / old path ({lo['preset']})", new["first_token_s"] / old["first_token_s"],
                round(1 / 3, 2), at_most=True)
         target(f"peak RSS, load_checkpoint / checkpoint size ({lo['preset']})", new["peak_rss"] / lo["ckpt_bytes"], 1.2, at_most=True)
+        if "int8" in lo["ways"]:
+            target(f"end to end (load, quantize, {lo['tokens']} greedy tokens), int8 / float32 ({lo['preset']})",
+                   lo["ways"]["int8"]["last_token_s"] / new["last_token_s"], 0.5, at_most=True)
     if pr:
         target(f"prep all cores / ({pr['workers']} x one worker) MB/s", pr["mb_s_all"] / (pr["workers"] * pr["mb_s_1"]), 0.8)
     h200 = tr is not None and "H200" in res["device"] and tr["preset"] == "paper"
@@ -461,6 +498,15 @@ def table(res) -> str:
         compiled = [f"{r['compiled_first_call_s']:.1f} s (batch {r['batch']})" for r in sa["rows"] if "compiled_first_call_s" in r]
         if compiled:
             lines.append(f"compiled step: first call, compiling included: {', '.join(dict.fromkeys(compiled))}")
+        i8 = [r for r in sa["rows"] if "int8" in r]
+        if i8:
+            lines += ["", f"int8 weights (quantize.py, eager): a token reads {sa['weight_bytes'] / 1e6:,.0f} MB of weights in float32, "
+                      f"{sa['int8_weight_bytes'] / 1e6:,.0f} MB in int8 (with scales); int8 matmuls alone: the int8 ceiling",
+                      "| threads | batch | float32 KV | int8 KV | int8 / float32 | int8 / HF | int8 matmuls alone | "
+                      "int8 ceiling / HF | leading tokens equal to float32 |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            lines += [f"| {r['threads']} | {r['batch']} | {rate(r['kv_cache'])} | {rate(r['int8'])} | {r['int8'] / r['kv_cache']:.2f}x | "
+                      f"{r['int8'] / r['hf_generate']:.2f}x | {rate(r['int8_matmuls_alone'])} | "
+                      f"{r['int8_matmuls_alone'] / r['hf_generate']:.2f}x | {r['int8_agree']} / {sa['new_tokens']} |" for r in i8]
         low = [(r, name, n) for r in sa["rows"] for name, n in r["agree"].items()]
         if low:
             lines += ["", "sampling precision: KV cache at batch 1, weights and activations in the dtype, greedy",
@@ -470,12 +516,14 @@ def table(res) -> str:
         lines.append("")
     if lo:
         lines += [f"loading: preset {lo['preset']}, checkpoint {lo['ckpt_bytes'] / 1e9:.2f} GB, a fresh process per load "
-                  f"(median of {lo['repeats']}); first token: from reading the file, after imports",
-                  "| path | first token s | whole process s | peak RSS GB | peak RSS / checkpoint |", "|---|---:|---:|---:|---:|"]
+                  f"(median of {lo['repeats']}); first and last of {lo['tokens']} greedy tokens: from reading the file, after imports",
+                  f"| path | first token s | token {lo['tokens']} s | whole process s | peak RSS GB | peak RSS / checkpoint |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        names = {"old": "old: random init + load_state_dict copy", "new": "load_checkpoint: meta build + mmap + assign",
+                 "int8": "load_checkpoint + quantize_int8"}
         for way, r in lo["ways"].items():
-            name = "old: random init + load_state_dict copy" if way == "old" else "load_checkpoint: meta build + mmap + assign"
-            lines.append(f"| {name} | {r['first_token_s']:.2f} | {r['process_s']:.2f} | {r['peak_rss'] / 1e9:.2f} | "
-                         f"{r['peak_rss'] / lo['ckpt_bytes']:.2f}x |")
+            lines.append(f"| {names[way]} | {r['first_token_s']:.2f} | {r['last_token_s']:.2f} | {r['process_s']:.2f} | "
+                         f"{r['peak_rss'] / 1e9:.2f} | {r['peak_rss'] / lo['ckpt_bytes']:.2f}x |")
         lines.append("")
     if pr:
         lines += [f"data preparation: {pr['mb']:.1f} MB corpus, vocab 8192",

@@ -77,6 +77,9 @@ class BinaryCodeInput(nn.Module):
 
     The table is a registered buffer called `weight`, so `model.get_input_embeddings().weight` is the
     exact code table the released checkpoint's audit checks (row t = bits of t, the pad row zero).
+    Id 0's code is all zeros: without biases a window that starts with it carries an exactly zero
+    residual stream, on which deep models diverge, so prepare_data.py gives id 0 to the NUL byte, a
+    token text does not contain, as the paper's tokenizer gives it to U+0000 (docs/zero-code.md).
     """
 
     def __init__(self, vocab_size, n_embd, layout="tile", pad_token_id=None):

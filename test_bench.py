@@ -36,21 +36,25 @@ def test_run_reports_every_section(tmp_path):
         assert r["same_tokens_hf"] is True
         # precision copies run at batch 1 only; tiny random weights with a peaked head keep every greedy token
         assert r["agree"] == ({"bfloat16": 4, "float16": 4} if r["batch"] == 1 else {})
+        assert min(r["int8"], r["int8_matmuls_alone"]) > 0 and 0 <= r["int8_agree"] <= 4
+    assert res["sample"]["int8_weight_bytes"] < res["sample"]["weight_bytes"] / 3  # int8 plus a scale per row
     lo = res["load"]
-    assert lo["preset"] == "tiny" and lo["ckpt_bytes"] > 0 and set(lo["ways"]) == {"old", "new"}
+    assert lo["preset"] == "tiny" and lo["ckpt_bytes"] > 0 and set(lo["ways"]) == {"old", "new", "int8"}
     for r in lo["ways"].values():
-        assert 0 < r["first_token_s"] < r["process_s"] and r["peak_rss"] > lo["ckpt_bytes"]
+        assert 0 < r["first_token_s"] < r["last_token_s"] < r["process_s"] and r["peak_rss"] > lo["ckpt_bytes"]
     pr = res["prep"]
     assert pr["mb"] > 0 and pr["mb_s_1"] > 0 and pr["mb_s_all"] > 0 and pr["workers"] == 2
     assert pr["python_scaling"] > 0 and pr["tiktoken_scaling"] > 0
-    assert [t["goal"] for t in res["targets"]] == [">= 1", ">= 1.5", ">= 1.5", "<= 0.33", "<= 1.2", ">= 0.8", ">= 0.5"]
-    assert [t["target"] for t in res["targets"][1:3]] == [f"KV-cache / HF generate tokens/s, batch 1, {n} threads, same tokens (tiny)"
-                                                          for n in (1, 2)]
+    assert [t["goal"] for t in res["targets"]] == [">= 1", ">= 1.5", ">= 3", ">= 1.5", ">= 3", "<= 0.33", "<= 1.2", "<= 0.5",
+                                                   ">= 0.8", ">= 0.5"]
+    assert [t["target"] for t in res["targets"][1:5]] == [
+        s for n in (1, 2) for s in (f"KV-cache / HF generate tokens/s, batch 1, {n} threads, same tokens (tiny)",
+                                    f"int8 / float32 KV-cache tokens/s, batch 1, {n} threads (tiny)")]
     for t in res["targets"][:-1]:
         assert t["verdict"] == ("PASS" if eval(f"{t['ratio']} {t['goal']}") else "MISS"), t
     assert res["targets"][-1]["verdict"] == "not measured"  # the H200 target needs the paper preset
     text = bench.table(res)
-    for heading in ("training:", "sampling:", "loading:", "data preparation:", "| target |"):
+    for heading in ("training:", "sampling:", "int8 weights", "loading:", "data preparation:", "| target |"):
         assert heading in text
     json.dumps(res)  # --json works
 

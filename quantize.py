@@ -1,0 +1,95 @@
+"""
+int8 weights for quick sampling on a CPU: `sample.py --quantize int8`.
+
+At batch 1 a decoded token reads every weight once, so on a CPU its time is mostly the weights' bytes
+over memory bandwidth: 1.88 GB of float32 for the paper preset. In int8 the same matmuls read a quarter.
+
+    model = quantize_int8(model)   # a copy whose nn.Linear layers (output head included) hold int8 weights
+
+Design choices, up front:
+- Weights: symmetric, one float scale per output row: w[n, k] ~ scale[n] * q[n, k], q in [-127, 127],
+  scale[n] = max_k |w[n, k]| / 127, so each weight is off by at most scale[n] / 2.
+- Activations are quantized on the fly the same way, one scale per token (row), stored as uint8 around
+  128, the form the x86 int8 kernel takes. The int8 x int8 products sum in int32,
+  then both scales bring the result back to float32.
+- Kernel: torch's own oneDNN int8 linear on a weight packed once (torch.ops.onednn.qlinear_prepack /
+  qlinear_pointwise, what torch.compile's x86 int8 lowering emits). README's "Sampling in int8" gives the
+  measurements that chose it over torchao, quantize_dynamic (deprecated) and other torch kernels.
+- What stays float: the code table (a gather, not a matmul, and already 0/1), LayerNorms, biases,
+  attention over the KV cache. The float model is left as it was: the copy shares those tensors.
+"""
+
+import copy
+
+import torch
+import torch.nn as nn
+
+QUANTIZE = ("int8",)  # the choices of --quantize
+
+
+def int8_rows(w):
+    """(N, K) float -> (q int8 (N, K), scale float32 (N,)): symmetric per-row rounding, w ~ scale[:, None] * q."""
+    w = w.detach().float()
+    scale = torch.maximum(w.amax(dim=1), -w.amin(dim=1)).clamp(min=1e-12) / 127  # no |w| temporary: loading stays lean
+    return (w / scale[:, None]).round_().to(torch.int8), scale
+
+
+class Int8Linear(nn.Module):
+    """nn.Linear with int8 weights (one scale per output row) and on-the-fly int8 activations."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        q, scale = int8_rows(linear.weight)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight", torch.ops.onednn.qlinear_prepack(q, [1, self.in_features]))  # oneDNN's layout
+        self.register_buffer("scale", scale)
+        self.register_buffer("zero", torch.zeros(self.out_features, dtype=torch.long))  # symmetric: no offset
+        self.register_buffer("x_zero", torch.tensor(128))  # activations as uint8 around 128
+        self.register_buffer("one", torch.tensor(1.0))
+        self.bias = linear.bias
+
+    def forward(self, x):
+        x2 = x.reshape(-1, self.in_features)  # (..., K) -> (rows, K)
+        x_scale = x2.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127  # (rows, 1): each token its own scale
+        xq = (x2 / x_scale).round_().add_(128).to(torch.uint8)
+        # the kernel takes one activation scale: give it 1 and apply the rows' scales to its output
+        y = torch.ops.onednn.qlinear_pointwise.tensor(xq, self.one, self.x_zero, self.weight, self.scale, self.zero,
+                                                      None, 1.0, 0, torch.float32, "none", [], "") * x_scale
+        y = y.view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def check_quantize(scheme, device, dtype=torch.float32, compile=False):
+    """Nothing, or a clear refusal of a --quantize this build, device or combination of flags cannot do."""
+    if scheme is None:
+        return
+    if scheme not in QUANTIZE:
+        raise ValueError(f"unknown --quantize {scheme!r}: choose {', '.join(QUANTIZE)}")
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"--quantize int8 is a CPU path (oneDNN's int8 kernel); on {device} use --dtype bfloat16")
+    if not torch.backends.mkldnn.is_available():
+        raise ValueError("--quantize int8 needs a PyTorch build with oneDNN (the x86 builds from PyPI have it)")
+    if dtype != torch.float32:
+        raise ValueError("--quantize int8 starts from float32 weights: leave --dtype at float32")
+    if compile:  # torch 2.13's inductor fails on the oneDNN int8 op called this way
+        raise ValueError("--quantize int8 runs eagerly: drop --compile (torch.compile fails on its oneDNN int8 op)")
+
+
+def quantize_int8(model):
+    """A copy of `model` (float32, on the CPU) whose nn.Linear layers are Int8Linear; every other tensor is
+    shared with `model` (the copy's code table is the very same buffer), and `model` is not modified."""
+    p = next(model.parameters())
+    check_quantize("int8", p.device, p.dtype)
+    shared = {id(t): t for t in model.state_dict(keep_vars=True).values()}
+    shared.update({id(t): t for t in model.buffers()})  # non-persistent ones too (lift, rotary tables)
+    shared.update({id(v): v for k, v in model.__dict__.items() if k == "_compiled"})  # a compiled step is not copied
+    q = copy.deepcopy(model, memo=shared)  # the module tree anew, tensors shared
+    q.__dict__.pop("_compiled", None)  # the float model's compiled step would call the float layers
+    for parent in list(q.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, Int8Linear(child))
+    return q
