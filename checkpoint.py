@@ -16,8 +16,8 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from common import atomic_open, one_line
-from model import GPT, GPTConfig
+from common import atomic_open, available_memory, one_line
+from model import GPT, GPTConfig, memory_bytes
 
 
 def checkpoint_dict(model, tokenizer, **extra):
@@ -51,7 +51,20 @@ def read_checkpoint(path, device="cpu"):
                          f"({type(e).__name__}: {one_line(e)})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
         raise ValueError(f"{file}: not a checkpoint of this project (needs 'model' and 'model_config')")
+    if not (isinstance(ckpt["model"], dict) and all(isinstance(t, torch.Tensor) for t in ckpt["model"].values())):
+        raise ValueError(f"{file}: its 'model' entry is not a dict of tensors (a {type(ckpt['model']).__name__})")
+    if not (isinstance(ckpt["model_config"], dict) and all(isinstance(k, str) for k in ckpt["model_config"])):
+        raise ValueError(f"{file}: its 'model_config' entry is not a dict of GPTConfig fields "
+                         f"(a {type(ckpt['model_config']).__name__})")
     return ckpt
+
+
+def check_finite(tensors, what, doing):
+    """Refuse NaN or inf weights, naming the tensors: a diverged or corrupt checkpoint is not `doing`'d."""
+    bad = [n for n, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"{what} holds NaN or inf values in {', '.join(bad[:10])}: refusing to {doing} a diverged "
+                         "or corrupt checkpoint")
 
 
 def load_weights(model, state_dict, source):
@@ -70,10 +83,26 @@ def load_weights(model, state_dict, source):
     model.load_state_dict({k: t.to(own[k].dtype) for k, t in state_dict.items()}, assign=True)
 
 
+def check_buildable(config, state_dict, source):
+    """Before a model is built from a checkpoint's model_config: its n_layer must be the number of blocks
+    its weights hold, and what GPT builds besides the weights (memory_bytes) must fit in memory. A config
+    from another writer (n_layer = 10**9, block_size = 10**12) would otherwise build for hours, or end in
+    the allocator."""
+    blocks = len({k.split(".")[1] for k in state_dict if k.startswith("blocks.")})
+    if blocks != config.n_layer:
+        raise ValueError(f"{source}: its model_config says n_layer {config.n_layer:,}, but its weights hold {blocks} blocks")
+    need, free = memory_bytes(config), available_memory(torch.device("cpu"))
+    if free is not None and need > free:
+        raise ValueError(f"{source}: its model_config (block_size {config.block_size:,}, vocab_size {config.vocab_size:,}, "
+                         f"n_embd {config.n_embd:,}) needs {need / 2**30:,.1f} GiB of tables besides its weights; "
+                         f"{free / 2**30:,.1f} GiB is free")
+
+
 def model_from_weights(config, state_dict, source):
     """GPT(config) holding the state dict's tensors: built on the meta device (no random init, no
     memory), then the tensors assigned. Its non-persistent buffers (lift, rotary tables) are built on
     the CPU in any case, so nothing is left on meta."""
+    check_buildable(config, state_dict, source)
     with torch.device("meta"):
         model = GPT(config)
     load_weights(model, state_dict, source)
@@ -85,7 +114,7 @@ def load_checkpoint(path, device="cpu"):
     ckpt = read_checkpoint(path, device)
     try:
         config = GPTConfig(**ckpt["model_config"])
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: its model_config does not fit GPTConfig ({e})") from None
     return model_from_weights(config, ckpt["model"], path).to(device), ckpt
 

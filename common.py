@@ -134,6 +134,22 @@ def pick_device(name="auto"):
     return device
 
 
+def available_memory(device):
+    """Bytes that new tensors on `device` can take now (CUDA: free GPU memory; CPU: Linux's MemAvailable),
+    or None where that cannot be told (MPS, a CPU without /proc/meminfo): then nothing is refused on it."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            return None
+    return None
+
+
 # ----------------------------------------------------------------------------- command lines
 def parse_int(s):
     """'5000' or '5e3' -> 5000; '2.5' is an error."""

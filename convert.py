@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from checkpoint import atomic_torch_save, checkpoint_dict, load_checkpoint, model_from_weights
+from checkpoint import atomic_torch_save, check_finite, checkpoint_dict, load_checkpoint, model_from_weights
 from common import LOCK_NAME, atomic_write, config_parser, one_line, parse_settings, run_main, setting, writer_lock
 from model import GPT, GPTConfig, canonical_code, code_bits
 from tokenizer import file_in, load_text_codec
@@ -160,13 +160,6 @@ def remove_stale(out, written, weights):
 def copy_file(src, dst):
     with open(src, "rb") as f:
         atomic_write(dst, f.read())
-
-
-def check_finite(tensors, what):
-    bad = [n for n, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        raise ConversionError(f"{what} holds NaN or inf values in {', '.join(bad[:10])}: refusing to convert "
-                              "a diverged or corrupt checkpoint")
 
 
 def check_tokenizer_entry(entry, folder):
@@ -447,7 +440,7 @@ def hf_to_native(folder, layout="auto", input=None):
     """Read an HF folder; return (GPT model, tokenizer entry, info dict). See the module docstring."""
     fields, raw, meta = read_hf_config(folder)
     tensors = read_weights(folder)
-    check_finite(tensors, folder)
+    check_finite(tensors, folder, "convert")
     n_embd = fields["n_embd"] or next((t.shape[0] for n, t in tensors.items() if re.search(r"(ln_f|norm)\.weight$", n)), None)
     if n_embd is None:
         raise ConversionError("config.json gives no width (n_embd / d_model / hidden_size) and no final norm shows it")
@@ -619,7 +612,7 @@ def convert_native_to_hf(ckpt_path, out_dir, dtype="float32", overwrite=False):
     """Write a GPTNeoXForCausalLM folder: config.json, model.safetensors, generation_config.json, tokenizer."""
     check_out(ckpt_path, out_dir, overwrite)
     model, ckpt = load_checkpoint(ckpt_path, "cpu")
-    check_finite(model.state_dict(), ckpt_path)
+    check_finite(model.state_dict(), ckpt_path, "convert")
     ckpt_dir = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
     entry = check_tokenizer_entry(ckpt.get("tokenizer"), ckpt_dir)
     try:

@@ -352,6 +352,8 @@ def check_config(c):
         raise ValueError(f"pad_token_id {c.pad_token_id} is outside [0, {c.vocab_size})")
     if not 0.0 <= c.dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {c.dropout}")
+    if not (type(c.rope_base) in (int, float) and math.isfinite(c.rope_base) and c.rope_base > 1):
+        raise ValueError(f"rope_base must be a number > 1 (the rotary base, 10000 in most models), got {c.rope_base!r}")
 
 
 # ----------------------------------------------------------------------------- fast decoding
@@ -414,6 +416,19 @@ class KVCache:
         self.k[layer].index_copy_(2, self.slot, k)
         self.v[layer].index_copy_(2, self.slot, v)
         return self.k[layer], self.v[layer], self.written  # the mask broadcasts over (B, H, 1, size)
+
+
+def memory_bytes(config, batch_size=0, positions=0, dtype=torch.float32):
+    """An upper bound on the memory GPT(config) takes besides its weights, built even on the meta device
+    (rotary tables of block_size positions, made from float64 angles; the code table; the lift), and with
+    batch_size > 0, a KVCache reaching `positions` (keys and values, its rotary tables of every position):
+    so a size that cannot fit is refused up front, with the number, not by the allocator."""
+    head_dim, item = config.n_embd // config.n_head, torch.empty((), dtype=dtype).element_size()
+    total = 32 * config.block_size * head_dim + 4 * config.vocab_size * config.code_bits + 8 * config.n_embd
+    if batch_size:
+        total += 2 * config.n_layer * batch_size * config.n_embd * min(positions, config.block_size) * item
+        total += 32 * positions * head_dim
+    return total
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):

@@ -18,18 +18,21 @@ block_size tokens (with a notice on stderr).
 """
 
 import math
+import os
+import stat
 import sys
 from dataclasses import dataclass
 
 import torch
 
-from checkpoint import load_checkpoint
-from common import config_parser, parse_settings, pick_device, run_main, setting
-from model import stream
+from checkpoint import check_finite, load_checkpoint
+from common import available_memory, config_parser, parse_settings, pick_device, run_main, setting
+from model import memory_bytes, stream
 from quantize import QUANTIZE, check_quantize, quantize_int8
 from tokenizer import load_text_codec
 
 CARD_PROMPT = "Question: What is the capital of France?\nAnswer:"  # the released models' card
+PROMPT_FILE_LIMIT = 16 * 2**20  # bytes; a prompt keeps only its last block_size tokens anyway
 
 
 @dataclass
@@ -85,6 +88,8 @@ def check_settings(cfg):
         raise ValueError(f"--temperature must be a number >= 0 (0 = greedy), got {cfg.temperature}")
     if cfg.top_p is not None and not 0 < cfg.top_p <= 1:
         raise ValueError(f"--top_p must be in (0, 1], got {cfg.top_p}")
+    if not -2**63 <= cfg.seed < 2**64:  # what torch.manual_seed takes
+        raise ValueError(f"--seed must be in [-2**63, 2**64), got {cfg.seed}")
     if cfg.max_new_tokens < 0 or cfg.num_samples < 1:
         raise ValueError("--max_new_tokens must be >= 0 and --num_samples >= 1")
     if cfg.top_k is not None and cfg.top_k <= 0:
@@ -92,8 +97,20 @@ def check_settings(cfg):
 
 
 def read_prompt_file(path):
+    """A regular UTF-8 file of at most PROMPT_FILE_LIMIT bytes: /dev/zero, a FIFO or a folder is refused by
+    name, not read until memory runs out."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise OSError(f"{path}: cannot read the prompt file ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO or socket)"
+        raise ValueError(f"{path}: the prompt file is {kind}: give a text file")
+    if st.st_size > PROMPT_FILE_LIMIT:
+        raise ValueError(f"{path}: the prompt file is {st.st_size:,} bytes, over the {PROMPT_FILE_LIMIT:,}-byte limit "
+                         "(a prompt keeps only its last block_size tokens)")
     with open(path, "rb") as f:
-        data = f.read()
+        data = f.read(PROMPT_FILE_LIMIT + 1)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -116,6 +133,16 @@ def prompt_ids(codec, prompt, block):
     return ids, prompt
 
 
+def check_fits(model, positions, device):
+    """Refuse up front a generation whose KV cache and rotary tables (model.memory_bytes) cannot fit in the
+    device's free memory, naming the numbers, instead of failing in the allocator."""
+    p = next(model.parameters())
+    need, free = memory_bytes(model.config, 1, positions, p.dtype), available_memory(device)
+    if free is not None and need > free:
+        raise ValueError(f"prompt + --max_new_tokens = {positions:,} positions need {need / 2**30:,.1f} GiB for the KV "
+                         f"cache and rotary tables, but {free / 2**30:,.1f} GiB is free on {device}: ask for fewer tokens")
+
+
 def main(argv=None):
     description, epilog = __doc__.strip().split("\n\n", 1)
     cfg = parse_settings(config_parser(SampleConfig, description, epilog), argv)
@@ -125,6 +152,7 @@ def main(argv=None):
     check_quantize(cfg.quantize, device, getattr(torch, cfg.dtype), cfg.compile)  # before reading the checkpoint
     torch.manual_seed(cfg.seed)
     model, ckpt = load_checkpoint(cfg.ckpt, device)
+    check_finite(model.state_dict(), cfg.ckpt, "sample from")  # a diverged model would print "!!!!!!" greedily
     model = model.to(getattr(torch, cfg.dtype)).eval()
     if cfg.quantize:
         model = quantize_int8(model)
@@ -132,6 +160,7 @@ def main(argv=None):
     if not (cfg.prompt_file or prompt):
         prompt = default_prompt(ckpt)
     ids, prompt = prompt_ids(codec, prompt, model.config.block_size)
+    check_fits(model, len(ids) + cfg.max_new_tokens, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
 
     for n in range(cfg.num_samples):

@@ -523,6 +523,9 @@ def test_out_of_range_ids_name_the_id_and_the_vocabulary(bad_id):
         ({"input": "onehot"}, "unknown input 'onehot'"),
         ({"layout": "spiral"}, "unknown layout 'spiral'"),
         ({"pad_token_id": 512}, "pad_token_id 512 is outside"),
+        ({"rope_base": 0.0}, r"rope_base must be a number > 1 \(the rotary base, 10000 in most models\), got 0.0"),
+        ({"rope_base": -10000.0}, "rope_base must be a number > 1"),
+        ({"rope_base": float("nan")}, "rope_base must be a number > 1"),
     ],
 )
 def test_bad_config_is_refused_clearly(overrides, message):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 import tiktoken
@@ -181,7 +182,8 @@ def test_bad_input_ends_in_one_error_line(native, tmp_path, capsys):
         (["--ckpt", folder, "--top_p", "0"], "error: --top_p must be in (0, 1], got 0.0"),
         (["--ckpt", folder, "--temperature", "nan"], "error: --temperature must be a number >= 0 (0 = greedy), got nan"),
         (["--ckpt", folder, "--device", no_gpu], f"error: device '{no_gpu}' asked for, but"),
-        (["--ckpt", folder, "--prompt_file", str(tmp_path / "missing.txt")], f"error: [Errno 2] No such file or directory: '{tmp_path / 'missing.txt'}'"),
+        (["--ckpt", folder, "--prompt_file", str(tmp_path / "missing.txt")],
+         f"error: {tmp_path / 'missing.txt'}: cannot read the prompt file (No such file or directory)"),
         (["--ckpt", folder, "--prompt_file", str(latin1)], f"error: {latin1}: not UTF-8 text (byte 3: invalid continuation byte)"),
     ]
     r = run_sample(*cases[0][0])  # the command line itself, once (a subprocess costs seconds)
@@ -190,6 +192,50 @@ def test_bad_input_ends_in_one_error_line(native, tmp_path, capsys):
         assert run_main(sample.main, args) == 1, args
         out = capsys.readouterr()
         assert out.out == "" and out.err.count("\n") == 1 and out.err.startswith(message), (args, out.err)
+
+
+def test_nonfinite_weights_are_refused_naming_the_tensor(native, tmp_path):
+    model, _, _ = native
+    state = checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": None})
+    state["model"] = {k: v.clone() for k, v in state["model"].items()}
+    state["model"]["blocks.1.mlp.proj.weight"][3, 5] = float("nan")
+    torch.save(state, tmp_path / "ckpt.pt")
+    r = run_sample("--ckpt", str(tmp_path), "--temperature", "0", "--device", "cpu")
+    assert (r.returncode, r.stdout) == (1, "")  # not "hi!!!!!!!!"
+    assert r.stderr == (f"error: {tmp_path} holds NaN or inf values in blocks.1.mlp.proj.weight: refusing to sample from "
+                        "a diverged or corrupt checkpoint\n")
+
+
+def test_sizes_that_cannot_fit_are_refused_up_front(native, tmp_path, capsys):
+    """A generation, a model_config or a prompt file bigger than the machine: one line with the number,
+    at once (no allocator error, no hour building a billion blocks, no MemoryError)."""
+    model, folder, _ = native
+    r = run_sample("--ckpt", folder, "--device", "cpu", "--max_new_tokens", "1000000000")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert re.fullmatch(r"error: prompt \+ --max_new_tokens = 1,000,000,001 positions need 476\.8 GiB for the KV cache "
+                        r"and rotary tables, but [\d,.]+ GiB is free on cpu: ask for fewer tokens\n", r.stderr), r.stderr
+    for name, value, message in [
+        ("n_layer", 10**9, "its model_config says n_layer 1,000,000,000, but its weights hold 2 blocks"),
+        ("block_size", 10**12, r"its model_config \(block_size 1,000,000,000,000, vocab_size 50,304, n_embd 32\) needs "
+                               r"476,837\.2 GiB of tables besides its weights; [\d,.]+ GiB is free")]:
+        state = checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": None})
+        state["model_config"][name] = value
+        torch.save(state, tmp_path / "big.pt")
+        assert run_main(sample.main, ["--ckpt", str(tmp_path / "big.pt"), "--device", "cpu"]) == 1
+        out = capsys.readouterr()
+        assert out.out == "" and re.fullmatch(rf"error: {re.escape(str(tmp_path / 'big.pt'))}: {message}\n", out.err), out.err
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "huge.txt").touch()
+    os.truncate(tmp_path / "huge.txt", 17 * 2**20)  # sparse: no disk used
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    for path, what in [("/dev/zero", "is not a regular file (a device, FIFO or socket): give a text file"),
+                       (tmp_path / "zero", "is not a regular file (a device, FIFO or socket): give a text file"),
+                       (tmp_path / "fifo", "is not a regular file (a device, FIFO or socket): give a text file"),
+                       (tmp_path, "is a folder: give a text file"),
+                       (tmp_path / "huge.txt", "is 17,825,792 bytes, over the 16,777,216-byte limit (a prompt keeps only "
+                                               "its last block_size tokens)")]:
+        assert run_main(sample.main, ["--ckpt", folder, "--device", "cpu", "--prompt_file", str(path)]) == 1
+        assert capsys.readouterr() == ("", f"error: {path}: the prompt file {what}\n")
 
 
 def test_no_arguments_samples_what_train_py_just_wrote(native, tmp_path):

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 import torch
 
+import prepare_data
 import train
-from common import run_main
+from common import LOCK_NAME, run_main
 from checkpoint import load_checkpoint
 from model import GPT
 from prepare_data import ShardError, prepare, write_shard
@@ -82,6 +83,12 @@ def train_log(out_dir, event="train"):
 
 def weights(out_dir, name="ckpt.pt"):
     return torch.load(Path(out_dir) / name, weights_only=True)["model"]
+
+
+def files(folder):
+    """{name: bytes} of every file in folder but the writer lock (common.writer_lock), which holds the pid of
+    the last process that took it."""
+    return {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file() and p.name != LOCK_NAME}
 
 
 def copy_data(data_dir, tmp_path):
@@ -325,12 +332,12 @@ def test_checkpoints_of_another_shape_name_the_file(data_dir, tmp_path, capsys):
 # ----------------------------------------------------------------------------- nothing lost, nothing silent
 def test_a_fresh_run_never_replaces_a_checkpoint(data_dir, tmp_path):
     train.train(config(data_dir, tmp_path, max_steps=5))
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    before = files(tmp_path)
     assert {"ckpt.pt", "best.pt", "log.jsonl"} <= before.keys()
     rc, out, err = cli(*flags(data_dir, tmp_path, max_steps=3))
     assert (rc, out, err) == (1, "", f"error: {tmp_path / 'ckpt.pt'} exists: continue that run with --resume, "
                                      "or start afresh and replace it with --overwrite\n")
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert files(tmp_path) == before
     train.train(config(data_dir, tmp_path, max_steps=3, overwrite=True))
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 3
 
@@ -392,6 +399,191 @@ def test_resume_on_data_of_another_tokenizer_says_so(data_dir, tmp_path, capsys)
                                        "with --encoding gpt2 --vocab_size 512\n")
     assert ckpt.read_bytes() == before
     expect_error(config(d, tmp_path / "ft", init_from=str(ckpt)), "says r50k_base at vocab_size 512")
+
+
+def test_a_second_run_into_a_busy_out_dir_is_refused(data_dir, tmp_path):
+    """Two real processes, one out_dir: the second is refused by name and pid; the first finishes intact."""
+    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *flags(data_dir, tmp_path, max_steps=100000,
+                              eval_interval=0, save_interval=0, log_interval=1)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in first.stdout:
+        if line.startswith("step 2/"):
+            break
+    rc, out, err = cli(*flags(data_dir, tmp_path, max_steps=3))
+    assert (rc, out, err) == (1, "", f"error: {tmp_path} is being written by another process (pid {first.pid}); "
+                                     "wait for it to finish or choose another folder\n")
+    rc, out, err = cli(*flags(data_dir, tmp_path, max_steps=3, overwrite=True))  # not even with --overwrite
+    assert rc == 1 and err.startswith(f"error: {tmp_path} is being written by another process")
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    steps = [e["step"] for e in train_log(tmp_path)]
+    assert len(train_log(tmp_path, "start")) == 1 and steps == list(range(1, steps[-1] + 1))
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == steps[-1]
+
+
+def test_a_save_killed_with_sigkill_leaves_a_temp_file_the_next_run_removes(data_dir, tmp_path):
+    train.train(config(data_dir, tmp_path, max_steps=2, eval_interval=0))
+    good = (tmp_path / "ckpt.pt").read_bytes()
+    (tmp_path / "ckpt.pt.tmp_notes").write_text("the user's file")  # not a temp file of ours: kept
+    kill_mid_save = ("import os, signal, sys, torch, train\n"
+                     "def save(obj, f):\n    f.write(b'half a checkpoint'); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+                     "torch.save = save\nsys.exit(train.main(sys.argv[1:]))\n")
+    killed = subprocess.run([sys.executable, "-c", kill_mid_save, *flags(data_dir, tmp_path, max_steps=4, eval_interval=0,
+                             resume=True)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    left = sorted(p.name for p in tmp_path.iterdir() if ".tmp" in p.name)
+    assert len(left) == 2 and re.fullmatch(r"ckpt\.pt\.tmp\d+", left[0]) and left[1] == "ckpt.pt.tmp_notes"
+    assert (tmp_path / "ckpt.pt").read_bytes() == good
+    rc, out, err = cli(*flags(data_dir, tmp_path, max_steps=4, eval_interval=0, resume=True))
+    assert (rc, err) == (0, ""), err
+    assert sorted(p.name for p in tmp_path.iterdir() if ".tmp" in p.name) == ["ckpt.pt.tmp_notes"]
+    assert (tmp_path / "ckpt.pt.tmp_notes").read_text() == "the user's file"
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 4
+
+
+def test_a_fresh_run_keeps_the_log_of_a_run_that_saved_nothing(data_dir, tmp_path):
+    assert run_main(train.main, flags(data_dir, tmp_path, lr=1e6, save_interval=1, eval_interval=0)) == 1  # diverges
+    log = (tmp_path / "log.jsonl").read_bytes()
+    assert b'"diverged"' in log and not (tmp_path / "ckpt.pt").exists()
+    rc, out, err = cli(*flags(data_dir, tmp_path, max_steps=2))
+    assert (rc, out, err) == (1, "", f"error: {tmp_path / 'log.jsonl'} holds the log of an earlier run, which saved no "
+                                     "checkpoint: keep it by choosing another out_dir, or replace it with --overwrite\n")
+    assert (tmp_path / "log.jsonl").read_bytes() == log
+    assert cli(*flags(data_dir, tmp_path, max_steps=2, overwrite=True))[0] == 0
+    assert not train_log(tmp_path, "diverged") and train_log(tmp_path)[-1]["step"] == 2
+
+
+def test_an_overwrite_leaves_no_best_pt_of_the_replaced_run(data_dir, tmp_path):
+    train.train(config(data_dir, tmp_path, max_steps=5))
+    assert (tmp_path / "best.pt").is_file()
+    rc, out, err = cli(*flags(data_dir, tmp_path, max_steps=2, n_layer=1, eval_interval=0, overwrite=True))
+    assert (rc, err) == (0, ""), err
+    assert sorted(files(tmp_path)) == ["ckpt.pt", "log.jsonl"]
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["model_config"]["n_layer"] == 1
+
+
+def test_bfloat16_on_a_cpu_trains_in_bfloat16(data_dir, tmp_path):
+    """--dtype bfloat16 autocasts on the CPU too: other losses than float32's, all finite."""
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        rc, out, err = cli(*flags(data_dir, tmp_path / dtype, max_steps=4, eval_interval=0, dtype=dtype))
+        assert (rc, err) == (0, "") and f"1 process(es) on cpu, {dtype} |" in out, err
+        losses[dtype] = [e["loss"] for e in train_log(tmp_path / dtype)]
+    assert all(map(math.isfinite, losses["bfloat16"])) and len(losses["bfloat16"]) == 4
+    assert all(abs(a - b) > 1e-7 for a, b in zip(losses["float32"], losses["bfloat16"]))
+    assert max(abs(a - b) for a, b in zip(losses["float32"], losses["bfloat16"])) < 0.05  # the same run, rounded
+
+
+def test_resume_on_other_data_is_refused(data_dir, tmp_path):
+    d = copy_data(data_dir, tmp_path)
+    run = tmp_path / "run"
+    train.train(config(d, run, max_steps=2))
+    before = files(run)
+    (tmp_path / "other.txt").write_text("another corpus entirely, prepared into the same folder\n" * 400)
+    assert run_main(prepare_data.main, [str(tmp_path / "other.txt"), "--out", str(d), "--overwrite", "--vocab_size", "512",
+                                        "--workers", "1"]) == 0
+    saved = torch.load(run / "ckpt.pt", weights_only=True)["data"]["fingerprint"]
+    rc, out, err = cli(*flags(d, run, max_steps=4, resume=True))
+    assert (rc, out) == (1, "")
+    assert re.fullmatch(rf"error: {re.escape(str(run / 'ckpt.pt'))} was reading other data than {re.escape(str(d))} now "
+                        rf"holds \(fingerprint {saved}, now [0-9a-f]{{16}}: meta.json or the shards changed\): its saved "
+                        r"position would index other windows. Resume on the data it was reading, or start from its "
+                        r"weights with --init_from\n", err), err
+    assert files(run) == before
+    # a checkpoint written before fingerprints still resumes, and says it cannot check
+    ckpt = torch.load(run / "ckpt.pt", weights_only=True)
+    del ckpt["data"]["fingerprint"]
+    torch.save(ckpt, run / "ckpt.pt")
+    rc, out, err = cli(*flags(data_dir, run, max_steps=3, resume=True))
+    assert (rc, err) == (0, f"note: {run / 'ckpt.pt'} predates data fingerprints: cannot check that {data_dir} holds "
+                            "the data it was reading\n")
+
+
+def test_fine_tuning_a_tokenizer_json_model_on_tiktoken_data_is_refused(data_dir, tmp_path):
+    train.train(config(data_dir, tmp_path / "run", max_steps=1, eval_interval=0))
+    release = tmp_path / "release"
+    release.mkdir()
+    ckpt = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)
+    torch.save({"model": ckpt["model"], "model_config": ckpt["model_config"],
+                "tokenizer": {"kind": "hf", "file": "tokenizer.json"}}, release / "ckpt.pt")
+    rc, out, err = cli(*flags(data_dir, tmp_path / "ft", init_from=release / "ckpt.pt"))
+    assert (rc, out) == (1, "")
+    assert err == (f"error: {release / 'ckpt.pt'}: its tokenizer is a tokenizer.json ('tokenizer.json'), but "
+                   f"{data_dir / 'meta.json'} says the data was made with tiktoken's gpt2: the same ids would mean other "
+                   "text. prepare_data.py writes tiktoken data only, so this model cannot be trained on it here\n")
+    assert not (tmp_path / "ft").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--grad_clip=nan"], "grad_clip must be a finite number >= 0 (0: no clipping), got nan"),
+    (["--grad_clip=-1"], "grad_clip must be a finite number >= 0 (0: no clipping), got -1.0"),
+    (["--lr=inf"], "lr must be a finite number >= 0, got inf"),
+    (["--beta2=1"], "beta2 must be in [0, 1), got 1.0"),
+    (["--seed=-1"], "seed must be in [0, 2**63), got -1"),  # failed mid-run: numpy's order takes no negative seed
+    (["--rope_base=0"], "preset 'tiny' with vocab_size 512 (from {meta} unless --vocab_size): rope_base must be a number "
+                        "> 1 (the rotary base, 10000 in most models), got 0.0"),
+    (["--rope_base=-5"], "preset 'tiny' with vocab_size 512 (from {meta} unless --vocab_size): rope_base must be a number "
+                         "> 1 (the rotary base, 10000 in most models), got -5.0"),
+])
+def test_settings_that_cannot_work_are_refused_not_turned_off(data_dir, tmp_path, capsys, argv, message):
+    assert run_main(train.main, flags(data_dir, tmp_path / "out") + argv) == 1
+    assert capsys.readouterr().err == f"error: {message.format(meta=data_dir / 'meta.json')}\n"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag, counts", [("--n_layer=1000000000", "12,288,000,016,384 parameters"),
+                                          ("--batch_size=1000000000", "logits of 1,000,000,000 x 32 tokens")])
+def test_a_run_that_cannot_fit_is_refused_before_building(data_dir, tmp_path, capsys, flag, counts):
+    """A billion layers built for hours; a billion sequences ended in the OOM killer (exit -9)."""
+    assert run_main(train.main, flags(data_dir, tmp_path) + [flag]) == 1
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"error: this run needs at least [\d,.]+ GiB \(.*{counts}.*\), but [\d,.]+ GiB is free on cpu: "
+                        r"train a smaller model or batch\n", err), err
+    assert not tmp_path.joinpath("ckpt.pt").exists()
+
+
+def test_a_grad_clip_of_nan_is_refused_on_the_command_line(data_dir, tmp_path):
+    assert cli(*flags(data_dir, tmp_path, grad_clip="nan")) == (
+        1, "", "error: grad_clip must be a finite number >= 0 (0: no clipping), got nan\n")
+
+
+def test_rank_without_torchrun(data_dir, tmp_path):
+    """Some cluster shells set RANK alone: one process, said once; a WORLD_SIZE > 1 without torchrun is refused."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    run = subprocess.run([sys.executable, str(ROOT / "train.py"), *flags(data_dir, tmp_path / "a", max_steps=1)],
+                         env={**env, "RANK": "3"}, capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stderr) == (0, "note: the environment sets RANK=3 but not LOCAL_RANK, WORLD_SIZE: not a "
+                                               "torchrun launch, so this is one process\n")
+    assert "1 process(es) on cpu" in run.stdout
+    run = subprocess.run([sys.executable, str(ROOT / "train.py"), *flags(data_dir, tmp_path / "b", max_steps=1)],
+                         env={**env, "RANK": "3", "WORLD_SIZE": "4"}, capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stdout, run.stderr) == (1, "", "error: the environment sets WORLD_SIZE=4 but not LOCAL_RANK: "
+                                                               "start multi-process runs with torchrun\n")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda c: c["data"].pop("position"), "cannot resume: 'data' has no whole-number 'position' >= 0 (a checkpoint of "
+                                          "another program or version?); start from its weights with --init_from"),
+    (lambda c: c.update(rng={"torch": 1}), "cannot resume: 'rng' is not a list of RNG states (torch, cuda, python, numpy) "
+                                          "per process (a checkpoint of another program or version?); start from its "
+                                          "weights with --init_from"),
+    (lambda c: c.update(step="4"), "cannot resume: 'step' is not a whole number >= 0 (a checkpoint of another program or "
+                                   "version?); start from its weights with --init_from"),
+    (lambda c: c.update(model_config=list(c["model_config"].values())),
+     "its 'model_config' entry is not a dict of GPTConfig fields (a list)"),
+    (lambda c: c.update(tokenizer=["gpt2"]), "unknown tokenizer entry ['gpt2']"),
+    (lambda c: c["rng"][0].update(numpy=[1, 2]), "its RNG state of rank 0 is unreadable (not enough values to unpack "
+                                                  "(expected 5, got 2))"),
+])
+def test_a_checkpoint_of_another_shape_is_one_line_naming_the_entry(data_dir, tmp_path, capsys, damage, message):
+    train.train(config(data_dir, tmp_path, max_steps=1, eval_interval=0))
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    damage(ckpt)
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    capsys.readouterr()
+    assert run_main(train.main, flags(data_dir, tmp_path, max_steps=2, resume=True)) == 1
+    assert capsys.readouterr().err == f"error: {tmp_path / 'ckpt.pt'}: {message}\n"
 
 
 @pytest.mark.parametrize("fault", ["second Ctrl-C", "full disk"])

@@ -13,6 +13,7 @@ calls (divergence, a good state before each save, signals, exact resume, tokeniz
 labelled sections at the bottom, each with its rule in its docstring.
 """
 
+import hashlib
 import json
 import math
 import os
@@ -20,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 
@@ -29,13 +30,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import atomic_torch_save, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
-from common import config_parser, parse_settings, peak_flops, pick_device, run_main, setting
-from model import GPT, GPTConfig, get_config
+from checkpoint import atomic_torch_save, check_buildable, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
+from common import (LOCK_NAME, available_memory, config_parser, one_line, parse_settings, peak_flops, pick_device, run_main,
+                    setting, writer_lock)
+from model import GPT, GPTConfig, get_config, memory_bytes
 from prepare_data import ShardError, load_meta, read_shard
 from tokenizer import tiktoken_entry
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # TrainConfig overrides each; None keeps the preset's
+OUTPUTS = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run writes in out_dir, and all it ever replaces or removes there
 
 
 # ----------------------------------------------------------------------------- settings
@@ -43,7 +46,7 @@ MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # TrainConfig overrides
 class TrainConfig:
     # data and output
     data_dir: str = setting("data/shakespeare", "folder written by prepare_data.py (meta.json + shards)")
-    out_dir: str = setting("out", "where ckpt.pt, best.pt and log.jsonl go")
+    out_dir: str = setting("out", "where ckpt.pt, best.pt and log.jsonl go (one run at a time: a second is refused)")
     preset: str = setting("small", "model preset from model.PRESETS: paper | small | tiny")
     # model overrides: None keeps the checkpoint's value (resume/init_from), else the preset's;
     # vocab_size None takes the data's meta.json
@@ -70,7 +73,7 @@ class TrainConfig:
     weight_decay: float = setting(0.1, "AdamW weight decay (matrices only)")
     beta1: float = setting(0.9, "AdamW beta1")
     beta2: float = setting(0.95, "AdamW beta2")
-    grad_clip: float = setting(1.0, "clip the global gradient norm to this (0: off)")
+    grad_clip: float = setting(1.0, "clip the global gradient norm to this (0: off; negative or nan is refused)")
     # evaluation, logging, checkpoints
     eval_interval: int = setting(50, "evaluate every this many steps, and at the end (0: never)")
     eval_steps: int = setting(8, "validation batches per process per evaluation")
@@ -79,11 +82,13 @@ class TrainConfig:
     # system
     seed: int = setting(1337, "seed of the model init, the data order and dropout")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps (under torchrun: cuda:LOCAL_RANK)")
-    dtype: str = setting("auto", "auto | float32 | bfloat16 (bf16 autocast on CUDA; auto: bf16 where supported)")
+    dtype: str = setting("auto", "auto | float32 | bfloat16 (bfloat16: autocast on CUDA or CPU, weights stay float32; "
+                                 "auto: bfloat16 on a CUDA GPU that supports it, else float32)")
     compile: bool = setting(False, "torch.compile the model")
     peak_flops: float | None = setting(None, "peak FLOP/s of one device for MFU (default: a table of GPUs; none on CPU)")
     resume: bool = setting(False, "continue from out_dir/ckpt.pt (model, optimizer, step, data position, RNG)")
-    overwrite: bool = setting(False, "start afresh even though out_dir holds a checkpoint (it is replaced at the first save)")
+    overwrite: bool = setting(False, "start afresh in an out_dir that holds an earlier run: its log.jsonl and best.pt "
+                                     "are removed at the start, its ckpt.pt replaced at the first save")
     init_from: str | None = setting(None, "start from this checkpoint's weights (fine-tuning): fresh optimizer, step 0")
 
 
@@ -203,6 +208,7 @@ class Run:
     val_split: Split
     autocast: object
     tokenizer: dict  # the data's, saved with every checkpoint
+    data_id: str  # the data's fingerprint (data_fingerprint), saved with every checkpoint
     log: "Log"
 
     @property
@@ -226,25 +232,31 @@ class State:
     saved_step: int | None = None  # of ckpt.pt
 
 
-def set_up(cfg, rank, world, device, distributed):
-    """Check the settings, read the data and the checkpoint to start from, build model and optimizer -> Run, State."""
+def set_up(cfg, rank, world, device, distributed, held):
+    """Check the settings, read the data and the checkpoint to start from, build model and optimizer -> Run, State.
+    Rank 0 takes out_dir's writer lock into `held`, an ExitStack that train() keeps open until the run ends."""
     # settings
     check_settings(cfg)
     dtype = pick_dtype(cfg, device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
-    # data, and the checkpoint to start from (--resume or --init_from)
+    # data, and the checkpoint to start from (--resume or --init_from): read only, so a refusal writes nothing
     meta = read_meta(cfg.data_dir)
     source = os.path.join(cfg.out_dir, "ckpt.pt") if cfg.resume else cfg.init_from
+    read = file_stamp(source) if cfg.resume else None  # which ckpt.pt this run continues
     ckpt = read_checkpoint(source) if source else None
     if ckpt is not None:
         check_tokenizer(ckpt, meta, source, cfg.data_dir)
     mcfg = model_config(cfg, meta, ckpt, source)
+    if ckpt is not None:
+        check_buildable(mcfg, ckpt["model"], source)  # a model_config of another writer may ask for a billion blocks
+    check_fits(cfg, mcfg, world, device)  # a billion layers or sequences is refused, not built until the OOM killer comes
     if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
         print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
     train_split = Split(cfg.data_dir, meta, "train", mcfg.block_size, mcfg.vocab_size)
     val_split = Split(cfg.data_dir, meta, "val", mcfg.block_size, mcfg.vocab_size)
+    claim_out_dir(cfg, held if rank == 0 else None, read)  # one writer per out_dir; nothing replaced silently
 
     # model and optimizer
     torch.manual_seed(cfg.seed + rank)  # rank 0's init is every rank's (DDP broadcasts it); dropout differs
@@ -255,18 +267,16 @@ def set_up(cfg, rank, world, device, distributed):
     model = torch.compile(raw_model) if cfg.compile else raw_model
     if distributed:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    # precision: bf16 autocast on CUDA (weights and optimizer stay float32), plain float32 elsewhere
-    use_amp = device.type == "cuda" and dtype == "bfloat16"
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else nullcontext()
+    # precision: bf16 autocast (weights and optimizer stay float32), or plain float32
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
     log = Log(cfg, rank == 0, world, mcfg.block_size, raw_model.flops_per_token(mcfg.block_size), cfg.peak_flops or peak_flops(device))
     run = Run(cfg, rank, world, device, distributed, model, raw_model, optimizer, train_split, val_split, autocast,
-              tiktoken_entry(meta), log)
+              tiktoken_entry(meta), data_fingerprint(cfg.data_dir, meta), log)
     state = State()
     if cfg.resume:
         restore(run, state, ckpt, source)
     if rank == 0:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        log.file = open(os.path.join(cfg.out_dir, "log.jsonl"), "a" if cfg.resume else "w")
+        log.file = open_outputs(cfg)  # log.jsonl; an overwrite removes the replaced run's best.pt
         n = raw_model.num_params()
         print(f"{mcfg.n_layer} layers x {mcfg.n_embd}, input={mcfg.input}, vocab {mcfg.vocab_size}: "
               f"{n['trainable']:,} trainable, {n['frozen']:,} frozen values | {world} process(es) on {device}, {dtype} | "
@@ -283,17 +293,18 @@ def train(cfg: TrainConfig) -> dict:
     rank, world, device, distributed = start_processes(cfg)
     try:
         t_start = time.time()
-        run, state = set_up(cfg, rank, world, device, distributed)
-        try:
-            loss, stopping = loop(run, state)
-            summary = {"steps": state.step, "tokens": state.position * run.raw_model.config.block_size,
-                       "first_val_loss": state.first_val, "final_val_loss": state.val_loss,
-                       "best_val_loss": state.best_val, "final_train_loss": loss,
-                       "interrupted": stopping and state.step < cfg.max_steps, "wall_s": time.time() - t_start,
-                       "tokens_per_s": run.log.tokens_per_s(), "out_dir": cfg.out_dir}
-            run.log.record(event="end", **summary)
-        finally:
-            run.log.close()
+        with ExitStack() as held:  # out_dir's writer lock (rank 0), released when the run ends
+            run, state = set_up(cfg, rank, world, device, distributed, held)
+            try:
+                loss, stopping = loop(run, state)
+                summary = {"steps": state.step, "tokens": state.position * run.raw_model.config.block_size,
+                           "first_val_loss": state.first_val, "final_val_loss": state.val_loss,
+                           "best_val_loss": state.best_val, "final_train_loss": loss,
+                           "interrupted": stopping and state.step < cfg.max_steps, "wall_s": time.time() - t_start,
+                           "tokens_per_s": run.log.tokens_per_s(), "out_dir": cfg.out_dir}
+                run.log.record(event="end", **summary)
+            finally:
+                run.log.close()
         if rank == 0:
             print(f"done: step {state.step}, {summary['tokens']:,} tokens, val loss {state.val_loss}, "
                   f"best {state.best_val}; {summary['wall_s']:.0f}s; checkpoint {run.ckpt_path}")
@@ -417,8 +428,7 @@ class Log:
 def start_processes(cfg):
     """-> rank, world size, device, distributed. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; each rank
     gets one GPU (cuda:LOCAL_RANK unless --device names one) and joins the process group."""
-    distributed = "RANK" in os.environ  # launched by torchrun
-    rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if distributed else (0, 0, 1)
+    rank, local_rank, world, distributed = launch()
     device = pick_device(cfg.device)
     if distributed and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank)  # one GPU per rank
@@ -429,31 +439,88 @@ def start_processes(cfg):
     return rank, world, device, distributed
 
 
+def launch():
+    """-> rank, local rank, world size, distributed, from the environment. A torchrun launch sets all three
+    of RANK, LOCAL_RANK and WORLD_SIZE; some cluster shells set RANK alone: with WORLD_SIZE unset or 1 that
+    is one process (said on stderr), with WORLD_SIZE > 1 an error (start the processes with torchrun)."""
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    env = {k: os.environ[k] for k in names if k in os.environ}
+    values = {}
+    for k, v in env.items():
+        if not (v.strip().isdigit() and (k != "WORLD_SIZE" or int(v) >= 1)):
+            raise ValueError(f"the environment sets {k}={v!r}: expected a whole number (torchrun sets it)")
+        values[k] = int(v)
+    if len(env) == 3:
+        if values["RANK"] >= values["WORLD_SIZE"]:
+            raise ValueError(f"the environment sets RANK={values['RANK']} but WORLD_SIZE={values['WORLD_SIZE']}")
+        return values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"], True
+    if env:
+        unset = ", ".join(k for k in names if k not in env)
+        if values.get("WORLD_SIZE", 1) > 1:
+            raise ValueError(f"the environment sets WORLD_SIZE={values['WORLD_SIZE']} but not {unset}: start "
+                             "multi-process runs with torchrun")
+        print(f"note: the environment sets {', '.join(f'{k}={v}' for k, v in env.items())} but not {unset}: "
+              "not a torchrun launch, so this is one process", file=sys.stderr)
+    return 0, 0, 1, False
+
+
 def pick_dtype(cfg, device):
-    """--dtype auto: bfloat16 where CUDA supports it, else float32."""
+    """--dtype auto: bfloat16 on a CUDA GPU that supports it, else float32. bfloat16 is autocast on CUDA and
+    CPU; elsewhere (MPS) it is refused rather than run in float32 under its name."""
     dtype = cfg.dtype
     if dtype == "auto":
         dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
+    if dtype == "bfloat16" and device.type not in ("cuda", "cpu"):
+        raise ValueError(f"--dtype bfloat16 runs on CUDA and CPU here, not on {device.type}: use --dtype float32")
     return dtype
 
 
 # ----------------------------------------------------------------------------- checks on the settings
 def check_settings(cfg):
-    """Counts in range, and a fresh run refuses an out_dir that holds a checkpoint unless --overwrite
-    (--resume continues it instead)."""
+    """Counts and rates in range: a value the run cannot use is refused, never read as 'off' or 'never'."""
     for name in ("batch_size", "grad_accum", "eval_steps", "log_interval"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     for name in ("max_steps", "eval_interval", "save_interval", "warmup_steps"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
+    for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+        if not (math.isfinite(getattr(cfg, name)) and getattr(cfg, name) >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0{' (0: no clipping)' if name == 'grad_clip' else ''}, "
+                             f"got {getattr(cfg, name)}")
+    for name in ("beta1", "beta2"):
+        if not 0 <= getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
+    if not 0 <= cfg.seed < 2**63:  # numpy's data order takes no negative seed, torch none past 2**64
+        raise ValueError(f"seed must be in [0, 2**63), got {cfg.seed}")
+    if cfg.lr_decay_steps is not None and cfg.lr_decay_steps < 1:
+        raise ValueError(f"lr_decay_steps must be at least 1 (or none: max_steps), got {cfg.lr_decay_steps}")
+    if cfg.peak_flops is not None and not (math.isfinite(cfg.peak_flops) and cfg.peak_flops > 0):
+        raise ValueError(f"peak_flops must be a finite number > 0 (or none), got {cfg.peak_flops}")
     if cfg.resume and cfg.overwrite:
         raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces it: pass one of them")
-    taken = [p for p in (os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "best.pt")) if os.path.exists(p)]
-    if taken and not (cfg.resume or cfg.overwrite):
-        raise ValueError(f"{taken[0]} exists: continue that run with --resume, or start afresh and replace it with --overwrite")
+
+
+def check_fits(cfg, mcfg, world, device):
+    """Refuse a model or batch that cannot fit, before building it, with the numbers: a lower bound of what
+    training holds (weights, gradients and AdamW's two moments, 16 bytes a parameter, counting only the
+    blocks' 12 n_embd^2 and the head; a micro-batch's logits at 2 bytes or more; what GPT builds besides
+    its weights) against the device's free memory, and the validation windows' ids against the CPU's."""
+    params = mcfg.n_layer * 12 * mcfg.n_embd**2 + mcfg.vocab_size * mcfg.n_embd
+    need = 16 * params + 2 * cfg.batch_size * mcfg.block_size * mcfg.vocab_size + memory_bytes(mcfg)
+    free = available_memory(device)
+    if free is not None and need > free:
+        raise ValueError(f"this run needs at least {need / 2**30:,.1f} GiB ({params:,} parameters with their gradients "
+                         f"and AdamW state, and logits of {cfg.batch_size:,} x {mcfg.block_size:,} tokens over "
+                         f"{mcfg.vocab_size:,}), but {free / 2**30:,.1f} GiB is free on {device}: train a smaller model "
+                         "or batch")
+    ids, free = 8 * cfg.eval_steps * cfg.batch_size * world, available_memory(torch.device("cpu"))
+    if free is not None and ids > free:
+        raise ValueError(f"eval_steps {cfg.eval_steps:,} x batch_size {cfg.batch_size:,} x {world} process(es) validation "
+                         f"windows need {ids / 2**30:,.1f} GiB for their ids alone, but {free / 2**30:,.1f} GiB is free: "
+                         "evaluate fewer batches")
 
 
 def read_meta(data_dir):
@@ -464,10 +531,19 @@ def read_meta(data_dir):
 
 
 def check_tokenizer(ckpt, meta, source, data_dir):
-    """A token id means what the checkpoint's tokenizer says: the data must come from the same one."""
-    theirs = ckpt.get("tokenizer") or {}
-    if theirs.get("kind") != "tiktoken":
+    """A token id means what the checkpoint's tokenizer says: the data must come from the same one. Data
+    prepared here is tiktoken's, so a converted release (its tokenizer a tokenizer.json) is refused."""
+    theirs, meta_path = ckpt.get("tokenizer"), os.path.join(data_dir, "meta.json")
+    if theirs is None:
+        print(f"note: {source} names no tokenizer: its token ids are taken to mean what {meta_path} says", file=sys.stderr)
         return
+    if not isinstance(theirs, dict) or theirs.get("kind") not in ("tiktoken", "hf"):
+        raise ValueError(f"{source}: unknown tokenizer entry {one_line(repr(theirs), 80)}")
+    if theirs["kind"] == "hf":
+        raise ValueError(f"{source}: its tokenizer is a tokenizer.json ({one_line(repr(theirs.get('file')), 80)}), but "
+                         f"{meta_path} says the data was made with tiktoken's {meta['encoding']}: the same ids would "
+                         "mean other text. prepare_data.py writes tiktoken data only, so this model cannot be trained "
+                         "on it here")
     theirs, ours = tiktoken_entry({"reserve_zero": False, **theirs}), tiktoken_entry(meta)  # an old entry: plain ids
     if theirs != ours:
         flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + ("" if theirs["reserve_zero"] else " --no-reserve_zero")
@@ -496,6 +572,57 @@ def model_config(cfg, meta, ckpt, path):
         return replace(GPTConfig(**theirs), **asked)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: bad model_config in checkpoint: {e}") from None
+
+
+# ----------------------------------------------------------------------------- out_dir: one writer, nothing lost
+def claim_out_dir(cfg, held, read):
+    """Make rank 0 (`held`: train()'s ExitStack) out_dir's one writer until the run ends: common.writer_lock
+    refuses a second run into it, even one started in the same second, and removes the temp files of a
+    writer killed mid-save. What out_dir holds is checked (check_out_dir) under the lock; a folder no run
+    has locked yet is checked before it too, so a refusal leaves a user's folder exactly as it was. A
+    resumed run read ckpt.pt before the lock (`read`: its file_stamp): another run may have saved it since."""
+    if not os.path.exists(os.path.join(cfg.out_dir, LOCK_NAME)):
+        check_out_dir(cfg)
+    if held is not None:
+        held.enter_context(writer_lock(cfg.out_dir, outputs=OUTPUTS))
+        check_out_dir(cfg)
+        ckpt = os.path.join(cfg.out_dir, "ckpt.pt")
+        if read is not None and file_stamp(ckpt) != read:
+            raise ValueError(f"{ckpt} was replaced by another run while this one started: resume again")
+
+
+def file_stamp(path):
+    """Which file is at `path` now (a save replaces it with a new one), or None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def check_out_dir(cfg):
+    """A fresh run refuses an out_dir that holds an earlier run's files: its checkpoints, or the log of a
+    run that saved none (one that diverged, or was killed before its first save). --resume continues
+    that run, --overwrite replaces it."""
+    if cfg.resume or cfg.overwrite:
+        return
+    for name in OUTPUTS:
+        path = os.path.join(cfg.out_dir, name)
+        if os.path.exists(path) and name == "log.jsonl":
+            raise ValueError(f"{path} holds the log of an earlier run, which saved no checkpoint: keep it by choosing "
+                             "another out_dir, or replace it with --overwrite")
+        if os.path.exists(path):
+            raise ValueError(f"{path} exists: continue that run with --resume, or start afresh and replace it with --overwrite")
+
+
+def open_outputs(cfg):
+    """-> log.jsonl, open for this run (rank 0, under the lock): appended to by --resume, else new. An
+    --overwrite also removes the replaced run's best.pt now, so the new ckpt.pt never sits beside the best
+    checkpoint of another run (its ckpt.pt stays until the first save replaces it)."""
+    best = os.path.join(cfg.out_dir, "best.pt")
+    if cfg.overwrite and os.path.isfile(best):
+        os.remove(best)
+    return open(os.path.join(cfg.out_dir, "log.jsonl"), "a" if cfg.resume else "w")
 
 
 # ----------------------------------------------------------------------------- divergence
@@ -564,7 +691,7 @@ def save(run, state, name):
     cfg, path, n = run.cfg, os.path.join(run.cfg.out_dir, name), run.train_split.n
     ckpt = checkpoint_dict(run.raw_model, run.tokenizer, optimizer=run.optimizer.state_dict(), step=state.step, rng=rngs,
                            data={"position": state.position, "global_batch": run.windows_per_step, "windows": n,
-                                 "epoch": state.position // n, "seed": cfg.seed},
+                                 "epoch": state.position // n, "seed": cfg.seed, "fingerprint": run.data_id},
                            train_config=asdict(cfg), best_val_loss=state.best_val,
                            val_loss=state.val_loss if state.eval_step == state.step else None, eval_step=state.eval_step,
                            world_size=run.world)
@@ -579,13 +706,66 @@ def restore(run, state, ckpt, source):
     rank its own, when the number of processes is the same)."""
     if not {"optimizer", "step", "data", "rng"} <= ckpt.keys():
         raise ValueError(f"{source}: holds weights but no training state to resume; start from it with --init_from")
-    run.optimizer.load_state_dict(ckpt["optimizer"])
+    check_training_state(ckpt, source)
+    check_same_data(run, ckpt, source)  # the saved data position indexes the data it was reading
+    try:
+        run.optimizer.load_state_dict(ckpt["optimizer"])
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+        raise ValueError(f"{source}: its optimizer state does not fit this model ({one_line(e, 120)})") from None
     state.step, state.position, state.best_val = ckpt["step"], ckpt["data"]["position"], ckpt.get("best_val_loss")
     state.eval_step, state.val_loss, state.saved_step = ckpt.get("eval_step"), ckpt.get("val_loss"), ckpt["step"]
     if len(ckpt["rng"]) == run.world:
-        set_rng_state(ckpt["rng"][run.rank], run.device)
+        try:
+            set_rng_state(ckpt["rng"][run.rank], run.device)
+        except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+            raise ValueError(f"{source}: its RNG state of rank {run.rank} is unreadable ({one_line(e, 120)})") from None
     elif run.rank == 0:
         print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {run.world}: RNG streams reseeded")
+
+
+def check_training_state(ckpt, source):
+    """The entries restore reads, with the types it reads them as: a checkpoint of another writer or an
+    older version is one error naming the odd entry, not a KeyError later."""
+    data, rng, optimizer = ckpt["data"], ckpt["rng"], ckpt["optimizer"]
+    number_or_none = (int, float, type(None))
+    odd = [what for what, ok in (
+        ("'step' is not a whole number >= 0", type(ckpt["step"]) is int and ckpt["step"] >= 0),
+        ("'data' has no whole-number 'position' >= 0",
+         isinstance(data, dict) and type(data.get("position")) is int and data["position"] >= 0),
+        ("'optimizer' is not an optimizer state dict", isinstance(optimizer, dict) and {"state", "param_groups"} <= optimizer.keys()),
+        ("'rng' is not a list of RNG states (torch, cuda, python, numpy) per process", isinstance(rng, list) and rng and all(
+            isinstance(r, dict) and {"torch", "cuda", "python", "numpy"} <= r.keys() for r in rng)),
+        ("'eval_step' is not a whole number", type(ckpt.get("eval_step")) in (int, type(None))),
+        ("'val_loss' or 'best_val_loss' is not a number",
+         isinstance(ckpt.get("val_loss"), number_or_none) and isinstance(ckpt.get("best_val_loss"), number_or_none)),
+    ) if not ok]
+    if odd:
+        raise ValueError(f"{source}: cannot resume: {odd[0]} (a checkpoint of another program or version?); "
+                         "start from its weights with --init_from")
+
+
+def data_fingerprint(folder, meta):
+    """A short hash of meta.json's bytes and every shard's name and size: what a checkpoint's data position
+    indexes. Preparing the folder again (other text, other settings) changes it."""
+    h = hashlib.sha256(open(os.path.join(folder, "meta.json"), "rb").read())
+    for split in sorted(meta["splits"]):
+        for name in meta["splits"][split]["shards"]:
+            h.update(f"\n{split}/{name}:{os.path.getsize(os.path.join(folder, name))}".encode())
+    return h.hexdigest()[:16]
+
+
+def check_same_data(run, ckpt, source):
+    """--resume reads on at the saved stream position, which means the same windows only in the same data:
+    other data (the folder prepared again, or another one) is refused. A checkpoint older than the
+    fingerprint cannot be checked: said once."""
+    saved = ckpt["data"].get("fingerprint")
+    if saved is None and run.rank == 0:
+        print(f"note: {source} predates data fingerprints: cannot check that {run.cfg.data_dir} holds the data it was "
+              "reading", file=sys.stderr)
+    elif saved is not None and saved != run.data_id:
+        raise ValueError(f"{source} was reading other data than {run.cfg.data_dir} now holds (fingerprint {saved}, now "
+                         f"{run.data_id}: meta.json or the shards changed): its saved position would index other windows. "
+                         "Resume on the data it was reading, or start from its weights with --init_from")
 
 
 # ----------------------------------------------------------------------------- signals: finish the step, save, exit 0
