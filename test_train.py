@@ -519,6 +519,7 @@ def test_fine_tuning_a_tokenizer_json_model_on_tiktoken_data_is_refused(data_dir
     (["--grad_clip=nan"], "grad_clip must be a finite number >= 0 (0: no clipping), got nan"),
     (["--grad_clip=-1"], "grad_clip must be a finite number >= 0 (0: no clipping), got -1.0"),
     (["--lr=inf"], "lr must be a finite number >= 0, got inf"),
+    (["--lr=1e39"], "lr must be a finite number >= 0, got 1e+39"),  # past float32, which AdamW's update uses
     (["--beta2=1"], "beta2 must be in [0, 1), got 1.0"),
     (["--seed=-1"], "seed must be in [0, 2**63), got -1"),  # failed mid-run: numpy's order takes no negative seed
     (["--rope_base=0"], "preset 'tiny' with vocab_size 512 (from {meta} unless --vocab_size): rope_base must be a number "

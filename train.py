@@ -486,8 +486,8 @@ def check_settings(cfg):
     for name in ("max_steps", "eval_interval", "save_interval", "warmup_steps"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
-    for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
-        if not (math.isfinite(getattr(cfg, name)) and getattr(cfg, name) >= 0):
+    for name in ("lr", "min_lr", "weight_decay", "grad_clip"):  # finite in float32, where AdamW uses them
+        if not (0 <= getattr(cfg, name) <= torch.finfo(torch.float32).max):
             raise ValueError(f"{name} must be a finite number >= 0{' (0: no clipping)' if name == 'grad_clip' else ''}, "
                              f"got {getattr(cfg, name)}")
     for name in ("beta1", "beta2"):
