@@ -33,7 +33,6 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import torch
 
 from checkpoint import load_checkpoint
@@ -41,7 +40,7 @@ from common import (atomic_write, config_parser, parse_settings, pick_device, pr
                     setting, writer_lock)
 from model import GPT, PRESETS, GPTConfig, get_config
 from prepare_data import load_meta, prepare
-from train import Split, TrainConfig, train
+from train import Split, TrainConfig, split_loss, train
 
 VARIANTS = ("learned", "binary", "affine")
 
@@ -100,17 +99,11 @@ def read_log(path):
     return curve, start, statistics.median(speeds)
 
 
-@torch.no_grad()
 def full_val_loss(out, data_dir, meta, batch_size, device):
     """Mean loss over every window of the validation split, each counted once, from the final checkpoint."""
     model, _ = load_checkpoint(out, device)
-    model.eval()
-    val = Split(data_dir, meta, "val", model.config.block_size, model.config.vocab_size)
-    total = 0.0
-    for start in range(0, val.n, batch_size):
-        x, y = val.batch(np.arange(start, min(start + batch_size, val.n)), device)
-        total += model(x, y)[1].item() * len(x)
-    return total / val.n
+    return split_loss(model, Split(data_dir, meta, "val", model.config.block_size, model.config.vocab_size), batch_size,
+                      device)
 
 
 def run_config(args, variant, seed):

@@ -13,7 +13,8 @@ import prepare_data
 import scaling
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = ["bench.py", "compare.py", "convert.py", "model.py", "prepare_data.py", "sample.py", "scaling.py", "train.py"]
+SCRIPTS = ["bench.py", "compare.py", "convert.py", "model.py", "prepare_data.py", "quantize.py", "sample.py", "scaling.py",
+           "train.py"]
 
 
 def test_every_script_has_help():

@@ -11,7 +11,7 @@ import train
 from checkpoint import load_checkpoint
 from model import canonical_code, generate
 from prepare_data import load_meta
-from quantize import Int8Linear, check_quantize, int8_rows, quantize_int8
+from quantize import Int8Linear, check_quantize, int8_rows, quantize_int8, main as quantize_main
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +140,23 @@ def test_a_build_without_onednn_is_refused(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     with pytest.raises(ValueError, match="needs a PyTorch build with oneDNN"):
         check_quantize("int8", "cpu")
+
+
+def test_quality_cli_reports_both_losses_and_the_greedy_agreement(trained, tiny_data, capsys):
+    """`python quantize.py`: its figures are the ones computed here independently, over every window at once."""
+    model, folder, _, _ = trained
+    assert quantize_main(["--ckpt", folder, "--data_dir", tiny_data, "--new_tokens", "30", "--prompt_tokens", "5",
+                          "--batch_size", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    val = train.Split(tiny_data, load_meta(tiny_data), "val", 32, model.config.vocab_size)
+    x, y = val.batch(np.arange(val.n), torch.device("cpu"))
+    q = quantize_int8(model)
+    with torch.no_grad():
+        f, i = model(x, y)[1].item(), q(x, y)[1].item()
+    assert lines[0].startswith(f"validation loss over {val.n:,} windows: float32 {f:.5f}, int8 {i:.5f} (")
+    prompt = torch.from_numpy(val.shards[0][:5].astype(np.int64))[None]
+    a, b = (generate(m, prompt, 30, temperature=0)[0, 5:] for m in (model, q))
+    same = (a == b).tolist()
+    leading = same.index(False) if False in same else 30
+    assert lines[1] == (f"greedy, 30 tokens after the validation split's first 5: the first {leading} identical, "
+                        f"{sum(same)} / 30 positions equal")
