@@ -5,6 +5,7 @@ training tokens, built from compare.py's runs.
     python scaling.py --corpus janeausten.txt --jobs 2   # the default study, ~2 h on 2 CPU cores
     python scaling.py --quick                            # tiny sizes, a few minutes
     python scaling.py --gpu --data data/fineweb --device cuda --compile  # one large point, one H200
+    python scaling.py --contrast runs/a runs/b           # two finished studies' gaps side by side, in bits/byte
 
 Design choices, up front:
 - Three questions, one set of runs. (1) Size: at every decoder size, learned vs binary (affine at two
@@ -31,6 +32,7 @@ Design choices, up front:
   (the median over (size, input) of the max-min validation loss across seeds).
 """
 
+import json
 import math
 import os
 import signal
@@ -78,6 +80,8 @@ class ScalingConfig(compare.DataSettings):
     jobs: int = setting(1, "runs in parallel, each with cores/jobs threads")
     device: str = setting("auto", "auto | cpu | cuda | mps")
     compile: bool = setting(False, "torch.compile each model")
+    contrast: list[str] | None = setting(None, "train nothing: compare two finished studies' gaps, size by size, in "
+                                               "bits per byte (e.g. two tokenizers)", nargs=2, type=str, metavar=("A", "B"))
 
 
 PAPER = {"trainable": 469_828_608, "gap_nats": math.log(2.36 / 2.44), "gap_pct": 2.36 / 2.44 - 1}
@@ -394,6 +398,33 @@ def plot(result, path):
     return path
 
 
+def contrast(a, b):
+    """Two finished studies (folders A and B), size by size: the binary-minus-learned gap in bits per byte
+    (comparable across tokenizers), paired by seed. "Outside" means B's mean gap differs from A's by more than
+    the larger max-min spread of the per-seed gaps. A markdown table."""
+    def gaps(folder):
+        path = os.path.join(folder, "results.json")
+        if not os.path.isfile(path):
+            raise ValueError(f"{path} not found: --contrast reads two finished studies")
+        with open(path) as f:
+            r = json.load(f)
+        per_nat = {row["point"]: row["bits_per_byte"][0] / row["val_loss"][0] for row in r["rows"]}  # bits/byte per nat
+        out = {point: [g * per_nat[point] for g in paired_gaps([x for x in runs if "diverged" not in x])]
+               for point, runs in r["runs"].items()}
+        return {point: g for point, g in out.items() if g}
+
+    ga, gb = gaps(a), gaps(b)
+    rows = []
+    for p in sorted(set(ga) & set(gb), key=lambda p: [int(v) for v in p.split("-")[0].split("x")] + [p]):
+        ma, mb = statistics.mean(ga[p]), statistics.mean(gb[p])
+        spread = max(max(g) - min(g) for g in (ga[p], gb[p]))
+        verdict = "needs 2 seeds" if min(len(ga[p]), len(gb[p])) < 2 else "yes" if abs(mb - ma) > spread else "no"
+        rows.append([p, f"{len(ga[p])}, {len(gb[p])}", f"{ma:.4f}", f"{mb:.4f}", f"{mb - ma:+.4f}", f"{spread:.4f}", verdict])
+    header = [("size", "l"), ("seeds", "r"), ("gap A (bits/byte)", "r"), ("gap B (bits/byte)", "r"), ("B - A", "r"),
+              ("seed spread of the gap", "r"), ("outside it?", "l")]
+    return f"A = {a}, B = {b}\n\n" + compare.markdown_table(header, rows)
+
+
 def parse_config(argv=None):
     """The settings of a command line, --quick's or --gpu's values filled in."""
     parser = config_parser(ScalingConfig, __doc__.strip().split("\n\n")[0])
@@ -402,6 +433,9 @@ def parse_config(argv=None):
 
 def main(argv=None):
     args = parse_config(argv)
+    if args.contrast:
+        print(contrast(*args.contrast))
+        return None
     for name in ("seeds", "steps", "evals", "jobs", "long_factor", "long_seeds", "batch_size", "eval_batches"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")

@@ -71,7 +71,7 @@ def test_compare_reads_its_command_lines_as_before(argv, values):
 SCALING = dict(corpus=["shakespeare"], data=None, encoding="gpt2", vocab_size=8192, reserve_zero=True, out="runs/scaling",
                quick=False, gpu=False, sizes="2x48,3x80,4x128,6x192", affine_sizes="2x48,4x128", ablation="4x128",
                long_factor=3, long_seeds=1, steps=400, seeds=2, evals=8, n_head=4, block_size=128, batch_size=16, lr=2e-3,
-               eval_batches=8, jobs=1, device="auto", compile=False)
+               eval_batches=8, jobs=1, device="auto", compile=False, contrast=None)
 QUICK = dict(quick=True, out="runs/scaling-quick", sizes="1x16,1x32,2x48,2x64", affine_sizes="1x16,2x48", ablation="2x64",
              long_factor=3, long_seeds=2, steps=30, evals=3, block_size=64, batch_size=8, eval_batches=4)
 GPU = dict(gpu=True, out="runs/scaling-gpu", sizes="12x768", affine_sizes="", ablation="none", long_factor=1, steps=1500,

@@ -166,3 +166,46 @@ def test_a_second_sweep_into_one_out_is_refused_while_the_first_runs(data, tmp_p
     stdout, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr
     assert "| 1x16 | binary | 1 |" in (tmp_path / "results.md").read_text()
+
+
+def study(folder, per_nat, losses):
+    """A finished study's results.json: losses {(point, variant, seed): val loss}, one bits/byte-per-nat factor."""
+    runs, rows = {}, []
+    for (point, variant, seed), loss in losses.items():
+        runs.setdefault(point, []).append({"variant": variant, "seed": seed, "val_loss": loss})
+    for point, rs in runs.items():
+        for v in {r["variant"] for r in rs}:
+            mean = sum(r["val_loss"] for r in rs if r["variant"] == v) / sum(r["variant"] == v for r in rs)
+            rows.append({"point": point, "input": v, "val_loss": [mean, 0.0], "bits_per_byte": [mean * per_nat, 0.0]})
+    os.makedirs(folder)
+    (Path(folder) / "results.json").write_text(json.dumps({"rows": rows, "runs": runs}))
+
+
+def test_contrast_pairs_gaps_by_seed_in_bits_per_byte(tmp_path, capsys):
+    """Gaps (binary - learned per seed) scaled by each study's own bits/byte per nat: A at 2 bits/byte per nat,
+    B at 1. 1x32: A gaps 0.5, 0.7 nats -> 1.0, 1.4 bits/byte; B 0.4, 0.6 -> B - A = -0.7, outside the 0.4
+    spread. 2x48: within the spread. 3x80 is only in A (left out); 4x128 has one seed in B; a diverged run
+    of A's is left out of its pairing."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    study(a, 2.0, {("1x32", "learned", 0): 5.0, ("1x32", "binary", 0): 5.5, ("1x32", "learned", 1): 5.1,
+                   ("1x32", "binary", 1): 5.8, ("2x48", "learned", 0): 4.0, ("2x48", "binary", 0): 4.3,
+                   ("2x48", "learned", 1): 4.1, ("2x48", "binary", 1): 4.5, ("3x80", "learned", 0): 3.0,
+                   ("3x80", "binary", 0): 3.2, ("4x128", "learned", 0): 3.0, ("4x128", "binary", 0): 3.1,
+                   ("4x128", "learned", 1): 3.0, ("4x128", "binary", 1): 3.2})
+    study(b, 1.0, {("1x32", "learned", 0): 6.0, ("1x32", "binary", 0): 6.4, ("1x32", "learned", 1): 6.0,
+                   ("1x32", "binary", 1): 6.6, ("2x48", "learned", 0): 5.0, ("2x48", "binary", 0): 5.5,
+                   ("2x48", "learned", 1): 5.0, ("2x48", "binary", 1): 5.9, ("4x128", "learned", 0): 4.0,
+                   ("4x128", "binary", 0): 4.2})
+    results = json.loads((a / "results.json").read_text())
+    results["runs"]["2x48"].append({"variant": "binary", "seed": 2, "diverged": "non-finite gradient norm"})
+    results["runs"]["2x48"].append({"variant": "learned", "seed": 2, "val_loss": 4.0})
+    (a / "results.json").write_text(json.dumps(results))
+    assert scaling.main(["--contrast", str(a), str(b)]) is None
+    assert capsys.readouterr().out.splitlines()[2:] == [
+        "| size | seeds | gap A (bits/byte) | gap B (bits/byte) | B - A | seed spread of the gap | outside it? |",
+        "|---|---:|---:|---:|---:|---:|---|",
+        "| 1x32 | 2, 2 | 1.2000 | 0.5000 | -0.7000 | 0.4000 | yes |",
+        "| 2x48 | 2, 2 | 0.7000 | 0.7000 | +0.0000 | 0.4000 | no |",
+        "| 4x128 | 2, 1 | 0.3000 | 0.2000 | -0.1000 | 0.2000 | needs 2 seeds |"]
+    with pytest.raises(ValueError, match="results.json not found: --contrast reads two finished studies"):
+        scaling.main(["--contrast", str(a), str(tmp_path / "none")])
