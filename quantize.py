@@ -24,6 +24,7 @@ import copy
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -112,17 +113,24 @@ class QualityConfig:
 
 
 def quality(model, val, new_tokens, prompt_tokens, batch_size):
-    """float32 against int8 on one model: the loss over every window of `val` (a train.Split) and
-    `new_tokens` greedy tokens after its first `prompt_tokens`. Returns a dict of both sides' figures."""
+    """float32 against int8 on one model: the loss over every window of `val` (a train.Split), how often
+    the two pick the same next token there (the argmax, fed the same text), and `new_tokens` greedy tokens
+    after its first `prompt_tokens` (free-running: after a first difference the two texts part ways)."""
     from train import split_loss  # the command line only: sampling in int8 needs none of train.py
 
     cpu = torch.device("cpu")
     q = quantize_int8(model)
+    same_next = 0
+    with torch.no_grad():
+        for start in range(0, val.n, batch_size):
+            x, _ = val.batch(np.arange(start, min(start + batch_size, val.n)), cpu)
+            same_next += (model(x)[0].argmax(-1) == q(x)[0].argmax(-1)).sum().item()
     prompt = torch.from_numpy(val.shards[0][:prompt_tokens].astype("int64"))[None]  # (1, prompt_tokens)
     greedy = [generate(m, prompt, new_tokens, temperature=0)[0, prompt.shape[1]:].tolist() for m in (model, q)]
     same = [a == b for a, b in zip(*greedy)]
-    return {"windows": val.n, "loss": [split_loss(m, val, batch_size, cpu) for m in (model, q)], "tokens": len(same),
-            "equal": sum(same), "leading": next((i for i, s in enumerate(same) if not s), len(same))}
+    return {"windows": val.n, "loss": [split_loss(m, val, batch_size, cpu) for m in (model, q)],
+            "positions": val.n * val.block, "same_next": same_next, "tokens": len(same), "equal": sum(same),
+            "leading": next((i for i, s in enumerate(same) if not s), len(same))}
 
 
 def main(argv=None):
@@ -142,6 +150,8 @@ def main(argv=None):
     print(f"validation loss over {r['windows']:,} windows: float32 {f:.5f}, int8 {i:.5f} ({100 * (i / f - 1):+.3f}%)")
     print(f"greedy, {r['tokens']} tokens after the validation split's first {cfg.prompt_tokens}: the first "
           f"{r['leading']} identical, {r['equal']} / {r['tokens']} positions equal")
+    print(f"next token (argmax) at every validation position, fed the same text: the same at {r['same_next']:,} of "
+          f"{r['positions']:,} ({100 * r['same_next'] / r['positions']:.2f}%)")
     return 0
 
 
