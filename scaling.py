@@ -434,6 +434,10 @@ def parse_config(argv=None):
 def main(argv=None):
     args = parse_config(argv)
     if args.contrast:
+        given = sys.argv[1:] if argv is None else argv
+        ignored = [a.split("=")[0] for a in given if a.startswith("-") and a.split("=")[0] != "--contrast"]
+        if ignored:
+            raise ValueError(f"--contrast reads two finished studies and trains nothing: drop {', '.join(ignored)}")
         print(contrast(*args.contrast))
         return None
     for name in ("seeds", "steps", "evals", "jobs", "long_factor", "long_seeds", "batch_size", "eval_batches"):

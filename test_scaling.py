@@ -207,5 +207,7 @@ def test_contrast_pairs_gaps_by_seed_in_bits_per_byte(tmp_path, capsys):
         "| 1x32 | 2, 2 | 1.2000 | 0.5000 | -0.7000 | 0.4000 | yes |",
         "| 2x48 | 2, 2 | 0.7000 | 0.7000 | +0.0000 | 0.4000 | no |",
         "| 4x128 | 2, 1 | 0.3000 | 0.2000 | -0.1000 | 0.2000 | needs 2 seeds |"]
+    with pytest.raises(ValueError, match="trains nothing: drop --sizes, --quick"):
+        scaling.main(["--contrast", str(a), str(b), "--sizes", "1x32", "--quick"])
     with pytest.raises(ValueError, match="results.json not found: --contrast reads two finished studies"):
         scaling.main(["--contrast", str(a), str(tmp_path / "none")])
