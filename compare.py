@@ -33,6 +33,7 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from checkpoint import load_checkpoint
@@ -40,7 +41,7 @@ from common import (atomic_write, config_parser, parse_settings, pick_device, pr
                     setting, writer_lock)
 from model import GPT, PRESETS, GPTConfig, get_config
 from prepare_data import load_meta, prepare
-from train import Split, TrainConfig, split_loss, train
+from train import Split, TrainConfig, train
 
 VARIANTS = ("learned", "binary", "affine")
 
@@ -99,11 +100,17 @@ def read_log(path):
     return curve, start, statistics.median(speeds)
 
 
+@torch.no_grad()
 def full_val_loss(out, data_dir, meta, batch_size, device):
     """Mean loss over every window of the validation split, each counted once, from the final checkpoint."""
     model, _ = load_checkpoint(out, device)
-    return split_loss(model, Split(data_dir, meta, "val", model.config.block_size, model.config.vocab_size), batch_size,
-                      device)
+    model.eval()
+    val = Split(data_dir, meta, "val", model.config.block_size, model.config.vocab_size)
+    total = 0.0
+    for start in range(0, val.n, batch_size):
+        x, y = val.batch(np.arange(start, min(start + batch_size, val.n)), device)
+        total += model(x, y)[1].item() * len(x)
+    return total / val.n
 
 
 def run_config(args, variant, seed):

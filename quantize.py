@@ -121,23 +121,24 @@ class QualityConfig:
 
 
 def quality(model, val, new_tokens, prompt_tokens, batch_size):
-    """float32 against int8 on one model: the loss over every window of `val` (a train.Split), how often
-    the two pick the same next token there (the argmax, fed the same text), and `new_tokens` greedy tokens
-    after its first `prompt_tokens` (free-running: after a first difference the two texts part ways)."""
-    from train import split_loss  # the command line only: sampling in int8 needs none of train.py
-
+    """float32 against int8 on one model, in one pass over every window of `val` (a train.Split): the mean
+    loss of each and how often the two pick the same next token (the argmax, fed the same text); then
+    `new_tokens` greedy tokens after its first `prompt_tokens` (free-running: after a first difference the
+    two texts part ways)."""
     cpu = torch.device("cpu")
     q = quantize_int8(model)
-    same_next = 0
+    loss, same_next = [0.0, 0.0], 0
     with torch.no_grad():
         for start in range(0, val.n, batch_size):
-            x, _ = val.batch(np.arange(start, min(start + batch_size, val.n)), cpu)
-            same_next += (model(x)[0].argmax(-1) == q(x)[0].argmax(-1)).sum().item()
+            x, y = val.batch(np.arange(start, min(start + batch_size, val.n)), cpu)
+            (lf, f), (lq, i) = model(x, y), q(x, y)
+            loss = [loss[0] + f.item() * len(x), loss[1] + i.item() * len(x)]
+            same_next += (lf.argmax(-1) == lq.argmax(-1)).sum().item()
     prompt = torch.from_numpy(val.shards[0][:prompt_tokens].astype("int64"))[None]  # (1, prompt_tokens)
     greedy = [generate(m, prompt, new_tokens, temperature=0)[0, prompt.shape[1]:].tolist() for m in (model, q)]
     same = [a == b for a, b in zip(*greedy)]
-    return {"windows": val.n, "loss": [split_loss(m, val, batch_size, cpu) for m in (model, q)],
-            "positions": val.n * val.block, "same_next": same_next, "tokens": len(same), "equal": sum(same),
+    return {"windows": val.n, "loss": [x / val.n for x in loss], "positions": val.n * val.block,
+            "same_next": same_next, "tokens": len(same), "equal": sum(same),
             "leading": next((i for i, s in enumerate(same) if not s), len(same))}
 
 
@@ -154,7 +155,7 @@ def main(argv=None):
     check_tokenizer(ckpt, meta, cfg.ckpt, cfg.data_dir)
     val = Split(cfg.data_dir, meta, "val", model.config.block_size, model.config.vocab_size)
     r = quality(model.eval(), val, cfg.new_tokens, cfg.prompt_tokens, cfg.batch_size)
-    (f, i) = r["loss"]
+    f, i = r["loss"]
     print(f"validation loss over {r['windows']:,} windows: float32 {f:.5f}, int8 {i:.5f} ({100 * (i / f - 1):+.3f}%)")
     print(f"greedy, {r['tokens']} tokens after the validation split's first {cfg.prompt_tokens}: the first "
           f"{r['leading']} identical, {r['equal']} / {r['tokens']} positions equal")

@@ -180,17 +180,6 @@ def evaluate(model, val, cfg, rank, world, device, autocast, steps=None):
     return total.item() / (steps * world)
 
 
-@torch.no_grad()
-def split_loss(model, split, batch_size, device):
-    """Mean loss over every window of `split`, each counted once: the final figure of a study, not a step's."""
-    model.eval()
-    total = 0.0
-    for start in range(0, split.n, batch_size):
-        x, y = split.batch(np.arange(start, min(start + batch_size, split.n)), device)
-        total += model(x, y)[1].item() * len(x)
-    return total / split.n
-
-
 def lr_at(step, cfg):
     """Linear warmup to lr, then cosine decay to min_lr at lr_decay_steps (default max_steps), so the
     schedule does not depend on where a run stops."""
