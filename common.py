@@ -214,7 +214,7 @@ def config_parser(cls, description, epilog=None):
       "none" to mean unset.
     - Bools take --flag, --no-flag or --flag=true/false. In a parser with positional arguments a bool
       is only --flag / --no-flag, so it never takes the positional after it as its value.
-    - setting(help=..., positional=True): a positional argument (`python convert.py hf2native SRC OUT`);
+    - setting(help=..., positional=True): a positional argument (`python -m tools.convert hf2native SRC OUT`);
       with no default it is required. Other add_argument keywords (choices=[...], nargs=...) pass
       through.
     - `cls` may be a dict {command: dataclass} for a script with subcommands: one subparser each, its

@@ -5,7 +5,8 @@ At batch 1 a decoded token reads every weight once, so on a CPU its time is most
 over memory bandwidth: 1.88 GB of float32 for the paper preset. In int8 the same matmuls read a quarter.
 
     model = quantize_int8(model)   # a copy whose nn.Linear layers (output head included) hold int8 weights
-    python quantize.py --ckpt out --data_dir data/shakespeare   # what int8 costs a trained model: loss, greedy tokens
+
+What int8 costs a trained model (validation loss, greedy tokens) is measured by tools/quantize_quality.py.
 
 Design choices, up front:
 - Weights: symmetric, one float scale per output row: w[n, k] ~ scale[n] * q[n, k], q in [-127, 127],
@@ -21,15 +22,9 @@ Design choices, up front:
 """
 
 import copy
-import sys
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn as nn
-
-from common import config_parser, parse_settings, run_main, setting
-from model import generate
 
 QUANTIZE = ("int8",)  # the choices of --quantize
 
@@ -108,61 +103,3 @@ def quantize_int8(model):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child))
     return q
-
-
-# ----------------------------------------------------------------------------- command line: int8 against float32
-@dataclass
-class QualityConfig:
-    ckpt: str = setting("out/ckpt.pt", "a native checkpoint .pt file, or a folder holding ckpt.pt")
-    data_dir: str = setting("data/shakespeare", "the prepared data the model was trained on (its validation split)")
-    new_tokens: int = setting(200, "greedy tokens to compare, continuing the validation split's first prompt_tokens")
-    prompt_tokens: int = setting(16, "validation tokens the greedy continuations start from")
-    batch_size: int = setting(16, "validation windows per forward pass")
-
-
-def quality(model, val, new_tokens, prompt_tokens, batch_size):
-    """float32 against int8 on one model, in one pass over every window of `val` (a train.Split): the mean
-    loss of each and how often the two pick the same next token (the argmax, fed the same text); then
-    `new_tokens` greedy tokens after its first `prompt_tokens` (free-running: after a first difference the
-    two texts part ways)."""
-    cpu = torch.device("cpu")
-    q = quantize_int8(model)
-    loss, same_next = [0.0, 0.0], 0
-    with torch.no_grad():
-        for start in range(0, val.n, batch_size):
-            x, y = val.batch(np.arange(start, min(start + batch_size, val.n)), cpu)
-            (lf, f), (lq, i) = model(x, y), q(x, y)
-            loss = [loss[0] + f.item() * len(x), loss[1] + i.item() * len(x)]
-            same_next += (lf.argmax(-1) == lq.argmax(-1)).sum().item()
-    prompt = torch.from_numpy(val.shards[0][:prompt_tokens].astype("int64"))[None]  # (1, prompt_tokens)
-    greedy = [generate(m, prompt, new_tokens, temperature=0)[0, prompt.shape[1]:].tolist() for m in (model, q)]
-    same = [a == b for a, b in zip(*greedy)]
-    return {"windows": val.n, "loss": [x / val.n for x in loss], "positions": val.n * val.block,
-            "same_next": same_next, "tokens": len(same), "equal": sum(same),
-            "leading": next((i for i, s in enumerate(same) if not s), len(same))}
-
-
-def main(argv=None):
-    from checkpoint import load_checkpoint
-    from train import Split, check_tokenizer, read_meta
-
-    cfg = parse_settings(config_parser(QualityConfig, "What int8 weights cost a trained model: its validation loss "
-                                                      "in float32 and int8, and how many greedy tokens agree (CPU)."), argv)
-    if min(cfg.new_tokens, cfg.prompt_tokens, cfg.batch_size) < 1:
-        raise ValueError("--new_tokens, --prompt_tokens and --batch_size must be at least 1")
-    model, ckpt = load_checkpoint(cfg.ckpt, torch.device("cpu"))
-    meta = read_meta(cfg.data_dir)
-    check_tokenizer(ckpt, meta, cfg.ckpt, cfg.data_dir)
-    val = Split(cfg.data_dir, meta, "val", model.config.block_size, model.config.vocab_size)
-    r = quality(model.eval(), val, cfg.new_tokens, cfg.prompt_tokens, cfg.batch_size)
-    f, i = r["loss"]
-    print(f"validation loss over {r['windows']:,} windows: float32 {f:.5f}, int8 {i:.5f} ({100 * (i / f - 1):+.3f}%)")
-    print(f"greedy, {r['tokens']} tokens after the validation split's first {cfg.prompt_tokens}: the first "
-          f"{r['leading']} identical, {r['equal']} / {r['tokens']} positions equal")
-    print(f"next token (argmax) at every validation position, fed the same text: the same at {r['same_next']:,} of "
-          f"{r['positions']:,} ({100 * r['same_next'] / r['positions']:.2f}%)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main))

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import scaling
+from tools import scaling
 
 V = 512
 
@@ -112,7 +112,7 @@ def test_bad_arguments_are_one_line_errors(data, tmp_path):
         scaling.main(["--seeds", "0", "--data", data, "--out", str(tmp_path)])
 
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
 
 
 def _has_matplotlib():
@@ -124,7 +124,7 @@ def _has_matplotlib():
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "scaling.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tools.scaling", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
 
 
@@ -147,7 +147,7 @@ def test_malformed_values_are_one_error_line(data, tmp_path, flag, value, messag
 
 def test_a_second_sweep_into_one_out_is_refused_while_the_first_runs(data, tmp_path):
     """Two real processes: the second is refused while the first (paused with SIGSTOP mid-training) holds --out."""
-    args = [sys.executable, "scaling.py", "--data", data, "--out", str(tmp_path), "--sizes", "1x16", "--affine_sizes", "",
+    args = [sys.executable, "-m", "tools.scaling", "--data", data, "--out", str(tmp_path), "--sizes", "1x16", "--affine_sizes", "",
             "--ablation", "none", "--long_factor", "1", "--steps", "3", "--evals", "1", "--seeds", "1", "--n_head", "2",
             "--block_size", "16", "--batch_size", "2", "--eval_batches", "1", "--device", "cpu"]
     first = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

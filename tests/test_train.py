@@ -27,7 +27,7 @@ from model import GPT
 from prepare_data import ShardError, prepare, write_shard
 from tokenizer import get_tokenizer
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent  # the repository's
 CORPUS = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 if (ROOT.parent / "shared" / "tiktoken-cache").is_dir():  # offline GPT-2 BPE files (CI); subprocesses inherit it
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(ROOT.parent / "shared" / "tiktoken-cache"))

@@ -2,9 +2,9 @@
 The paper's controlled comparison at small scale: learned input table vs fixed binary code vs
 table-free affine code, everything else identical, over several seeds.
 
-    python compare.py --corpus janeausten.txt   # 3 inputs x 3 seeds, ~30 min on 2 CPU cores
-    python compare.py --quick                   # 3 inputs x 2 seeds on tiny Shakespeare, a few minutes
-    python compare.py --preset small --n_embd 768 --steps 5000 --device cuda   # bigger, on a GPU
+    python -m tools.compare --corpus janeausten.txt   # 3 inputs x 3 seeds, ~30 min on 2 CPU cores
+    python -m tools.compare --quick                   # 3 inputs x 2 seeds on tiny Shakespeare, a few minutes
+    python -m tools.compare --preset small --n_embd 768 --steps 5000 --device cuda   # bigger, on a GPU
 
 Design choices, up front:
 - Every run is train.train() with one TrainConfig; only `input` and `seed` change between runs. A seed

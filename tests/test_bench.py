@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-import bench
+from tools import bench
 
 TINY = ["--device=cpu", "--preset=tiny", "--block_size=16", "--batch_size=2", "--steps=1", "--warmup=1", "--repeats=1",
         "--sample_preset=tiny", "--prompt_len=4", "--new_tokens=4", "--sample_batches=1,2",
@@ -86,8 +86,8 @@ def test_prep_defaults_to_tiny_shakespeare(tmp_path, monkeypatch):
     (["--sections=prep", "--threads=1,0"], "error: --threads must be positive integers, got '1,0'\n"),
 ])
 def test_bad_input_is_one_error_line(args, message):
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py")
-    r = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-m", "tools.bench", *args], capture_output=True, text=True, timeout=300, cwd=root)
     assert (r.returncode, r.stdout, r.stderr) == (1, "", message)
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import compare
+from tools import compare
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent  # the repository's
 COLUMNS = ["input", "seeds", "trainable params", "input-interface params", "frozen stored values", "val loss",
            "perplexity", "bits/byte", "tokens/s"]
 
@@ -75,7 +75,7 @@ def test_unknown_variant_is_refused(data, tmp_path):
     (["--corpus", "no/such/corpus.txt"], "no/such/corpus.txt"),
 ])
 def test_bad_command_lines_end_in_one_error_line(tmp_path, args, message):
-    done = subprocess.run([sys.executable, "compare.py", "--out", str(tmp_path / "out"), *args], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "tools.compare", "--out", str(tmp_path / "out"), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
@@ -110,7 +110,7 @@ TINY = ["--preset", "tiny", "--n_layer", "1", "--n_head", "2", "--n_embd", "32",
 
 
 def cli(*args, **kw):
-    return subprocess.Popen([sys.executable, "compare.py", *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "tools.compare", *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 
 

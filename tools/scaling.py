@@ -2,10 +2,10 @@
 Where does the fixed code catch up? The learned-vs-binary gap as a function of model size and of
 training tokens, built from compare.py's runs.
 
-    python scaling.py --corpus janeausten.txt --jobs 2   # the default study, ~2 h on 2 CPU cores
-    python scaling.py --quick                            # tiny sizes, a few minutes
-    python scaling.py --gpu --data data/fineweb --device cuda --compile  # one large point, one H200
-    python scaling.py --contrast runs/a runs/b           # two finished studies' gaps side by side, in bits/byte
+    python -m tools.scaling --corpus janeausten.txt --jobs 2   # the default study, ~2 h on 2 CPU cores
+    python -m tools.scaling --quick                            # tiny sizes, a few minutes
+    python -m tools.scaling --gpu --data data/fineweb --device cuda --compile  # one large point, one H200
+    python -m tools.scaling --contrast runs/a runs/b           # two finished studies' gaps side by side, in bits/byte
 
 Design choices, up front:
 - Three questions, one set of runs. (1) Size: at every decoder size, learned vs binary (affine at two
@@ -46,10 +46,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-import compare
 from common import config_parser, parse_settings, preset_setting, resolve_presets, run_main, setting, writer_lock
 from model import GPT, get_config
 from prepare_data import load_meta
+from tools import compare
 
 
 @dataclass

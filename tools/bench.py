@@ -1,9 +1,9 @@
 """
 Benchmark training, sampling, loading and data preparation of the binary-code GPT, and check targets.
 
-    python bench.py                      # CPU: ~5 min on 2 cores; prints one table
-    python bench.py --json               # the same numbers as JSON
-    python bench.py --sections=train --repeats=5 --steps=8
+    python -m tools.bench                      # CPU: ~5 min on 2 cores; prints one table
+    python -m tools.bench --json               # the same numbers as JSON
+    python -m tools.bench --sections=train --repeats=5 --steps=8
 
 Design choices, up front:
 - Training is timed through train.py's own loop (train.train), not a copy of it: a small random-token
@@ -217,7 +217,7 @@ def hf_twin(model, tmp, device):
 
     from transformers.utils import logging as hf_logging
 
-    from convert import convert_native_to_hf
+    from tools.convert import convert_native_to_hf
 
     hf_logging.disable_progress_bar()  # from_pretrained's "Loading weights" bar would land in the table
     ckpt = os.path.join(tmp, "sample.pt")
@@ -324,8 +324,8 @@ def run_load_child(path, way, tokens, threads):
     since the interpreter started running the child's code, peak RSS in bytes) of a fresh process."""
     import subprocess
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    run = subprocess.run([sys.executable, "-c", LOAD_CHILD, path, way, str(tokens), str(threads)], cwd=here,
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where checkpoint.py and model.py are
+    run = subprocess.run([sys.executable, "-c", LOAD_CHILD, path, way, str(tokens), str(threads)], cwd=root,
                          stdout=subprocess.PIPE, text=True)
     if run.returncode:
         raise RuntimeError(f"the {way} loading child failed (exit {run.returncode})")

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent  # the repository's
 SHARED = ROOT.parent / "shared"
 if (SHARED / "tiktoken-cache").is_dir():  # offline: use the checked-in BPE files unless CI already chose
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken-cache"))

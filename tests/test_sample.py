@@ -8,13 +8,13 @@ import pytest
 import tiktoken
 import torch
 
-import convert
 import sample
 from checkpoint import checkpoint_dict
 from common import run_main
 from model import GPT, generate, get_config
 from tokenizer import load_text_codec
 from tokenizer import TiktokenText
+from tools import convert
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def run_sample(*args, cwd=None):
     import subprocess
     import sys
 
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample.py")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample.py")
     return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 

@@ -11,7 +11,8 @@ import train
 from checkpoint import load_checkpoint
 from model import canonical_code, generate
 from prepare_data import load_meta
-from quantize import Int8Linear, check_quantize, int8_rows, quantize_int8, main as quantize_main
+from quantize import Int8Linear, check_quantize, int8_rows, quantize_int8
+from tools.quantize_quality import main as quantize_main
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +150,7 @@ def test_a_build_without_onednn_is_refused(monkeypatch):
 
 
 def test_quality_cli_reports_both_losses_and_the_greedy_agreement(trained, tiny_data, capsys):
-    """`python quantize.py`: its figures are the ones computed here independently, over every window at once."""
+    """`python -m tools.quantize_quality`: its figures are the ones computed here independently, over every window at once."""
     model, folder, _, _ = trained
     assert quantize_main(["--ckpt", folder, "--data_dir", tiny_data, "--new_tokens", "30", "--prompt_tokens", "5",
                           "--batch_size", "3"]) == 0

@@ -1,8 +1,8 @@
 """
 Convert checkpoints between the paper's Hugging Face releases and this project's native format.
 
-    python convert.py hf2native HF_FOLDER OUT_FOLDER [--layout auto|tile|interleave] [--overwrite]
-    python convert.py native2hf CKPT OUT_FOLDER [--dtype float32] [--overwrite]
+    python -m tools.convert hf2native HF_FOLDER OUT_FOLDER [--layout auto|tile|interleave] [--overwrite]
+    python -m tools.convert native2hf CKPT OUT_FOLDER [--dtype float32] [--overwrite]
 
 hf2native reads a local copy of a released checkpoint (config.json with the BVVConfig fields; weights
 as safetensors, sharded or single, or pytorch_model.bin; tokenizer files) and writes OUT/ckpt.pt, which
@@ -682,8 +682,8 @@ class NativeToHf:
 
 def main(argv=None):
     parser = config_parser({"hf2native": HfToNative, "native2hf": NativeToHf}, __doc__.strip().split("\n\n")[0],
-                           epilog="examples:\n  python convert.py hf2native ./llm-fix-min-fixed-minimal-binary-code out/fixmin\n"
-                                  "  python convert.py native2hf out/fixmin out/fixmin-hf")
+                           epilog="examples:\n  python -m tools.convert hf2native ./llm-fix-min-fixed-minimal-binary-code out/fixmin\n"
+                                  "  python -m tools.convert native2hf out/fixmin out/fixmin-hf")
     cfg = parse_settings(parser, argv)
     if isinstance(cfg, HfToNative):
         path, model, info = convert_hf_to_native(cfg.src, cfg.out, cfg.layout, cfg.input, cfg.overwrite)

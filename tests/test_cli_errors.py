@@ -13,14 +13,12 @@ import time
 
 import pytest
 
-import bench
-import compare
-import convert
 import prepare_data
 import train
 from common import LOCK_NAME, run_main
+from tools import bench, compare, convert
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
 
 
 def run(main, argv, capsys):
@@ -31,7 +29,7 @@ def run(main, argv, capsys):
 
 
 def script(*args, **kw):
-    return subprocess.Popen([sys.executable, *args], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kw)
 
 
@@ -124,7 +122,7 @@ def test_command_lines_print_one_line_and_exit_1(tmp_path):
 
 def test_sigterm_mid_prepare_keeps_old_data(tiny_data, tmp_path):
     """SIGTERM while the workers encode: exit 130, one line, the old shards byte for byte, no staging left."""
-    shakespeare = os.path.join(os.path.dirname(HERE), "shared", "data", "tinyshakespeare.txt")
+    shakespeare = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare.txt")
     text = open(shakespeare).read() if os.path.isfile(shakespeare) else "the quick brown fox jumps over the lazy dog\n" * 25_000
     big = tmp_path / "big.txt"
     big.write_text(text * 10)

@@ -1,6 +1,7 @@
 """Every script's command line is one style, common.config_parser (issue 16): `python X.py --help` works
-for each, and the three scripts that came to that style last (prepare_data, compare, scaling) read a
-command line into the values they read before it, --quick's and --gpu's included."""
+for each (a tool: `python -m tools.X --help`, from the repository root), and the three scripts that came to
+that style last (prepare_data, compare, scaling) read a command line into the values they read before it,
+--quick's and --gpu's included."""
 
 import os
 import subprocess
@@ -8,25 +9,26 @@ import sys
 
 import pytest
 
-import compare
 import prepare_data
-import scaling
+from tools import compare, scaling
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = ["bench.py", "compare.py", "convert.py", "model.py", "prepare_data.py", "quantize.py", "sample.py", "scaling.py",
-           "train.py"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
+SCRIPTS = ["model.py", "prepare_data.py", "sample.py", "train.py", "tools/bench.py", "tools/compare.py", "tools/convert.py",
+           "tools/quantize_quality.py", "tools/scaling.py"]
 
 
 def test_every_script_has_help():
-    scripts = sorted(f for f in os.listdir(HERE) if f.endswith(".py") and not f.startswith(("test_", "conftest"))
-                     and 'if __name__ == "__main__":' in open(os.path.join(HERE, f)).read())
+    files = [os.path.join(folder, f) for folder in ("", "tools") for f in sorted(os.listdir(os.path.join(ROOT, folder)))]
+    scripts = [f for f in files if f.endswith(".py") and 'if __name__ == "__main__":' in open(os.path.join(ROOT, f)).read()]
     assert scripts == SCRIPTS
-    runs = {s: subprocess.Popen([sys.executable, s, "--help"], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True) for s in scripts}
+    command = {s: [s] if os.sep not in s else ["-m", s[:-3].replace(os.sep, ".")] for s in scripts}
+    runs = {s: subprocess.Popen([sys.executable, *command[s], "--help"], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for s in scripts}
     for s, p in runs.items():
         out, err = p.communicate(timeout=120)
         assert (p.returncode, err) == (0, ""), s
-        assert out.startswith(f"usage: {s} [-h]") and "show this help message and exit" in out, s
+        usage = (f"usage: {os.path.basename(s)} [-h]", f"usage: python {' '.join(command[s])} [-h]")  # -m: Python 3.14 names the module
+        assert out.startswith(usage) and "show this help message and exit" in out, s
 
 
 # the values each command line gave before the common style (argparse, DEFAULTS dicts, --quick/--gpu presets)

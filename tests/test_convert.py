@@ -19,14 +19,14 @@ import sys
 import pytest
 import torch
 
-import convert
 from common import LOCK_NAME, run_main
 from checkpoint import checkpoint_dict, load_checkpoint
 from model import GPT, canonical_code, code_bits, generate, get_config
 from tokenizer import get_tokenizer
 from test_sample import char_tokenizer
+from tools import convert
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
 SHAKESPEARE = """First Citizen:
 Before we proceed any further, hear me speak.
 
@@ -49,11 +49,11 @@ TIKTOKEN_512 = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}
 
 
 def run(*args, real=False):
-    """convert.py's command line -> (exit code, stdout, stderr): `python convert.py ARGS` in a subprocess
+    """convert.py's command line -> (exit code, stdout, stderr): `python -m tools.convert ARGS` in a subprocess
     when real, else its main under the same wrapper in this process (a subprocess costs an import of torch)."""
     if real:
-        p = subprocess.run([sys.executable, os.path.join(HERE, "convert.py"), *map(str, args)], capture_output=True,
-                           text=True, cwd=HERE)
+        p = subprocess.run([sys.executable, "-m", "tools.convert", *map(str, args)], capture_output=True,
+                           text=True, cwd=ROOT)
         return p.returncode, p.stdout, p.stderr
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -427,7 +427,7 @@ def test_a_conversion_into_an_out_being_written_is_refused(tmp_path):
     out = tmp_path / "out"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from common import writer_lock\n"
                                f"with writer_lock({str(out)!r}): print('held', flush=True); time.sleep(60)"],
-                              cwd=HERE, stdout=subprocess.PIPE, text=True)
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
         code, stdout, err = run("hf2native", src, out, "--layout", "tile", real=True)
