@@ -241,7 +241,6 @@ class GPT(nn.Module):
         for layer, block in enumerate(self.blocks):
             x = block(x, cos, sin, cache, layer)
         if cache is not None:
-            cache.pos += T  # in place: a compiled step sees the same tensor every time
             x = x[:, -1:]
         logits = self.lm_head(self.ln_f(x))
         loss = None
@@ -396,15 +395,19 @@ class KVCache:
         self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
 
     def advance(self, T):
-        """Start a forward pass over T new tokens: mark their slots, return their rotary cos/sin."""
+        """Start a forward pass over T new tokens: mark their slots, count them as seen, return their rotary
+        cos/sin."""
         if T > 1:  # the prompt: slots 0 .. T-1, attending causally to itself
             if self.written.any():
                 raise ValueError("the KV cache takes a multi-token chunk only at the start")
             self.written[:, :T] = True
+            self.pos += T  # in place: a compiled step sees the same tensor every time
             return self.cos[:T], self.sin[:T]
         self.slot = self.pos % self.size
         self.written.index_fill_(1, self.slot, True)
-        return self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
+        cos, sin = self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
+        self.pos += 1
+        return cos, sin
 
     def update(self, layer, k, v):
         """Store k, v (B, H, T, D) of the newest T tokens. Returns the keys, values and mask to attend

@@ -129,7 +129,8 @@ def load_meta(folder) -> dict:
     readers use (vocab_size, encoding, the splits' shards and token counts) or lists missing shards."""
     path = Path(folder) / "meta.json"
     if not path.is_file():
-        raise ShardError(f"{folder}: no meta.json; run prepare_data.py on it first")
+        raise ShardError(f"{folder}: no meta.json; prepare the data first "
+                         "(`python prepare_data.py shakespeare` writes the default, data/shakespeare)")
     try:
         meta = json.loads(path.read_bytes())
     except ValueError as e:  # not JSON, or not UTF-8

@@ -133,7 +133,7 @@ def prompt_ids(codec, prompt, block):
     return ids, prompt
 
 
-def check_fits(model, positions, device):
+def check_cache_fits(model, positions, device):
     """Refuse up front a generation whose KV cache and rotary tables (model.memory_bytes) cannot fit in the
     device's free memory, naming the numbers, instead of failing in the allocator."""
     p = next(model.parameters())
@@ -160,7 +160,7 @@ def main(argv=None):
     if not (cfg.prompt_file or prompt):
         prompt = default_prompt(ckpt)
     ids, prompt = prompt_ids(codec, prompt, model.config.block_size)
-    check_fits(model, len(ids) + cfg.max_new_tokens, device)
+    check_cache_fits(model, len(ids) + cfg.max_new_tokens, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
 
     for n in range(cfg.num_samples):

@@ -91,6 +91,11 @@ class TrainConfig:
                                      "are removed at the start, its ckpt.pt replaced at the first save")
     init_from: str | None = setting(None, "start from this checkpoint's weights (fine-tuning): fresh optimizer, step 0")
 
+    @property
+    def ckpt_path(self):
+        """out_dir's latest checkpoint: what --resume continues and every periodic save replaces."""
+        return os.path.join(self.out_dir, "ckpt.pt")
+
 
 def parse_config(argv=None) -> TrainConfig:
     return parse_settings(config_parser(TrainConfig, __doc__.strip().split("\n\n")[0]), argv)
@@ -98,10 +103,10 @@ def parse_config(argv=None) -> TrainConfig:
 
 # ----------------------------------------------------------------------------- data
 # Each split is cut into windows of block_size+1 tokens at stride block_size, never across a shard boundary.
-# Training reads an endless stream of windows: epoch e is a permutation of all of them drawn from (seed, e).
-# A step takes the N = batch_size*grad_accum*world_size stream positions [p, p+N), each rank and micro-step its
-# own batch_size of them: ranks read disjoint windows, a global batch is the same however it is split into
-# processes and micro-steps, and a checkpoint only needs p (= step*N while the batch size is unchanged).
+# Training reads the windows in an endless order: epoch e is a permutation of all of them drawn from (seed, e).
+# A step takes the N = batch_size*grad_accum*world_size positions [p, p+N) of that order, each rank and
+# micro-step its own batch_size of them: ranks read disjoint windows, a global batch is the same however it is
+# split into processes and micro-steps, and a checkpoint only needs p (= step*N while the batch size is unchanged).
 class Split:
     """The windows of block_size+1 tokens of one split, at stride block_size, inside each shard."""
 
@@ -139,8 +144,8 @@ def epoch_order(seed, epoch, n):
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
-def stream_windows(position, count, n, seed):
-    """Window ids at positions [position, position+count) of the endless training stream."""
+def training_order(position, count, n, seed):
+    """Window ids at positions [position, position+count) of the endless training order."""
     pos = np.arange(position, position + count)
     out = np.empty(count, dtype=np.int64)
     for epoch in np.unique(pos // n):
@@ -150,9 +155,15 @@ def stream_windows(position, count, n, seed):
 
 
 def micro_batch_start(position, rank, micro, batch_size, grad_accum):
-    """First stream position read by `rank` in micro-step `micro` of the step starting at `position`:
-    position + (rank*grad_accum + micro)*batch_size."""
+    """First position in the training order read by `rank` in micro-step `micro` of the step starting at
+    `position`: position + (rank*grad_accum + micro)*batch_size."""
     return position + (rank * grad_accum + micro) * batch_size
+
+
+def windows_per_step(cfg, world):
+    """N, the training windows one optimizer step reads: batch_size per micro-step, grad_accum micro-steps,
+    every rank."""
+    return cfg.batch_size * cfg.grad_accum * world
 
 
 def eval_windows(n, total):
@@ -213,18 +224,14 @@ class Run:
 
     @property
     def windows_per_step(self):
-        return self.cfg.batch_size * self.cfg.grad_accum * self.world
-
-    @property
-    def ckpt_path(self):
-        return os.path.join(self.cfg.out_dir, "ckpt.pt")
+        return windows_per_step(self.cfg, self.world)
 
 
 @dataclass
 class State:
     """The loop's counters; a checkpoint holds them, so a resumed run continues each."""
     step: int = 0  # optimizer steps taken
-    position: int = 0  # stream position of the next training window
+    position: int = 0  # position of the next training window in the training order
     val_loss: float | None = None  # of the last evaluation,
     eval_step: int | None = None  # taken at this step
     first_val: float | None = None
@@ -232,9 +239,9 @@ class State:
     saved_step: int | None = None  # of ckpt.pt
 
 
-def set_up(cfg, rank, world, device, distributed, held):
+def set_up(cfg, rank, world, device, distributed, out_lock):
     """Check the settings, read the data and the checkpoint to start from, build model and optimizer -> Run, State.
-    Rank 0 takes out_dir's writer lock into `held`, an ExitStack that train() keeps open until the run ends."""
+    Rank 0 takes out_dir's writer lock into `out_lock`, an ExitStack that train() keeps open until the run ends."""
     # settings
     check_settings(cfg)
     dtype = pick_dtype(cfg, device)
@@ -242,21 +249,21 @@ def set_up(cfg, rank, world, device, distributed, held):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
     # data, and the checkpoint to start from (--resume or --init_from): read only, so a refusal writes nothing
-    meta = read_meta(cfg.data_dir)
-    source = os.path.join(cfg.out_dir, "ckpt.pt") if cfg.resume else cfg.init_from
-    read = file_stamp(source) if cfg.resume else None  # which ckpt.pt this run continues
+    meta = load_meta(cfg.data_dir)  # ShardError naming what is missing or malformed
+    source = cfg.ckpt_path if cfg.resume else cfg.init_from
+    ckpt_stamp = file_stamp(source) if cfg.resume else None  # which ckpt.pt this run continues
     ckpt = read_checkpoint(source) if source else None
     if ckpt is not None:
         check_tokenizer(ckpt, meta, source, cfg.data_dir)
     mcfg = model_config(cfg, meta, ckpt, source)
     if ckpt is not None:
         check_buildable(mcfg, ckpt["model"], source)  # a model_config of another writer may ask for a billion blocks
-    check_fits(cfg, mcfg, world, device)  # a billion layers or sequences is refused, not built until the OOM killer comes
+    check_training_fits(cfg, mcfg, world, device)  # a billion layers or sequences: refused, not built until OOM
     if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
         print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
     train_split = Split(cfg.data_dir, meta, "train", mcfg.block_size, mcfg.vocab_size)
     val_split = Split(cfg.data_dir, meta, "val", mcfg.block_size, mcfg.vocab_size)
-    claim_out_dir(cfg, held if rank == 0 else None, read)  # one writer per out_dir; nothing replaced silently
+    claim_out_dir(cfg, out_lock if rank == 0 else None, ckpt_stamp)  # one writer per out_dir; nothing replaced silently
 
     # model and optimizer
     torch.manual_seed(cfg.seed + rank)  # rank 0's init is every rank's (DDP broadcasts it); dropout differs
@@ -280,7 +287,7 @@ def set_up(cfg, rank, world, device, distributed, held):
         n = raw_model.num_params()
         print(f"{mcfg.n_layer} layers x {mcfg.n_embd}, input={mcfg.input}, vocab {mcfg.vocab_size}: "
               f"{n['trainable']:,} trainable, {n['frozen']:,} frozen values | {world} process(es) on {device}, {dtype} | "
-              f"{run.windows_per_step * mcfg.block_size:,} tokens/step, {train_split.n:,} train windows/epoch | "
+              f"{log.tokens_per_step:,} tokens/step, {train_split.n:,} train windows/epoch | "
               f"{'resuming at' if cfg.resume else 'starting at'} step {state.step}")
     log.record(event="start", step=state.step, world_size=world, device=str(device), train_config=asdict(cfg),
                model_config=asdict(mcfg))
@@ -293,8 +300,8 @@ def train(cfg: TrainConfig) -> dict:
     rank, world, device, distributed = start_processes(cfg)
     try:
         t_start = time.time()
-        with ExitStack() as held:  # out_dir's writer lock (rank 0), released when the run ends
-            run, state = set_up(cfg, rank, world, device, distributed, held)
+        with ExitStack() as out_lock:  # out_dir's writer lock (rank 0), released when the run ends
+            run, state = set_up(cfg, rank, world, device, distributed, out_lock)
             try:
                 loss, stopping = loop(run, state)
                 summary = {"steps": state.step, "tokens": state.position * run.raw_model.config.block_size,
@@ -307,7 +314,7 @@ def train(cfg: TrainConfig) -> dict:
                 run.log.close()
         if rank == 0:
             print(f"done: step {state.step}, {summary['tokens']:,} tokens, val loss {state.val_loss}, "
-                  f"best {state.best_val}; {summary['wall_s']:.0f}s; checkpoint {run.ckpt_path}")
+                  f"best {state.best_val}; {summary['wall_s']:.0f}s; checkpoint {run.cfg.ckpt_path}")
         return summary
     finally:
         if distributed:
@@ -348,7 +355,7 @@ def loop(run, state):
             loss_sum = torch.zeros((), device=device)
             for micro in range(cfg.grad_accum):
                 start = micro_batch_start(state.position, run.rank, micro, cfg.batch_size, cfg.grad_accum)
-                x, y = run.train_split.batch(stream_windows(start, cfg.batch_size, run.train_split.n, cfg.seed), device)
+                x, y = run.train_split.batch(training_order(start, cfg.batch_size, run.train_split.n, cfg.seed), device)
                 last_micro = micro == cfg.grad_accum - 1
                 # DDP all-reduces the gradients in backward: only on the last micro-step, once they are summed
                 with model.no_sync() if run.distributed and not last_micro else nullcontext():
@@ -388,7 +395,7 @@ class Log:
 
     @property
     def tokens_per_step(self):
-        return self.cfg.batch_size * self.cfg.grad_accum * self.world * self.block_size
+        return windows_per_step(self.cfg, self.world) * self.block_size
 
     def record(self, **entry):
         if self.file:
@@ -503,7 +510,7 @@ def check_settings(cfg):
         raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces it: pass one of them")
 
 
-def check_fits(cfg, mcfg, world, device):
+def check_training_fits(cfg, mcfg, world, device):
     """Refuse a model or batch that cannot fit, before building it, with the numbers: a lower bound of what
     training holds (weights, gradients and AdamW's two moments, 16 bytes a parameter, counting only the
     blocks' 12 n_embd^2 and the head; a micro-batch's logits at 2 bytes or more; what GPT builds besides
@@ -521,13 +528,6 @@ def check_fits(cfg, mcfg, world, device):
         raise ValueError(f"eval_steps {cfg.eval_steps:,} x batch_size {cfg.batch_size:,} x {world} process(es) validation "
                          f"windows need {ids / 2**30:,.1f} GiB for their ids alone, but {free / 2**30:,.1f} GiB is free: "
                          "evaluate fewer batches")
-
-
-def read_meta(data_dir):
-    if not os.path.isfile(os.path.join(data_dir, "meta.json")):
-        raise ShardError(f"{data_dir}: no meta.json; prepare the data first "
-                         f"(`python prepare_data.py shakespeare` writes the default, data/shakespeare)")
-    return load_meta(data_dir)  # ShardError naming the folder if a shard is missing
 
 
 def check_tokenizer(ckpt, meta, source, data_dir):
@@ -575,20 +575,19 @@ def model_config(cfg, meta, ckpt, path):
 
 
 # ----------------------------------------------------------------------------- out_dir: one writer, nothing lost
-def claim_out_dir(cfg, held, read):
-    """Make rank 0 (`held`: train()'s ExitStack) out_dir's one writer until the run ends: common.writer_lock
+def claim_out_dir(cfg, out_lock, ckpt_stamp):
+    """Make rank 0 (`out_lock`: train()'s ExitStack) out_dir's one writer until the run ends: common.writer_lock
     refuses a second run into it, even one started in the same second, and removes the temp files of a
     writer killed mid-save. What out_dir holds is checked (check_out_dir) under the lock; a folder no run
     has locked yet is checked before it too, so a refusal leaves a user's folder exactly as it was. A
-    resumed run read ckpt.pt before the lock (`read`: its file_stamp): another run may have saved it since."""
+    resumed run read ckpt.pt before the lock (`ckpt_stamp`: its file_stamp): another run may have saved it since."""
     if not os.path.exists(os.path.join(cfg.out_dir, LOCK_NAME)):
         check_out_dir(cfg)
-    if held is not None:
-        held.enter_context(writer_lock(cfg.out_dir, outputs=OUTPUTS))
+    if out_lock is not None:
+        out_lock.enter_context(writer_lock(cfg.out_dir, outputs=OUTPUTS))
         check_out_dir(cfg)
-        ckpt = os.path.join(cfg.out_dir, "ckpt.pt")
-        if read is not None and file_stamp(ckpt) != read:
-            raise ValueError(f"{ckpt} was replaced by another run while this one started: resume again")
+        if ckpt_stamp is not None and file_stamp(cfg.ckpt_path) != ckpt_stamp:
+            raise ValueError(f"{cfg.ckpt_path} was replaced by another run while this one started: resume again")
 
 
 def file_stamp(path):
@@ -626,7 +625,7 @@ def open_outputs(cfg):
 
 
 # ----------------------------------------------------------------------------- divergence
-def problem(loss, norm, vocab_size):
+def why_diverged(loss, norm, vocab_size):
     """Why a state with this loss and gradient norm cannot be trained on, or None. A state is good when its
     loss and gradient norm are finite and the loss is at most 2 ln V: an untrained model scores about ln V,
     a diverged one, finite or not, far more."""
@@ -644,31 +643,31 @@ def stop_if_bad(run, state, why, step, **entry):
     if why is None:
         return
     run.log.record(event="diverged", step=step, problem=why, **entry)
-    last = f"{run.ckpt_path} (step {state.saved_step})" if state.saved_step is not None else "none was written"
+    last = f"{run.cfg.ckpt_path} (step {state.saved_step})" if state.saved_step is not None else "none was written"
     raise FloatingPointError(f"{why} at step {step}: stopped without saving; the last good checkpoint is "
                              f"untouched: {last}. Try a lower --lr or --grad_clip.")
 
 
 def check_step(run, state, loss, norm):
     """A bad training loss or gradient stops the run before the optimizer step applies it."""
-    why = problem(loss, norm, run.raw_model.config.vocab_size)
+    why = why_diverged(loss, norm, run.raw_model.config.vocab_size)
     stop_if_bad(run, state, why, state.step + 1, loss=loss, grad_norm=norm)
 
 
 def check_val_loss(run, state, loss):
     """A bad validation loss stops the run before it is recorded or saved."""
-    why = problem(loss, None, run.raw_model.config.vocab_size)
+    why = why_diverged(loss, None, run.raw_model.config.vocab_size)
     stop_if_bad(run, state, why and f"validation {why}", state.step, val_loss=loss)
 
 
 def check_state(run, state):
     """Stop unless the state about to be saved is good: finite weights, and its validation loss (this
-    step's evaluation, else one batch's) passes `problem`. Every rank takes part."""
+    step's evaluation, else one batch's) passes `why_diverged`. Every rank takes part."""
     finite = torch.stack([p.isfinite().all() for p in run.raw_model.parameters()]).all().item()
     loss = state.val_loss if state.eval_step == state.step else None
     if finite and loss is None:
         loss = evaluate(run.model, run.val_split, run.cfg, run.rank, run.world, run.device, run.autocast, steps=1)
-    why = "non-finite weights" if not finite else problem(loss, None, run.raw_model.config.vocab_size)
+    why = "non-finite weights" if not finite else why_diverged(loss, None, run.raw_model.config.vocab_size)
     stop_if_bad(run, state, why and f"validation {why}", state.step)
 
 
@@ -676,8 +675,9 @@ def check_state(run, state):
 def save(run, state, name):
     """Write out_dir/name (ckpt.pt latest, best.pt best val loss) only of a good state; every rank takes part.
     The checkpoint is a plain-typed dict (checkpoint.checkpoint_dict, from the uncompiled, unwrapped module): weights,
-    AdamW state, stream position and every rank's RNG states, so a resumed run continues bit for bit. It is
-    written atomically: a crash, a second Ctrl-C or a full disk mid-write leaves the previous file as it was."""
+    AdamW state, position in the training order and every rank's RNG states, so a resumed run continues bit for
+    bit. It is written atomically: a crash, a second Ctrl-C or a full disk mid-write leaves the previous file as it
+    was."""
     check_state(run, state)
     rngs = [None] * run.world
     if run.distributed:
@@ -755,8 +755,8 @@ def data_fingerprint(folder, meta):
 
 
 def check_same_data(run, ckpt, source):
-    """--resume reads on at the saved stream position, which means the same windows only in the same data:
-    other data (the folder prepared again, or another one) is refused. A checkpoint older than the
+    """--resume reads on at the saved position in the training order, which means the same windows only in the
+    same data: other data (the folder prepared again, or another one) is refused. A checkpoint older than the
     fingerprint cannot be checked: said once."""
     saved = ckpt["data"].get("fingerprint")
     if saved is None and run.rank == 0:

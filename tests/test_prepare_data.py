@@ -128,7 +128,7 @@ def test_crash_mid_write_leaves_no_shard(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- meta.json
 def test_load_meta_missing_folder_or_shards(tmp_path, prepared):
-    with pytest.raises(P.ShardError, match=f"{tmp_path}: no meta.json; run prepare_data.py"):
+    with pytest.raises(P.ShardError, match=f"{tmp_path}: no meta.json; prepare the data first"):
         P.load_meta(tmp_path)
     out, _ = prepared
     (out / "train_000001.bin").unlink()

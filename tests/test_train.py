@@ -154,11 +154,11 @@ def test_ranks_and_micro_steps_read_disjoint_windows():
         # one process with 2A micro-steps reads the same positions as W=2 processes with A each
         assert sorted(train.micro_batch_start(p, 0, m, B, A * W) + i for m in range(A * W) for i in range(B)) == positions
     # windows: each epoch is a permutation of all n windows, another one per epoch, same for the same seed
-    e0, e1 = train.stream_windows(0, n, n, seed=1), train.stream_windows(n, n, n, seed=1)
+    e0, e1 = train.training_order(0, n, n, seed=1), train.training_order(n, n, n, seed=1)
     assert sorted(e0) == sorted(e1) == list(range(n)) and not np.array_equal(e0, e1)
-    assert np.array_equal(train.stream_windows(10, 60, n, 1), np.concatenate([e0, e1])[10:70])
-    rank0 = train.stream_windows(train.micro_batch_start(0, 0, 0, B, 1), B, n, 1)
-    rank1 = train.stream_windows(train.micro_batch_start(0, 1, 0, B, 1), B, n, 1)
+    assert np.array_equal(train.training_order(10, 60, n, 1), np.concatenate([e0, e1])[10:70])
+    rank0 = train.training_order(train.micro_batch_start(0, 0, 0, B, 1), B, n, 1)
+    rank1 = train.training_order(train.micro_batch_start(0, 1, 0, B, 1), B, n, 1)
     assert not set(rank0) & set(rank1)
 
 

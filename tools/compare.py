@@ -173,7 +173,7 @@ def run_one(args, meta, variant, seed):
     check_settings(cfg)
     if not os.path.exists(final):
         # the folder is this run's own: continue its checkpoint, or start afresh over a hard-killed start
-        cfg.resume = os.path.exists(os.path.join(out, "ckpt.pt"))
+        cfg.resume = os.path.exists(cfg.ckpt_path)
         cfg.overwrite = not cfg.resume
         print(f"\n=== {variant}, seed {seed} ===", flush=True)
         try:

@@ -17,8 +17,9 @@ import torch
 from checkpoint import load_checkpoint
 from common import config_parser, parse_settings, run_main, setting
 from model import generate
+from prepare_data import load_meta
 from quantize import quantize_int8
-from train import Split, check_tokenizer, read_meta
+from train import Split, check_tokenizer
 
 
 @dataclass
@@ -58,7 +59,7 @@ def main(argv=None):
     if min(cfg.new_tokens, cfg.prompt_tokens, cfg.batch_size) < 1:
         raise ValueError("--new_tokens, --prompt_tokens and --batch_size must be at least 1")
     model, ckpt = load_checkpoint(cfg.ckpt, torch.device("cpu"))
-    meta = read_meta(cfg.data_dir)
+    meta = load_meta(cfg.data_dir)
     check_tokenizer(ckpt, meta, cfg.ckpt, cfg.data_dir)
     val = Split(cfg.data_dir, meta, "val", model.config.block_size, model.config.vocab_size)
     r = quality(model.eval(), val, cfg.new_tokens, cfg.prompt_tokens, cfg.batch_size)
