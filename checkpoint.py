@@ -1,6 +1,6 @@
 """
-Checkpoints: reading, building the model they hold, and writing them: one home for every script that
-saves or loads one (train, sample, convert, compare, bench), and the RNG states a resumed run restores.
+Checkpoints: reading, building the model they hold, and writing them: the one home of every script that
+saves or loads one, and of the RNG states a resumed run restores.
 
 A checkpoint is a dict of plain types, so torch.load(weights_only=True) reads it: "model" (the state
 dict), "model_config" (GPTConfig's fields), "tokenizer" (how to turn ids into text), and training state

@@ -1,4 +1,5 @@
-"""Fixtures shared by the test files that train small models."""
+"""Fixtures shared by the test files that train small models. This file sits at the root so that pytest puts
+the root on the import path of every test, tests/ included (`import model` works there as here)."""
 
 from pathlib import Path
 

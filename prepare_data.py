@@ -62,8 +62,8 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from common import atomic_open, atomic_write, config_parser, parse_int, parse_settings, run_main, setting, writer_lock
-from tokenizer import get_tokenizer
+from common import atomic_open, atomic_write, config_parser, parse_settings, run_main, setting, writer_lock
+from tokenizer import SMALL_VOCAB, get_tokenizer
 
 MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
 DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
@@ -72,9 +72,7 @@ SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/da
 HUB = {"fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),
        "cosmopedia": ("HuggingFaceTB/cosmopedia", "web_samples_v2")}
 NAMED = ("shakespeare", *HUB)
-# the quickstart's corpus gets the small preset's vocabulary by default: GPT-2 cut to 8,192 tokens keeps
-# the output head (V x n_embd) CPU-sized
-DEFAULT_VOCAB = {"shakespeare": 8192}
+DEFAULT_VOCAB = {"shakespeare": SMALL_VOCAB}  # the quickstart's corpus: the small preset's vocabulary
 EXTS = (".txt", ".jsonl", ".parquet")
 
 
@@ -424,11 +422,11 @@ def encoded(jobs, tok: tuple, workers: int):
         return
     # a signal that lands while the workers fork is swallowed by Python's fork hooks: hold Ctrl-C and
     # SIGTERM until the pool exists (its threads keep them blocked, so they reach the main thread)
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         pool = mp.Pool(workers, _start_worker, (tok,))
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     with pool:  # leaving it terminates the workers
         pending = deque()
         for job in jobs:
@@ -540,7 +538,7 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
     if not 0 <= val_fraction < 1 or shard_tokens < 1 or (max_tokens is not None and max_tokens < 1):
         raise ValueError(f"need 0 <= val_fraction < 1, shard_tokens >= 1, max_tokens >= 1; "
                          f"got {val_fraction}, {shard_tokens}, {max_tokens}")
-    workers = workers or os.cpu_count() or 1
+    workers = workers or os.cpu_count() or 1  # the default's one home: a process per core
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     tok = (encoding, vocab_size, reserve_zero)  # get_tokenizer's arguments, sent to the workers
@@ -604,8 +602,8 @@ class PrepareConfig:
     out: str | None = setting(None, "output folder for train_*.bin, val_*.bin, meta.json (default for one named "
                                     "corpus: data/NAME)")
     encoding: str = setting("gpt2", f"tiktoken encoding: {', '.join(tiktoken.list_encoding_names())}")
-    vocab_size: int | None = setting(None, "keep the first N-1 BPE ranks, EOT = N-1 (default: 8192 for shakespeare, "
-                                           "else the full encoding)")
+    vocab_size: int | None = setting(None, f"keep the first N-1 BPE ranks, EOT = N-1 (default: {SMALL_VOCAB} for "
+                                           "shakespeare, else the full encoding)")
     reserve_zero: bool = setting(True, "give id 0 (the all-zero binary code) to the NUL byte, which text does not "
                                        "contain; without it the ids are the encoding's own (as in data prepared "
                                        "before this option)")
@@ -616,7 +614,7 @@ class PrepareConfig:
                                             "or 0.5,0.3,0.2 (default: concatenate)", type=parse_weights)
     max_tokens: int | None = setting(None, "token budget for train+val, whole documents, e.g. 1e9 (default: no limit)")
     seed: int = setting(0, "seed of the --mix draws")
-    workers: int = setting(os.cpu_count(), "tokenizer processes; 1 = no pool")
+    workers: int | None = setting(None, "tokenizer processes; 1 = no pool (default: one per CPU core)")
     overwrite: bool = setting(False, "replace prepared data already in --out")
 
 

@@ -1,8 +1,9 @@
 """
-Tokenizers: text <-> token ids, one home for prepare_data.py, sample.py, convert.py and bench.py.
+Tokenizers: text <-> token ids, the one home of every script that turns text into ids or back.
 
 - get_tokenizer: a tiktoken encoding, optionally cut to a smaller vocabulary (what prepare_data.py
-  writes shards with, and what a native checkpoint's tokenizer entry names).
+  writes shards with, and what a native checkpoint's tokenizer entry names); SMALL_VOCAB, the default cut.
+- tiktoken_entry: that "tokenizer" entry, which train.py saves with every checkpoint.
 - TiktokenText, HFText: the two text codecs sample.py decodes with, a tiktoken encoding (native runs)
   or a tokenizer.json (converted releases; needs the `tokenizers` package), each with its end-of-text id.
 - load_text_codec: the codec a checkpoint's "tokenizer" entry describes.
@@ -17,6 +18,9 @@ from functools import lru_cache
 import tiktoken
 
 EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]  # end-of-text names, most common first
+# GPT-2's tokenizer cut to 8,192 tokens (K = 13 code bits): the vocabulary of the quick start (prepare_data.py's
+# default for shakespeare), the small preset and the studies; it keeps the output head (V x n_embd) CPU-sized
+SMALL_VOCAB = 8192
 
 
 @lru_cache(maxsize=8)  # building a cut encoding takes ~0.2 s
@@ -27,8 +31,8 @@ def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve
     takes NUL's id. Id 0's binary code is all zeros, and a window that starts with an all-zero input
     keeps an exactly zero residual stream in a bias-free model, where LayerNorm's gradient is huge:
     deep binary models diverge on it (docs/zero-code.md). The paper's tokenizer gives id 0 to U+0000 for
-    the same effect. Swapping two single-byte ranks changes no merge (merges rank pairs of 2+ bytes),
-    so text encodes to the same tokens, renumbered."""
+    the same effect. BPE compares only the ranks of pieces of 2+ bytes, so swapping the ids of two single
+    bytes changes no merge: text encodes to the same tokens, renumbered."""
     if encoding not in tiktoken.list_encoding_names():
         raise ValueError(f"unknown encoding {encoding!r}; choose one of {tiktoken.list_encoding_names()}")
     base = tiktoken.get_encoding(encoding)
@@ -51,7 +55,7 @@ def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve
 
 
 def tiktoken_entry(meta: dict) -> dict:
-    """The checkpoint's "tokenizer" entry for data prepared as `meta` (prepare_data.py's meta.json) says."""
+    """The "tokenizer" entry a checkpoint gets for data prepared as `meta` (prepare_data.py's meta.json) says."""
     return {"kind": "tiktoken", "encoding": meta["encoding"], "vocab_size": meta["vocab_size"],
             "reserve_zero": meta.get("reserve_zero", False)}  # data prepared before it existed: the plain ids
 

@@ -33,7 +33,7 @@ def test_every_script_has_help():
 
 # the values each command line gave before the common style (argparse, DEFAULTS dicts, --quick/--gpu presets)
 PREPARE = dict(inputs=["a.txt"], out="o", encoding="gpt2", vocab_size=None, reserve_zero=True, val_fraction=0.1,
-               shard_tokens=100_000_000, text_field="text", mix=None, max_tokens=None, seed=0, workers=os.cpu_count(),
+               shard_tokens=100_000_000, text_field="text", mix=None, max_tokens=None, seed=0, workers=None,
                overwrite=False)
 
 

@@ -41,3 +41,13 @@ def test_sampling_pulls_in_no_training_or_tool_code():
     code = "import sys, sample; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in {'train', 'prepare_data', 'tools'})))"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stdout, r.stderr) == (0, "\n", "")
+
+
+def test_the_small_preset_has_the_default_vocabulary():
+    """8,192 has one home, tokenizer.SMALL_VOCAB; model.py keeps a copy (it imports torch alone), held equal here."""
+    from model import PRESETS
+    from prepare_data import DEFAULT_VOCAB
+    from tokenizer import SMALL_VOCAB
+    from tools.compare import DataSettings
+
+    assert PRESETS["small"]["vocab_size"] == DEFAULT_VOCAB["shakespeare"] == DataSettings().vocab_size == SMALL_VOCAB

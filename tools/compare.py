@@ -39,8 +39,9 @@ import torch
 from checkpoint import load_checkpoint
 from common import (atomic_write, config_parser, parse_settings, pick_device, preset_setting, resolve_presets, run_main,
                     setting, writer_lock)
-from model import GPT, PRESETS, GPTConfig, get_config
+from model import GPT, PRESETS, GPTConfig, code_bits, get_config
 from prepare_data import load_meta, prepare
+from tokenizer import SMALL_VOCAB
 from train import Split, TrainConfig, train
 
 VARIANTS = ("learned", "binary", "affine")
@@ -53,7 +54,8 @@ class DataSettings:
                                                  "shakespeare (downloaded once)", nargs="+")
     data: str | None = setting(None, "prepared shards to use (default: <out>/data, prepared on first run)")
     encoding: str = setting("gpt2", "tiktoken encoding")
-    vocab_size: int = setting(8192, "cut the encoding to this many tokens (default 8192: K = 13 bits)")
+    vocab_size: int = setting(SMALL_VOCAB, f"cut the encoding to this many tokens (default {SMALL_VOCAB}: "
+                                           f"K = {code_bits(SMALL_VOCAB)} bits)")
     reserve_zero: bool = setting(True, "prepare --corpus with id 0 (the all-zero code) given to the NUL byte, as "
                                        "prepare_data.py does by default")
 
