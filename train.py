@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import atomic_torch_save, check_buildable, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
+from checkpoint import atomic_torch_save, check_buildable, check_finite, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
 from common import (LOCK_NAME, available_memory, config_parser, one_line, parse_settings, peak_flops, pick_device, run_main,
                     setting, writer_lock)
 from model import GPT, GPTConfig, get_config, memory_bytes
@@ -247,6 +247,7 @@ def set_up(cfg, rank, world, device, distributed, held):
     read = file_stamp(source) if cfg.resume else None  # which ckpt.pt this run continues
     ckpt = read_checkpoint(source) if source else None
     if ckpt is not None:
+        check_finite(ckpt["model"], source, "train from")  # names the tensor, as sample.py does
         check_tokenizer(ckpt, meta, source, cfg.data_dir)
     mcfg = model_config(cfg, meta, ckpt, source)
     if ckpt is not None:
@@ -501,6 +502,14 @@ def check_settings(cfg):
         raise ValueError(f"peak_flops must be a finite number > 0 (or none), got {cfg.peak_flops}")
     if cfg.resume and cfg.overwrite:
         raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces it: pass one of them")
+    if cfg.resume and cfg.init_from is not None:
+        raise ValueError("--resume continues out_dir's ckpt.pt and --init_from starts afresh from another checkpoint's "
+                         "weights: pass one of them")
+    if cfg.min_lr > cfg.lr:
+        raise ValueError(f"min_lr {cfg.min_lr:g} is above lr {cfg.lr:g}: the cosine decays from lr down to min_lr")
+    for name in ("out_dir", "data_dir", "init_from"):
+        if getattr(cfg, name) == "":
+            raise ValueError(f"--{name} is '' (empty): name a {'file' if name == 'init_from' else 'folder'}")
 
 
 def check_fits(cfg, mcfg, world, device):
@@ -524,10 +533,10 @@ def check_fits(cfg, mcfg, world, device):
 
 
 def read_meta(data_dir):
-    if not os.path.isfile(os.path.join(data_dir, "meta.json")):
+    if not os.path.lexists(os.path.join(data_dir, "meta.json")):
         raise ShardError(f"{data_dir}: no meta.json; prepare the data first "
                          f"(`python prepare_data.py shakespeare` writes the default, data/shakespeare)")
-    return load_meta(data_dir)  # ShardError naming the folder if a shard is missing
+    return load_meta(data_dir)  # ShardError naming the file if it is no file (a symlink loop) or a shard is missing
 
 
 def check_tokenizer(ckpt, meta, source, data_dir):
@@ -697,8 +706,10 @@ def save(run, state, name):
                            world_size=run.world)
     try:
         atomic_torch_save(ckpt, path)
-    except OSError as e:  # e.g. a full disk: atomic_open left the previous file as it was
-        raise OSError(f"{path}: not written ({e.strerror or e}); the previous {name} is untouched") from None
+    except OSError as e:  # e.g. a full disk: atomic_open left the previous files as they were
+        kept = [os.path.join(cfg.out_dir, n) for n in ("ckpt.pt", "best.pt") if os.path.isfile(os.path.join(cfg.out_dir, n))]
+        kept = f"kept as they were: {', '.join(kept)}" if kept else "no checkpoint of this run is on disk yet"
+        raise OSError(f"{path}: not written ({e.strerror or e}); {kept}") from None
 
 
 def restore(run, state, ckpt, source):
@@ -810,7 +821,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    code = run_main(main)
+    code = run_main(main, outlive_stdout=True)  # a closed stdout (`| head`) does not stop a run: log.jsonl is its record
     if dist.is_torchelastic_launched():  # a torchrun rank, its files written and closed: torch 2.13's teardown at exit
         sys.stdout.flush()  # sometimes aborts (SIGABRT, ~1 run in 10 with gloo), so leave without it
         sys.stderr.flush()
