@@ -40,12 +40,20 @@ def atomic_open(path, mode="wb", **kwargs):
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
+class DiskFull(OSError):
+    """A write that a full disk (or quota) stopped: errno, and strerror "the disk is full: ..." for callers that
+    add their own context; printed, the whole message (disk_full)."""
+
+    def __str__(self):
+        return self.message
+
+
 def disk_full(path, code=errno.ENOSPC):
-    """The OSError of a write to `path` that a full disk (or quota) stopped: it says so, and which file
-    survives (atomic_open leaves the previous `path` as it was); errno and strerror kept for callers."""
+    """The DiskFull of a write to `path`: it says the disk is full, and which file survives (atomic_open
+    leaves the previous `path` as it was)."""
     kept = f"the previous {os.path.basename(path)} is as it was" if os.path.exists(path) else "nothing was replaced"
-    e = OSError(f"{path}: not written: the disk is full ({os.strerror(code)}); {kept}")
-    e.errno, e.strerror = code, f"the disk is full: {os.strerror(code)}"
+    e = DiskFull(code, f"the disk is full: {os.strerror(code)}")
+    e.message = f"{path}: not written: {e.strerror}; {kept}"
     return e
 
 
