@@ -94,7 +94,9 @@ def check_settings(cfg):
         raise ValueError(f"--seed must be in [-2**63, 2**64), got {cfg.seed}")
     if cfg.max_new_tokens < 0 or cfg.num_samples < 1:
         raise ValueError("--max_new_tokens must be >= 0 and --num_samples >= 1")
-    if cfg.top_k is not None and cfg.top_k <= 0:
+    if cfg.top_k is not None and cfg.top_k < 0:
+        raise ValueError(f"--top_k must be a count >= 1 (0 or none: no top-k cut), got {cfg.top_k}")
+    if cfg.top_k == 0:
         cfg.top_k = None  # 0 means no top-k cut
     if cfg.prompt and cfg.prompt_file is not None:
         raise ValueError("--prompt and --prompt_file both give the prompt: pass one of them")
