@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from common import atomic_open, atomic_write, config_parser, file_problem, parse_int, parse_settings, run_main, setting, writer_lock
+from common import DISK_FULL, atomic_open, atomic_write, config_parser, file_problem, parse_int, parse_settings, run_main, setting, writer_lock
 from tokenizer import get_tokenizer
 
 MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
@@ -594,9 +594,12 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
             for name in [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"]:  # meta.json last
                 os.replace(staging / name, out / name)
             _clear_staging(staging)
-        except BaseException:  # a bad input halfway, a full disk, Ctrl-C: the old data stays as it was
+        except BaseException as e:  # a bad input halfway, a full disk, Ctrl-C: the old data stays as it was
             with contextlib.suppress(ValueError, OSError):
                 _clear_staging(staging)
+            if isinstance(e, OSError) and e.errno in DISK_FULL:
+                kept = "the prepared data there is as it was" if old else "nothing was written there"
+                raise OSError(f"{out}: not prepared: the disk is full ({os.strerror(e.errno)}); {kept}") from None
             raise
     return meta
 

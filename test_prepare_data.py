@@ -466,7 +466,8 @@ def test_full_disk_keeps_the_old_data(tmp_path, capsys, monkeypatch, prepared):
         fsync(fd)
     monkeypatch.setattr(os, "fsync", fills_up)
     rc, err = main(capsys, tmp_path / "new.txt", "--out", out, "--overwrite", "--shard_tokens", "1000", "--workers", "1")
-    assert (rc, err) == (1, "error: [Errno 28] No space left on device\n")
+    assert (rc, err) == (1, f"error: {out}: not prepared: the disk is full (No space left on device); the prepared data "
+                            "there is as it was\n")
     assert snapshot(out) == before
 
 
