@@ -439,8 +439,9 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None,
         logits = logits.masked_fill(~allowed, -float("inf"))
     if temperature < torch.finfo(logits.dtype).tiny:
         return logits.argmax(dim=-1, keepdim=True)
-    # the max first: divided by a small temperature the logits then reach -inf, never +inf (inf - inf is NaN)
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    # the max first, and a temperature of at most the dtype's largest number: the logits then reach -inf or 0,
+    # never +inf or NaN (inf - inf, -inf / inf), at any temperature
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / min(temperature, torch.finfo(logits.dtype).max)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[:, -1:]
         logits = logits.masked_fill(logits < kth, -float("inf"))
@@ -449,6 +450,7 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None,
         cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         # drop a token once the tokens ranked above it already reach top_p (the first always stays)
         drop = (cum - sorted_logits.softmax(dim=-1)) >= top_p
+        drop[:, 0] = False  # even where top_p rounds to 0 in the logits' dtype
         logits = logits.masked_fill(drop.scatter(1, order, drop), -float("inf"))
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator)

@@ -337,9 +337,10 @@ def test_ids_the_tokenizer_cannot_decode_are_never_drawn(tmp_path, capsys, encod
         argv = ["--ckpt", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "20", "--temperature", temperature]
         assert run_main(sample.main, argv) == 0
         assert capsys.readouterr() == (greedy, "")
-    assert run_main(sample.main, ["--ckpt", ckpt, "--temperature", "2", "--num_samples", "3", "--max_new_tokens", "30"]) == 0
-    out = capsys.readouterr()
-    assert out.err == "" and out.out.count("---------------\n") == 3
+    for argv in (["--temperature", "2"], ["--temperature", "1e300"], ["--top_p", "1e-300"], ["--top_k", "1000000"]):
+        assert run_main(sample.main, ["--ckpt", ckpt, *argv, "--num_samples", "3", "--max_new_tokens", "30"]) == 0
+        out = capsys.readouterr()
+        assert out.err == "" and out.out.count("---------------\n") == 3
 
 
 def test_prompt_flags_that_contradict_are_refused_and_a_bom_is_not_prompt(native, tmp_path, capsys):
