@@ -689,6 +689,9 @@ def test_lr_schedule():
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert lrs[60] == pytest.approx(0.55) and lrs[110] == lrs[119] == 0.1
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    cfg = train.TrainConfig(lr=5e-5)  # --lr alone: min_lr follows it (lr / 10), no contradiction with a fixed default
+    train.check_settings(cfg)
+    assert cfg.min_lr == 5e-6
 
 
 def test_preset_that_does_not_fit_the_data_says_why(data_dir, tmp_path):

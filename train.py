@@ -67,7 +67,7 @@ class TrainConfig:
     grad_accum: int = setting(1, "micro-steps per optimizer step")
     max_steps: int = setting(200, "optimizer steps to train for (in total, counting resumed ones)")
     lr: float = setting(1e-3, "peak learning rate")
-    min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay")
+    min_lr: float | None = setting(None, "learning rate at the end of the cosine decay (default: lr / 10)")
     warmup_steps: int = setting(20, "linear warmup steps")
     lr_decay_steps: int | None = setting(None, "step where the cosine reaches min_lr (default: max_steps)")
     weight_decay: float = setting(0.1, "AdamW weight decay (matrices only)")
@@ -481,6 +481,8 @@ def pick_dtype(cfg, device):
 # ----------------------------------------------------------------------------- checks on the settings
 def check_settings(cfg):
     """Counts and rates in range: a value the run cannot use is refused, never read as 'off' or 'never'."""
+    if cfg.min_lr is None:
+        cfg.min_lr = cfg.lr / 10  # so that --lr alone never contradicts a fixed min_lr
     for name in ("batch_size", "grad_accum", "eval_steps", "log_interval"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
