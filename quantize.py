@@ -143,7 +143,7 @@ def quality(model, val, new_tokens, prompt_tokens, batch_size):
 
 
 def main(argv=None):
-    from checkpoint import load_checkpoint
+    from checkpoint import check_finite, load_checkpoint
     from train import Split, check_tokenizer, read_meta
 
     cfg = parse_settings(config_parser(QualityConfig, "What int8 weights cost a trained model: its validation loss "
@@ -151,6 +151,7 @@ def main(argv=None):
     if min(cfg.new_tokens, cfg.prompt_tokens, cfg.batch_size) < 1:
         raise ValueError("--new_tokens, --prompt_tokens and --batch_size must be at least 1")
     model, ckpt = load_checkpoint(cfg.ckpt, torch.device("cpu"))
+    check_finite(model.state_dict(), cfg.ckpt, "measure")  # else every figure would be nan
     meta = read_meta(cfg.data_dir)
     check_tokenizer(ckpt, meta, cfg.ckpt, cfg.data_dir)
     val = Split(cfg.data_dir, meta, "val", model.config.block_size, model.config.vocab_size)

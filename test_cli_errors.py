@@ -335,3 +335,21 @@ def test_check_finite_finds_nan_and_inf_anywhere_in_any_dtype():
     with pytest.raises(ValueError, match=r"^x.pt holds NaN or inf values in b: refusing to sample from a diverged or "
                                          r"corrupt checkpoint$"):
         check_finite({"a": good, "b": bad, "ids": torch.arange(3)}, "x.pt", "sample from")
+
+
+def test_quantize_refuses_a_nan_checkpoint_naming_the_tensor(tiny_data, tmp_path, capsys):
+    """It printed 'validation loss ... float32 nan, int8 nan (nan%)' and exit 0."""
+    import torch
+
+    import quantize
+    from checkpoint import checkpoint_dict
+    from model import GPT, get_config
+
+    model = GPT(get_config("tiny"))
+    with torch.no_grad():
+        model.blocks[0].mlp.proj.weight[2, 2] = float("inf")
+    torch.save(checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512, "reserve_zero": True}),
+               tmp_path / "ckpt.pt")
+    assert run(quantize.main, ["--ckpt", str(tmp_path / "ckpt.pt"), "--data_dir", tiny_data], capsys) == (
+        1, "", f"error: {tmp_path / 'ckpt.pt'} holds NaN or inf values in blocks.0.mlp.proj.weight: refusing to measure a "
+               "diverged or corrupt checkpoint\n")
