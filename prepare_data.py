@@ -338,6 +338,8 @@ def hub_documents(repo: str, config: str | None, text_field: str = "text"):
 # ---------------------------------------------------------------- documents -> splits
 def mix_weights(mix: list[float], n_inputs: int) -> list[float]:
     """One weight per input; `--mix 0.7` with two inputs means 0.7, 0.3."""
+    if n_inputs < 2:
+        raise ValueError(f"--mix draws documents from two or more inputs, but {n_inputs} is named: drop --mix")
     weights = mix + [1 - sum(mix)] if len(mix) == n_inputs - 1 else mix
     if len(weights) != n_inputs or not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
         raise ValueError(f"--mix needs one non-negative weight per input (or all but the last), "
@@ -578,11 +580,12 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
             with contextlib.closing(encoded(jobs, tok, workers)) as results:  # closing stops the pool now
                 write_documents(results, writers, max_tokens, total_bytes, progress)
             splits = {s: w.close() for s, w in writers.items()}
-            if not splits["train"]["tokens"]:
-                raise ValueError("no training documents (--max_tokens is below the first document)")
+            budget = f", --max_tokens {max_tokens:,}" if max_tokens is not None else ""
+            if not splits["train"]["tokens"]:  # the budget below the first document, or every character val
+                raise ValueError(f"the train split is empty (--val_fraction {val_fraction}{budget}): give a smaller "
+                                 "fraction or a larger budget")
             if val_fraction > 0 and not splits["val"]["tokens"]:
-                budget = f", --max_tokens {max_tokens:,}" if max_tokens is not None else ""
-                raise ValueError(f"the val split is empty (--val_fraction {val_fraction:g}{budget}): give a larger "
+                raise ValueError(f"the val split is empty (--val_fraction {val_fraction}{budget}): give a larger "
                                  "fraction or budget, or --val_fraction 0 for no validation split")
             meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
                     "reserve_zero": reserve_zero, "dtype": dtype.name, "splits": splits, "sources": sources, "val_fraction": val_fraction,
