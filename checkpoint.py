@@ -44,6 +44,8 @@ def read_checkpoint(path, device="cpu"):
     The file is memory-mapped (copy-on-write: writing a tensor never touches the file), so on the CPU
     its tensors are read from the page cache when first used and never held twice.
     """
+    if not os.fspath(path):
+        raise ValueError("the checkpoint is '' (empty): name a .pt file or a folder holding ckpt.pt")
     file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
     problem = file_problem(file)
     if problem:

@@ -288,6 +288,7 @@ def test_files_that_are_not_files_say_what_they_are(tiny_data, tmp_path, capsys)
     (bench.main, ["--block_size", "0"], "--block_size must be at least 1, got 0"),  # was read as the default
     (train.main, ["--out_dir", ""], "--out_dir is '' (empty): name a folder"),
     (train.main, ["--data_dir", ""], "--data_dir is '' (empty): name a folder"),
+    (convert.main, ["native2hf", "", "no-such-folder"], "the checkpoint is '' (empty): name a .pt file or a folder holding ckpt.pt"),
 ])
 def test_flags_are_named_in_their_refusals(main, argv, message, capsys):
     assert run(main, argv, capsys) == (1, "", f"error: {message}\n")

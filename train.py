@@ -509,7 +509,7 @@ def check_settings(cfg):
                          "weights: pass one of them")
     if cfg.min_lr > cfg.lr:
         raise ValueError(f"min_lr {cfg.min_lr:g} is above lr {cfg.lr:g}: the cosine decays from lr down to min_lr")
-    for name in ("out_dir", "data_dir", "init_from"):
+    for name in ("out_dir", "init_from"):  # --data_dir: read_meta
         if getattr(cfg, name) == "":
             raise ValueError(f"--{name} is '' (empty): name a {'file' if name == 'init_from' else 'folder'}")
 
@@ -535,6 +535,8 @@ def check_fits(cfg, mcfg, world, device):
 
 
 def read_meta(data_dir):
+    if not os.fspath(data_dir):  # else meta.json would be looked for in the current folder
+        raise ValueError("--data_dir is '' (empty): name a folder")
     if not os.path.lexists(os.path.join(data_dir, "meta.json")):
         raise ShardError(f"{data_dir}: no meta.json; prepare the data first "
                          f"(`python prepare_data.py shakespeare` writes the default, data/shakespeare)")
