@@ -13,7 +13,8 @@ ends every document of its prepared data. A converted release continues its mode
 
 The tokenizer comes from the checkpoint: a tiktoken encoding by name (native runs) or a tokenizer.json
 beside the checkpoint (converted releases; needs the `tokenizers` package). Generation stops at the
-tokenizer's end-of-text token (<|endoftext|>, </s>). A prompt longer than the context keeps its last
+tokenizer's end-of-text token (<|endoftext|>, </s>), and never draws an id the tokenizer cannot decode
+(a vocabulary padded past it, as --vocab_size=65536 on GPT-2's 50,257 tokens). A prompt longer than the context keeps its last
 block_size tokens (with a notice on stderr).
 """
 
