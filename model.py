@@ -502,15 +502,20 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
 
 
 if __name__ == "__main__":  # python model.py --preset paper: the paper's parameter table, computed
-    from common import config_parser, parse_settings, setting  # the command line only: the model needs torch alone
+    import sys
+
+    from common import config_parser, parse_settings, run_main, setting  # the command line only: the model needs torch alone
 
     @dataclass
     class TableConfig:
         preset: str = setting("paper", "model preset", choices=list(PRESETS))
 
-    cfg = parse_settings(config_parser(TableConfig, "Print the parameter accounting of a preset's three input variants."))
-    print("| input | trainable params | input-interface params | frozen stored values |\n|---|---:|---:|---:|")
-    for variant in ("learned", "binary", "affine"):
-        with torch.device("meta"):  # shapes only: the paper preset costs no memory
-            n = GPT(get_config(cfg.preset, input=variant)).num_params()
-        print(f"| {variant} | {n['trainable']:,} | {n['input']:,} | {n['frozen']:,} |")
+    def main(argv=None):
+        cfg = parse_settings(config_parser(TableConfig, "Print the parameter accounting of a preset's three input variants."), argv)
+        print("| input | trainable params | input-interface params | frozen stored values |\n|---|---:|---:|---:|")
+        for variant in ("learned", "binary", "affine"):
+            with torch.device("meta"):  # shapes only: the paper preset costs no memory
+                n = GPT(get_config(cfg.preset, input=variant)).num_params()
+            print(f"| {variant} | {n['trainable']:,} | {n['input']:,} | {n['frozen']:,} |")
+
+    sys.exit(run_main(main))  # `| head` included: a reader that has had enough is no error
