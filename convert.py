@@ -636,9 +636,10 @@ def check_fits_dtype(tensors, dtype):
     big = {}
     for name, t in tensors.items():
         if t.is_floating_point() and t.numel():
-            lo, hi = torch.aminmax(t)
-            if max(-lo.item(), hi.item()) > top:
-                big[name] = max(-lo.item(), hi.item())
+            lo, hi = torch.aminmax(t)  # no temporary of the tensor's size
+            largest = max(-lo.item(), hi.item())
+            if largest > top:
+                big[name] = largest
     if big:
         shown = ", ".join(f"{n} ({v:.4g})" for n, v in list(big.items())[:5])
         raise ConversionError(f"{shown}: beyond {dtype}'s largest value {top:.6g}, so written as inf: export with "
