@@ -16,7 +16,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from common import atomic_open, available_memory, one_line
+from common import DISK_FULL, atomic_open, available_memory, disk_full, file_problem, one_line
 from model import GPT, GPTConfig, memory_bytes
 
 
@@ -32,6 +32,9 @@ def atomic_torch_save(obj, path):
         with atomic_open(path) as f:
             torch.save(obj, f)
     except RuntimeError as e:  # errno EIO, so callers that add their own context can use .strerror
+        cause = e.__context__  # torch reports the file's own OSError as "unexpected pos": a full disk says so
+        if isinstance(cause, OSError) and cause.errno in DISK_FULL:
+            raise disk_full(path, cause.errno) from None
         raise OSError(errno.EIO, f"write failed ({one_line(e)})", str(path)) from None
 
 
@@ -41,9 +44,12 @@ def read_checkpoint(path, device="cpu"):
     The file is memory-mapped (copy-on-write: writing a tensor never touches the file), so on the CPU
     its tensors are read from the page cache when first used and never held twice.
     """
+    if not os.fspath(path):
+        raise ValueError("the checkpoint is '' (empty): name a .pt file or a folder holding ckpt.pt")
     file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
-    if not os.path.isfile(file):
-        raise FileNotFoundError(f"{file}: no checkpoint there")
+    problem = file_problem(file)
+    if problem:
+        raise FileNotFoundError(f"{file}: no checkpoint there" if problem == "no such file" else f"{file}: {problem}")
     try:
         ckpt = torch.load(file, map_location=device, weights_only=True, mmap=True)
     except Exception as e:
@@ -61,10 +67,23 @@ def read_checkpoint(path, device="cpu"):
 
 def check_finite(tensors, what, doing):
     """Refuse NaN or inf weights, naming the tensors: a diverged or corrupt checkpoint is not `doing`'d."""
-    bad = [n for n, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = [n for n, t in tensors.items() if t.is_floating_point() and not all_finite(t)]
     if bad:
         raise ValueError(f"{what} holds NaN or inf values in {', '.join(bad[:10])}: refusing to {doing} a diverged "
                          "or corrupt checkpoint")
+
+
+def all_finite(t):
+    """Whether a float tensor holds no NaN or inf, making no temporary of its size (torch.isfinite makes
+    two, one its abs: 268 MB for the paper preset's output head, on top of the memory-mapped file).
+    aminmax is one pass with no temporary, and NaN or inf anywhere shows in its min or max; dtypes neither
+    takes (float8) are read 2**20 values at a time, as float32."""
+    if t.numel() == 0:
+        return True
+    if t.dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        lo, hi = torch.aminmax(t)
+        return bool(lo.isfinite() & hi.isfinite())
+    return all(bool(torch.isfinite(block.float()).all()) for block in t.reshape(-1).split(2**20))
 
 
 def load_weights(model, state_dict, source):

@@ -5,8 +5,11 @@ generated from a dataclass, and a `main` wrapper that turns the project's expect
 
 import argparse
 import contextlib
+import errno
 import os
 import re
+import select
+import stat
 import sys
 import typing
 from dataclasses import MISSING, field, fields
@@ -26,10 +29,49 @@ def atomic_open(path, mode="wb", **kwargs):
             f.flush()
             os.fsync(f.fileno())  # the rename must not land before the data
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            raise disk_full(path, e.errno) from None
         raise
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(OSError):
+    """A write that a full disk (or quota) stopped: errno, and strerror "the disk is full: ..." for callers that
+    add their own context; printed, the whole message (disk_full)."""
+
+    def __str__(self):
+        return self.message
+
+
+def disk_full(path, code=errno.ENOSPC):
+    """The DiskFull of a write to `path`: it says the disk is full, and which file survives (atomic_open
+    leaves the previous `path` as it was)."""
+    kept = f"the previous {os.path.basename(path)} is as it was" if os.path.exists(path) else "nothing was replaced"
+    e = DiskFull(code, f"the disk is full: {os.strerror(code)}")
+    e.message = f"{path}: not written: {e.strerror}; {kept}"
+    return e
+
+
+def file_problem(path):
+    """Why `path` is not a regular file that can be opened (None when it is one): missing, a symlink loop, a
+    broken symlink, a folder, a device or FIFO. "No such file" is said only of a path that is not there."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symlink loop (it resolves to itself)"
+        if e.errno == errno.ENOENT and os.path.islink(path):
+            return f"a broken symlink (to {os.readlink(path)}, which does not exist)"
+        return "no such file" if e.errno == errno.ENOENT else f"cannot be read ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    link = f"a symlink to {os.path.realpath(path)}, " if os.path.islink(path) else ""
+    return f"{link}{'a folder' if stat.S_ISDIR(mode) else 'a device, FIFO or socket'}, not a regular file"
 
 
 def atomic_write(path, data):
@@ -295,15 +337,24 @@ def one_line(text, limit=200):
     return re.sub(r"\x1b\[[0-9;]*m", "", " ".join(str(text).split()))[:limit]
 
 
-def run_main(main, argv=None):
+def run_main(main, argv=None, outlive_stdout=False):
     """Run a script's main(argv) and return its exit code (0 unless main returns an int). The project's expected errors (bad input, missing or
     corrupt files, a full disk, a diverged run: ValueError, OSError, FloatingPointError) print one
     `error:` line and exit 1; Ctrl-C exits 130 quietly. Anything else is a bug and keeps its traceback.
-    Set TRACEBACK=1 (or true, yes, on) to see the traceback of an expected error too."""
+    Set TRACEBACK=1 (or true, yes, on) to see the traceback of an expected error too.
+    A reader of stdout that has had enough (`| head`) is no error: the script ends quietly with exit 0, or,
+    with outlive_stdout (a training run: its files are the record), goes on without it (OutlivingStream)."""
+    if outlive_stdout:
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = OutlivingStream(sys.stdout, "stdout"), OutlivingStream(sys.stderr, "stderr")
     try:
         result = main(argv)
+        sys.stdout.flush()  # buffered output meets a closed pipe here, not at exit
         return result if isinstance(result, int) else 0
     except (ValueError, OSError, FloatingPointError) as e:
+        if isinstance(e, BrokenPipeError) and reader_gone(sys.stdout):
+            silence(sys.stdout)
+            return 0
         if os.environ.get("TRACEBACK", "").lower() in ("1", "true", "yes", "on"):
             raise
         print(f"error: {e}", file=sys.stderr)
@@ -311,3 +362,55 @@ def run_main(main, argv=None):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if outlive_stdout:
+            sys.stdout, sys.stderr = saved
+
+
+def reader_gone(stream):
+    """Whether `stream` is a pipe whose reader has closed it (poll says POLLERR on the write end)."""
+    try:
+        poll = select.poll()
+        poll.register(stream.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's capture): not a closed pipe
+        return False
+
+
+def silence(stream):
+    """Point `stream`'s file descriptor at /dev/null, so that what is still buffered, and the flush at exit,
+    go nowhere instead of raising BrokenPipeError again."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, stream.fileno())
+    os.close(null)
+
+
+class OutlivingStream:
+    """stdout or stderr of a run that must not die with its reader: once the reader is gone, a note goes to the
+    other stream (if it is still read) and further output is dropped."""
+
+    def __init__(self, stream, name):
+        self.stream, self.name = stream, name
+
+    def write(self, text):
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self.gone()
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self.gone()
+
+    def gone(self):
+        silence(self.stream)
+        if self.name == "stdout":
+            with contextlib.suppress(OSError, ValueError):
+                print("note: stdout was closed by its reader; the run goes on, its log and checkpoints are the record",
+                      file=sys.stderr, flush=True)
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ...
+        return getattr(self.stream, name)

@@ -435,11 +435,17 @@ def memory_bytes(config, batch_size=0, positions=0, dtype=torch.float32):
     return total
 
 
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    """(B, V) logits -> (B, 1) token ids: greedy at temperature 0, else top-k / nucleus sampling."""
-    if temperature == 0:
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None, allowed=None):
+    """(B, V) logits -> (B, 1) token ids: greedy at temperature 0, else top-k / nucleus sampling. `allowed`
+    (V bools): the ids that may be drawn (a vocabulary padded past its tokenizer: the rest mean no text).
+    A temperature below the dtype's smallest normal number (1.2e-38 in float32) cannot be divided by: greedy."""
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, -float("inf"))
+    if temperature < torch.finfo(logits.dtype).tiny:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
+    # the max first, and a temperature of at most the dtype's largest number: the logits then reach -inf or 0,
+    # never +inf or NaN (inf - inf, -inf / inf), at any temperature
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / min(temperature, torch.finfo(logits.dtype).max)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[:, -1:]
         logits = logits.masked_fill(logits < kth, -float("inf"))
@@ -448,6 +454,7 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         # drop a token once the tokens ranked above it already reach top_p (the first always stays)
         drop = (cum - sorted_logits.softmax(dim=-1)) >= top_p
+        drop[:, 0] = False  # even where top_p rounds to 0 in the logits' dtype
         logits = logits.masked_fill(drop.scatter(1, order, drop), -float("inf"))
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator)
@@ -455,7 +462,7 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
 
 @torch.inference_mode()  # cheaper per op than no_grad: no version counters, no view tracking
 def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
-           compile=False):
+           compile=False, allowed=None):
     """Yield the next token of every sequence, (B, 1), one step at a time, with a KV cache.
 
     temperature 0 is greedy. A prompt longer than block_size is cropped to its last block_size
@@ -463,7 +470,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     it (their keys were computed in their own windows, as in any sliding-window KV cache).
     Once a sequence emits eos_token_id it keeps emitting it; all done ends the stream.
     compile=True runs the one-token step through torch.compile (once per model and cache
-    shape: worth it for long generations, not for a few tokens).
+    shape: worth it for long generations, not for a few tokens). allowed: see sample_next.
     """
     check_ids(idx, model.config.vocab_size)
     idx = idx[:, -model.config.block_size :]
@@ -473,7 +480,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
     for i in range(max_new_tokens):
         logits, _ = (model if i == 0 else step)(idx, cache=cache)  # the prompt runs eagerly
-        nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator)
+        nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator, allowed)
         if eos_token_id is not None:
             nxt = torch.where(done[:, None], eos_token_id, nxt)
             done |= nxt[:, 0] == eos_token_id
@@ -499,15 +506,20 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
 
 
 if __name__ == "__main__":  # python model.py --preset paper: the paper's parameter table, computed
-    from common import config_parser, parse_settings, setting  # the command line only: the model needs torch alone
+    import sys
+
+    from common import config_parser, parse_settings, run_main, setting  # the command line only: the model needs torch alone
 
     @dataclass
     class TableConfig:
         preset: str = setting("paper", "model preset", choices=list(PRESETS))
 
-    cfg = parse_settings(config_parser(TableConfig, "Print the parameter accounting of a preset's three input variants."))
-    print("| input | trainable params | input-interface params | frozen stored values |\n|---|---:|---:|---:|")
-    for variant in ("learned", "binary", "affine"):
-        with torch.device("meta"):  # shapes only: the paper preset costs no memory
-            n = GPT(get_config(cfg.preset, input=variant)).num_params()
-        print(f"| {variant} | {n['trainable']:,} | {n['input']:,} | {n['frozen']:,} |")
+    def main(argv=None):
+        cfg = parse_settings(config_parser(TableConfig, "Print the parameter accounting of a preset's three input variants."), argv)
+        print("| input | trainable params | input-interface params | frozen stored values |\n|---|---:|---:|---:|")
+        for variant in ("learned", "binary", "affine"):
+            with torch.device("meta"):  # shapes only: the paper preset costs no memory
+                n = GPT(get_config(cfg.preset, input=variant)).num_params()
+            print(f"| {variant} | {n['trainable']:,} | {n['input']:,} | {n['frozen']:,} |")
+
+    sys.exit(run_main(main))  # `| head` included: a reader that has had enough is no error

@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from common import atomic_open, atomic_write, config_parser, parse_settings, run_main, setting, writer_lock
+from common import DISK_FULL, atomic_open, atomic_write, config_parser, file_problem, parse_settings, run_main, setting, writer_lock
 from tokenizer import SMALL_VOCAB, get_tokenizer
 
 MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
@@ -126,9 +126,14 @@ def load_meta(folder) -> dict:
     """meta.json of a prepared folder; ShardError naming the file if it is missing, lacks what its
     readers use (vocab_size, encoding, the splits' shards and token counts) or lists missing shards."""
     path = Path(folder) / "meta.json"
-    if not path.is_file():
+    if not os.fspath(folder):  # else meta.json would be looked for in the current folder
+        raise ValueError("--data_dir is '' (empty): name a folder")
+    problem = file_problem(path)
+    if problem == "no such file":
         raise ShardError(f"{folder}: no meta.json; prepare the data first "
                          "(`python prepare_data.py shakespeare` writes the default, data/shakespeare)")
+    if problem:
+        raise ShardError(f"{path}: {problem}; prepare the data again, or point at the folder it is in")
     try:
         meta = json.loads(path.read_bytes())
     except ValueError as e:  # not JSON, or not UTF-8
@@ -196,7 +201,7 @@ def resolve_inputs(inputs: list[str]) -> list[str]:
 def resolve_input(arg: str) -> list[str]:
     """The files (or the one Hub source) one named input stands for."""
     if os.path.isdir(arg):
-        files = sorted(str(p) for p in Path(arg).rglob("*") if p.suffix in EXTS and not p.is_dir())
+        files = sorted(str(p) for p in Path(arg).rglob("*") if p.suffix.lower() in EXTS and not p.is_dir())
         if not files:
             raise ValueError(f"{arg}: folder holds no {'/'.join(EXTS)} files")
         return [regular_file(f) for f in files]
@@ -263,20 +268,20 @@ def read_documents(source: str, text_field: str = "text"):
         yield from hub_documents(repo, config, text_field)
     elif os.path.getsize(source) == 0:
         raise ValueError(f"{source}: empty file")
-    elif source.endswith(".jsonl"):
+    elif source.lower().endswith(".jsonl"):  # the type by its extension, in any case: notes.JSONL too
         offset = 0
         with open(source, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 if line.strip():
                     try:
-                        record = json.loads(decode_utf8(line, source, offset))
+                        record = json.loads(decode_utf8(line, source, offset).removeprefix(BOM))
                     except json.JSONDecodeError as e:
                         raise ValueError(f"{source}:{lineno}: invalid JSON ({e.msg})") from None
                     except RecursionError:  # the parser recurses once per bracket
                         raise ValueError(f"{source}:{lineno}: JSON nested too deeply to read (not a text record)") from None
                     yield from record_texts([record], text_field, f"{source}:{lineno}")
                 offset += len(line)
-    elif source.endswith(".parquet"):
+    elif source.lower().endswith(".parquet"):
         try:
             import pyarrow.parquet as pq
         except ImportError:
@@ -284,13 +289,17 @@ def read_documents(source: str, text_field: str = "text"):
         table = pq.ParquetFile(source)
         if text_field not in table.schema_arrow.names:
             raise ValueError(f"{source}: no column {text_field!r} (has {table.schema_arrow.names}; try --text_field)")
-        for batch in table.iter_batches(columns=[text_field]):
-            yield from (t for t in batch.column(0).to_pylist() if t)
+        for batch in table.iter_batches(columns=[text_field]):  # nulls skipped; a value that is no string refused
+            yield from record_texts(({text_field: t} for t in batch.column(0).to_pylist() if t is not None), text_field,
+                                    source)
     else:
-        text = decode_utf8(Path(source).read_bytes(), source)
+        text = decode_utf8(Path(source).read_bytes(), source).removeprefix(BOM)
         if not text.strip():
             raise ValueError(f"{source}: empty file (only whitespace)")
         yield text
+
+
+BOM = "\ufeff"  # a byte-order mark (Windows editors write one at a file's start) is not text: dropped at document starts
 
 
 def decode_utf8(data: bytes, name: str, offset: int = 0) -> str:
@@ -311,6 +320,7 @@ def record_texts(records, text_field: str, name: str):
         except UnicodeEncodeError as e:
             raise ValueError(f"{name}: {text_field!r} holds a lone surrogate (\\u{ord(text[e.start]):04x}) at character "
                              f"{e.start}, which is not Unicode text") from None
+        text = text.removeprefix(BOM)
         if text:
             yield text
 
@@ -329,6 +339,8 @@ def hub_documents(repo: str, config: str | None, text_field: str = "text"):
 # ---------------------------------------------------------------- documents -> splits
 def mix_weights(mix: list[float], n_inputs: int) -> list[float]:
     """One weight per input; `--mix 0.7` with two inputs means 0.7, 0.3."""
+    if n_inputs < 2:
+        raise ValueError(f"--mix draws documents from two or more inputs, but {n_inputs} is named: drop --mix")
     weights = mix + [1 - sum(mix)] if len(mix) == n_inputs - 1 else mix
     if len(weights) != n_inputs or not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
         raise ValueError(f"--mix needs one non-negative weight per input (or all but the last), "
@@ -351,7 +363,7 @@ def mix_documents(streams: list, weights: list[float], seed: int = 0):
 def split_documents(docs, val_fraction: float):
     """(split, text) pairs by the rule in the module docstring."""
     it = iter(docs)
-    need = math.ceil(1 / val_fraction - 1e-9) if val_fraction > 0 else 1
+    need = min(math.ceil(1 / val_fraction - 1e-9), sys.maxsize) if val_fraction > 0 else 1
     head = list(islice(it, need))  # too few documents -> cut each by characters
     if len(head) < need:
         for text in head:
@@ -538,7 +550,7 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
     if not 0 <= val_fraction < 1 or shard_tokens < 1 or (max_tokens is not None and max_tokens < 1):
         raise ValueError(f"need 0 <= val_fraction < 1, shard_tokens >= 1, max_tokens >= 1; "
                          f"got {val_fraction}, {shard_tokens}, {max_tokens}")
-    workers = workers or os.cpu_count() or 1  # the default's one home: a process per core
+    workers = (os.cpu_count() or 1) if workers is None else workers  # 0 is refused, not read as "all cores"
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     tok = (encoding, vocab_size, reserve_zero)  # get_tokenizer's arguments, sent to the workers
@@ -569,8 +581,13 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
             with contextlib.closing(encoded(jobs, tok, workers)) as results:  # closing stops the pool now
                 write_documents(results, writers, max_tokens, total_bytes, progress)
             splits = {s: w.close() for s, w in writers.items()}
-            if not splits["train"]["tokens"]:
-                raise ValueError("no training documents (--max_tokens is below the first document)")
+            budget = f", --max_tokens {max_tokens:,}" if max_tokens is not None else ""
+            if not splits["train"]["tokens"]:  # the budget below the first document, or every character val
+                raise ValueError(f"the train split is empty (--val_fraction {val_fraction}{budget}): give a smaller "
+                                 "fraction or a larger budget")
+            if val_fraction > 0 and not splits["val"]["tokens"]:
+                raise ValueError(f"the val split is empty (--val_fraction {val_fraction}{budget}): give a larger "
+                                 "fraction or budget, or --val_fraction 0 for no validation split")
             meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
                     "reserve_zero": reserve_zero, "dtype": dtype.name, "splits": splits, "sources": sources, "val_fraction": val_fraction,
                     "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
@@ -581,9 +598,12 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
             for name in [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"]:  # meta.json last
                 os.replace(staging / name, out / name)
             _clear_staging(staging)
-        except BaseException:  # a bad input halfway, a full disk, Ctrl-C: the old data stays as it was
+        except BaseException as e:  # a bad input halfway, a full disk, Ctrl-C: the old data stays as it was
             with contextlib.suppress(ValueError, OSError):
                 _clear_staging(staging)
+            if isinstance(e, OSError) and e.errno in DISK_FULL:
+                kept = "the prepared data there is as it was" if old else "nothing was written there"
+                raise OSError(f"{out}: not prepared: the disk is full ({os.strerror(e.errno)}); {kept}") from None
             raise
     return meta
 

@@ -13,7 +13,8 @@ ends every document of its prepared data. A converted release continues its mode
 
 The tokenizer comes from the checkpoint: a tiktoken encoding by name (native runs) or a tokenizer.json
 beside the checkpoint (converted releases; needs the `tokenizers` package). Generation stops at the
-tokenizer's end-of-text token (<|endoftext|>, </s>). A prompt longer than the context keeps its last
+tokenizer's end-of-text token (<|endoftext|>, </s>), and never draws an id the tokenizer cannot decode
+(a vocabulary padded past it, as --vocab_size=65536 on GPT-2's 50,257 tokens). A prompt longer than the context keeps its last
 block_size tokens (with a notice on stderr).
 """
 
@@ -40,10 +41,10 @@ class SampleConfig:
     ckpt: str = setting("out/ckpt.pt", "a checkpoint .pt file, or a folder holding ckpt.pt")
     prompt: str = setting("", "text to continue (default: none; a native checkpoint then starts a new document, a "
                               "converted release continues its model card's prompt)")
-    prompt_file: str | None = setting(None, "read the prompt from this UTF-8 file instead")
+    prompt_file: str | None = setting(None, "read the prompt from this UTF-8 file instead of --prompt")
     num_samples: int = setting(1, "how many continuations")
     max_new_tokens: int = setting(100, "tokens per continuation (fewer if end-of-text comes)")
-    temperature: float = setting(0.8, "softmax temperature; 0 = greedy")
+    temperature: float = setting(0.8, "softmax temperature; 0 = greedy (so is one below 1.2e-38, too small to divide by)")
     top_k: int | None = setting(None, "sample only among the k most likely tokens")
     top_p: float | None = setting(None, "nucleus sampling: the smallest set with this much probability")
     seed: int = setting(1337, "random seed")
@@ -66,12 +67,14 @@ def default_prompt(ckpt):
 
 def sample_stream(model, codec, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None,
                   compile=False):
-    """Yield text pieces of one continuation as tokens arrive; stops at the end-of-text token."""
+    """Yield text pieces of one continuation as tokens arrive; stops at the end-of-text token. Only ids the
+    tokenizer decodes are drawn (drawable)."""
     device = next(model.parameters()).device
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     decode = codec.decoder()
     eos = codec.eos_token_id
-    for nxt in stream(model, idx, max_new_tokens, temperature, top_k, top_p, eos, generator, compile):
+    allowed = drawable(codec, model.config.vocab_size, device)
+    for nxt in stream(model, idx, max_new_tokens, temperature, top_k, top_p, eos, generator, compile, allowed):
         i = int(nxt[0, 0])
         if i == eos:
             break
@@ -92,8 +95,14 @@ def check_settings(cfg):
         raise ValueError(f"--seed must be in [-2**63, 2**64), got {cfg.seed}")
     if cfg.max_new_tokens < 0 or cfg.num_samples < 1:
         raise ValueError("--max_new_tokens must be >= 0 and --num_samples >= 1")
-    if cfg.top_k is not None and cfg.top_k <= 0:
+    if cfg.top_k is not None and cfg.top_k < 0:
+        raise ValueError(f"--top_k must be a count >= 1 (0 or none: no top-k cut), got {cfg.top_k}")
+    if cfg.top_k == 0:
         cfg.top_k = None  # 0 means no top-k cut
+    if cfg.prompt and cfg.prompt_file is not None:
+        raise ValueError("--prompt and --prompt_file both give the prompt: pass one of them")
+    if cfg.prompt_file == "" or cfg.ckpt == "":
+        raise ValueError(f"--{'ckpt' if cfg.ckpt == '' else 'prompt_file'} is '' (empty): name a file")
 
 
 def read_prompt_file(path):
@@ -112,7 +121,7 @@ def read_prompt_file(path):
     with open(path, "rb") as f:
         data = f.read(PROMPT_FILE_LIMIT + 1)
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte-order mark (Windows editors write one) is not text
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
 
@@ -133,6 +142,20 @@ def prompt_ids(codec, prompt, block):
     return ids, prompt
 
 
+def drawable(codec, vocab_size, device):
+    """The ids a sample may draw, as a mask (None: all of them): those its tokenizer decodes. A vocabulary
+    padded past its tokenizer (65,536 over GPT-2's 50,257, as nanoGPT pads to 50,304) holds ids that mean
+    no text; the model gives them some probability all the same."""
+    ids = [i for i in codec.token_ids() if i < vocab_size]
+    if len(ids) == vocab_size:
+        return None
+    if not ids:
+        raise ValueError(f"the tokenizer decodes none of the model's {vocab_size:,} ids: it is not this model's")
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[ids] = True
+    return mask.to(device)
+
+
 def check_cache_fits(model, positions, device):
     """Refuse up front a generation whose KV cache and rotary tables (model.memory_bytes) cannot fit in the
     device's free memory, naming the numbers, instead of failing in the allocator."""
@@ -147,7 +170,7 @@ def main(argv=None):
     description, epilog = __doc__.strip().split("\n\n", 1)
     cfg = parse_settings(config_parser(SampleConfig, description, epilog), argv)
     check_settings(cfg)
-    prompt = read_prompt_file(cfg.prompt_file) if cfg.prompt_file else cfg.prompt
+    prompt = read_prompt_file(cfg.prompt_file) if cfg.prompt_file is not None else cfg.prompt
     device = pick_device(cfg.device)
     check_quantize(cfg.quantize, device, getattr(torch, cfg.dtype), cfg.compile)  # before reading the checkpoint
     torch.manual_seed(cfg.seed)
@@ -157,7 +180,7 @@ def main(argv=None):
     if cfg.quantize:
         model = quantize_int8(model)
     codec = load_text_codec(ckpt, cfg.ckpt)
-    if not (cfg.prompt_file or prompt):
+    if not (cfg.prompt_file is not None or prompt):
         prompt = default_prompt(ckpt)
     ids, prompt = prompt_ids(codec, prompt, model.config.block_size)
     check_cache_fits(model, len(ids) + cfg.max_new_tokens, device)

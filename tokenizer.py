@@ -39,7 +39,7 @@ def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve
     if (vocab_size is None or vocab_size == base.n_vocab) and not reserve_zero:
         return base
     ranks = base._mergeable_ranks
-    vocab_size = vocab_size or base.n_vocab
+    vocab_size = base.n_vocab if vocab_size is None else vocab_size  # 0 is a size, refused below, not 'none given'
     # The cut needs the 256 single bytes (so any text encodes) and cannot add ranks.
     if not 257 <= vocab_size <= len(ranks) + 1 and vocab_size != base.n_vocab:
         full = f" or {base.n_vocab}" if base.n_vocab != len(ranks) + 1 else ""
@@ -81,6 +81,10 @@ class TiktokenText:
     def decode(self, ids):
         return self.enc.decode(ids)
 
+    def token_ids(self):
+        """Every id this encoding decodes (an uncut cl100k_base has gaps below its largest special id)."""
+        return {*self.enc._mergeable_ranks.values(), *self.enc._special_tokens.values()}
+
     def decoder(self):
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
@@ -108,7 +112,7 @@ class HFText:
         eos = None
         cfg = os.path.join(os.path.dirname(path), "tokenizer_config.json")
         if os.path.isfile(cfg):
-            with open(cfg, encoding="utf-8") as f:
+            with open(cfg, encoding="utf-8-sig") as f:  # a Windows editor's byte-order mark is no JSON
                 try:
                     eos = json.load(f)
                 except ValueError as e:
@@ -123,6 +127,10 @@ class HFText:
 
     def decode(self, ids):
         return self.tk.decode(ids, skip_special_tokens=False)
+
+    def token_ids(self):
+        """Every id this tokenizer decodes."""
+        return set(self.tk.get_vocab(with_added_tokens=True).values())
 
     def decoder(self):
         ids, shown = [], [""]

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import atomic_torch_save, check_buildable, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
+from checkpoint import atomic_torch_save, check_buildable, check_finite, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
 from common import (LOCK_NAME, available_memory, config_parser, one_line, parse_settings, peak_flops, pick_device, run_main,
                     setting, writer_lock)
 from model import GPT, GPTConfig, get_config, memory_bytes
@@ -67,7 +67,7 @@ class TrainConfig:
     grad_accum: int = setting(1, "micro-steps per optimizer step")
     max_steps: int = setting(200, "optimizer steps to train for (in total, counting resumed ones)")
     lr: float = setting(1e-3, "peak learning rate")
-    min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay")
+    min_lr: float | None = setting(None, "learning rate at the end of the cosine decay (default: lr / 10)")
     warmup_steps: int = setting(20, "linear warmup steps")
     lr_decay_steps: int | None = setting(None, "step where the cosine reaches min_lr (default: max_steps)")
     weight_decay: float = setting(0.1, "AdamW weight decay (matrices only)")
@@ -254,6 +254,7 @@ def set_up(cfg, rank, world, device, distributed, out_lock):
     ckpt_stamp = file_stamp(source) if cfg.resume else None  # which ckpt.pt this run continues
     ckpt = read_checkpoint(source) if source else None
     if ckpt is not None:
+        check_finite(ckpt["model"], source, "train from")  # names the tensor, as sample.py does
         check_tokenizer(ckpt, meta, source, cfg.data_dir)
     mcfg = model_config(cfg, meta, ckpt, source)
     if ckpt is not None:
@@ -487,6 +488,8 @@ def pick_dtype(cfg, device):
 # ----------------------------------------------------------------------------- checks on the settings
 def check_settings(cfg):
     """Counts and rates in range: a value the run cannot use is refused, never read as 'off' or 'never'."""
+    if cfg.min_lr is None:
+        cfg.min_lr = cfg.lr / 10  # so that --lr alone never contradicts a fixed min_lr
     for name in ("batch_size", "grad_accum", "eval_steps", "log_interval"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
@@ -508,6 +511,14 @@ def check_settings(cfg):
         raise ValueError(f"peak_flops must be a finite number > 0 (or none), got {cfg.peak_flops}")
     if cfg.resume and cfg.overwrite:
         raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces it: pass one of them")
+    if cfg.resume and cfg.init_from is not None:
+        raise ValueError("--resume continues out_dir's ckpt.pt and --init_from starts afresh from another checkpoint's "
+                         "weights: pass one of them")
+    if cfg.min_lr > cfg.lr:
+        raise ValueError(f"min_lr {cfg.min_lr:g} is above lr {cfg.lr:g}: the cosine decays from lr down to min_lr")
+    for name in ("out_dir", "init_from"):  # --data_dir: prepare_data.load_meta
+        if getattr(cfg, name) == "":
+            raise ValueError(f"--{name} is '' (empty): name a {'file' if name == 'init_from' else 'folder'}")
 
 
 def check_training_fits(cfg, mcfg, world, device):
@@ -697,8 +708,10 @@ def save(run, state, name):
                            world_size=run.world)
     try:
         atomic_torch_save(ckpt, path)
-    except OSError as e:  # e.g. a full disk: atomic_open left the previous file as it was
-        raise OSError(f"{path}: not written ({e.strerror or e}); the previous {name} is untouched") from None
+    except OSError as e:  # e.g. a full disk: atomic_open left the previous files as they were
+        kept = [os.path.join(cfg.out_dir, n) for n in ("ckpt.pt", "best.pt") if os.path.isfile(os.path.join(cfg.out_dir, n))]
+        kept = f"kept as they were: {', '.join(kept)}" if kept else "no checkpoint of this run is on disk yet"
+        raise OSError(f"{path}: not written ({e.strerror or e}); {kept}") from None
 
 
 def restore(run, state, ckpt, source):
@@ -810,7 +823,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    code = run_main(main)
+    code = run_main(main, outlive_stdout=True)  # a closed stdout (`| head`) does not stop a run: log.jsonl is its record
     if dist.is_torchelastic_launched():  # a torchrun rank, its files written and closed: torch 2.13's teardown at exit
         sys.stdout.flush()  # sometimes aborts (SIGABRT, ~1 run in 10 with gloo), so leave without it
         sys.stderr.flush()

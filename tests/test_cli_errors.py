@@ -186,3 +186,169 @@ def test_traceback_env_turns_tracebacks_on_only_when_true(tmp_path, value, trace
                                                                                      "fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n")
     else:
         assert err == f"error: {missing}: no such file or folder (named inputs: shakespeare, fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n"
+
+
+# ----------------------------------------------------------------------------- issue 25: round three
+def shard_text(folder, split="train", vocab_size=512):
+    import numpy as np
+
+    from prepare_data import read_shard
+    from tokenizer import get_tokenizer
+
+    ids = np.concatenate([read_shard(os.path.join(folder, f)) for f in sorted(os.listdir(folder)) if f.startswith(split)])
+    return get_tokenizer("gpt2", vocab_size, True).decode(ids.tolist())
+
+
+def test_file_types_by_extension_in_any_case_and_no_byte_order_mark(tmp_path, capsys):
+    """notes.JSONL is records, not one text; a byte-order mark (Windows editors) is no token, in .txt and .jsonl."""
+    import json
+
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow
+
+    src = tmp_path / "src"
+    src.mkdir()
+    records = [{"text": f"record {i} of thirty"} for i in range(30)]
+    (src / "notes.JSONL").write_bytes(b"\xef\xbb\xbf" + "\n".join(map(json.dumps, records)).encode())
+    (src / "b.Jsonl").write_text(json.dumps({"text": "\ufeffa document that starts with a BOM"}) + "\n")
+    (src / "c.TXT").write_bytes(b"\xef\xbb\xbfFirst Citizen:\nBefore we proceed any further, hear me speak.\n")
+    pq.write_table(pyarrow.table({"text": ["from a parquet file", None, "another"]}), src / "d.Parquet")
+    (src / "e.md").write_text("not read: only .txt, .jsonl and .parquet in any case are")
+    code, out, err = run(prepare_data.main, [str(src), "--out", str(tmp_path / "d"), "--vocab_size", "512", "--workers", "1"],
+                         capsys)
+    assert (code, err) == (0, "")
+    meta = json.loads((tmp_path / "d" / "meta.json").read_text())
+    assert meta["sources"] == [str(src / n) for n in ("b.Jsonl", "c.TXT", "d.Parquet", "notes.JSONL")]
+    assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 1 + 1 + 2 + 30
+    text = shard_text(tmp_path / "d") + shard_text(tmp_path / "d", "val")
+    assert "\ufeff" not in text and '"text"' not in text and "First Citizen:" in text and "record 29 of thirty" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--vocab_size", "0"], "vocab_size must be in [257, 50257] for gpt2, got 0"),  # was the full 50,257 tokens, exit 0
+    (["--vocab_size", "-3"], "vocab_size must be in [257, 50257] for gpt2, got -3"),
+    (["--workers", "0"], "workers must be at least 1, got 0"),  # was read as "all cores"
+    (["--val_fraction", "1e-300"], "the val split is empty (--val_fraction 1e-300): give a larger fraction or budget, "
+                                   "or --val_fraction 0 for no validation split"),
+])
+def test_prepare_settings_read_as_something_else_are_refused(tmp_path, capsys, argv, message):
+    (tmp_path / "t.txt").write_text("some text to tokenize\n" * 20)
+    code, out, err = run(prepare_data.main, [str(tmp_path / "t.txt"), "--out", str(tmp_path / "d"), *argv], capsys)
+    assert (code, out, err) == (1, "", f"error: {message}\n")
+    assert not (tmp_path / "d" / "meta.json").exists()
+    with pytest.raises(SystemExit) as e:
+        run(prepare_data.main, [str(tmp_path / "t.txt"), "--out", str(tmp_path / "d"), "--vocab_size", "many"], capsys)
+    assert e.value.code == 2 and capsys.readouterr().err.endswith("argument --vocab_size: expected an integer, got 'many'\n")
+
+
+def test_native2hf_refuses_a_value_float16_cannot_hold(tmp_path, capsys):
+    pytest.importorskip("safetensors")
+    import torch
+
+    from checkpoint import checkpoint_dict
+    from model import GPT, get_config
+
+    model = GPT(get_config("tiny"))
+    with torch.no_grad():
+        model.lm_head.weight[7, 3] = 1e6
+    torch.save(checkpoint_dict(model, None), tmp_path / "ckpt.pt")
+    code, out, err = run(convert.main, ["native2hf", str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"), "--dtype", "float16"],
+                         capsys)
+    assert (code, out, err) == (1, "", "error: embed_out.weight (1e+06): beyond float16's largest value 65504, so written as "
+                                       "inf: export with --dtype float32 or bfloat16\n")
+    assert not (tmp_path / "hf").exists()
+    code, out, err = run(convert.main, ["native2hf", str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"), "--dtype", "bfloat16"],
+                         capsys)
+    assert code == 0, err
+
+
+def test_files_that_are_not_files_say_what_they_are(tiny_data, tmp_path, capsys):
+    """A meta.json in a symlink loop is not 'no meta.json'; a model.safetensors that links to /dev/zero is named."""
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    os.remove(data / "meta.json")
+    os.symlink("meta.json", data / "meta.json")
+    code, out, err = run(train.main, ["--data_dir", str(data), "--out_dir", str(tmp_path / "out"), "--device", "cpu"], capsys)
+    assert (code, out, err) == (1, "", f"error: {data / 'meta.json'}: a symlink loop (it resolves to itself); prepare the "
+                                       "data again, or point at the folder it is in\n")
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / "config.json").write_text('{"vocab_size": 512, "n_embd": 32, "n_layer": 2, "n_head": 2, "block_size": 32}')
+    os.symlink("/dev/zero", release / "model.safetensors")
+    code, out, err = run(convert.main, ["hf2native", str(release), str(tmp_path / "o")], capsys)
+    assert (code, out) == (1, "") and err.endswith(f"error: {release / 'model.safetensors'}: a symlink to /dev/zero, a device, "
+                                                   "FIFO or socket, not a regular file\n")
+
+
+@pytest.mark.parametrize("main, argv, message", [
+    (bench.main, ["--repeats", "0"], "--repeats must be at least 1, got 0"),  # was "no median for empty data"
+    (bench.main, ["--sections", "prep", "--prep_copies", "0"], "--prep_copies must be at least 1, got 0"),
+    (bench.main, ["--sample_batches", "1,0"], "--sample_batches must be batch sizes >= 1, comma-separated, got '1,0'"),
+    (bench.main, ["--block_size", "0"], "--block_size must be at least 1, got 0"),  # was read as the default
+    (train.main, ["--out_dir", ""], "--out_dir is '' (empty): name a folder"),
+    (train.main, ["--data_dir", ""], "--data_dir is '' (empty): name a folder"),
+    (convert.main, ["native2hf", "", "no-such-folder"], "the checkpoint is '' (empty): name a .pt file or a folder holding ckpt.pt"),
+])
+def test_flags_are_named_in_their_refusals(main, argv, message, capsys):
+    assert run(main, argv, capsys) == (1, "", f"error: {message}\n")
+
+
+def test_a_full_disk_under_torch_save_says_the_disk_is_full(tmp_path, monkeypatch):
+    """torch.save turns the file's ENOSPC into 'unexpected pos': the OSError it hides is what is reported."""
+    import errno
+
+    import torch
+
+    from checkpoint import atomic_torch_save
+
+    def full_disk(obj, f):
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError) as e:
+        atomic_torch_save({"step": 1}, tmp_path / "best.pt")
+    assert str(e.value) == f"{tmp_path / 'best.pt'}: not written: the disk is full: No space left on device; nothing was replaced"
+    assert e.value.errno == errno.ENOSPC and os.listdir(tmp_path) == []
+
+
+def test_check_finite_finds_nan_and_inf_anywhere_in_any_dtype():
+    """check_finite makes no temporary of a tensor's size (aminmax; float8 2**20 values at a time), and
+    still sees one bad value at any position, of any float dtype, in any block."""
+    import torch
+
+    from checkpoint import all_finite, check_finite
+
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+        for shape in ((5,), (3000, 1000), (1, 2**20 + 3)):
+            t = torch.zeros(shape).to(dtype)
+            assert all_finite(t) and all_finite(t.t() if t.dim() == 2 else t)
+            n = t.numel()
+            for pos in (0, n // 2, n - 1, 2**20 - 1 if n > 2**20 else n - 2):
+                for bad in (float("nan"),) + ((float("inf"), -float("inf")) if dtype != torch.float8_e4m3fn else ()):
+                    u = t.clone()  # (float8_e4m3fn has no inf: it saturates to 448)
+                    u.view(-1)[pos] = bad
+                    assert not all_finite(u) and not all_finite(u.t() if u.dim() == 2 else u), (dtype, shape, pos, bad)
+    good, bad = torch.ones(4), torch.tensor([1.0, float("nan")])
+    with pytest.raises(ValueError, match=r"^x.pt holds NaN or inf values in b: refusing to sample from a diverged or "
+                                         r"corrupt checkpoint$"):
+        check_finite({"a": good, "b": bad, "ids": torch.arange(3)}, "x.pt", "sample from")
+
+
+def test_quantize_refuses_a_nan_checkpoint_naming_the_tensor(tiny_data, tmp_path, capsys):
+    """It printed 'validation loss ... float32 nan, int8 nan (nan%)' and exit 0."""
+    import torch
+
+    from checkpoint import checkpoint_dict
+    from model import GPT, get_config
+    from tools import quantize_quality
+
+    model = GPT(get_config("tiny"))
+    with torch.no_grad():
+        model.blocks[0].mlp.proj.weight[2, 2] = float("inf")
+    torch.save(checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512, "reserve_zero": True}),
+               tmp_path / "ckpt.pt")
+    assert run(quantize_quality.main, ["--ckpt", str(tmp_path / "ckpt.pt"), "--data_dir", tiny_data], capsys) == (
+        1, "", f"error: {tmp_path / 'ckpt.pt'} holds NaN or inf values in blocks.0.mlp.proj.weight: refusing to measure a "
+               "diverged or corrupt checkpoint\n")

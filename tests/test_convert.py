@@ -462,6 +462,17 @@ def test_nan_weights_are_refused(tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "hf2").exists()  # a failed conversion creates nothing
 
 
+def test_weight_files_by_extension_in_any_case_and_a_bom_in_config_json(tmp_path):
+    """MODEL.SafeTensors is a safetensors file; a config.json a Windows editor saved (byte-order mark) is JSON."""
+    model = tiny("binary")
+    src = write_hf(tmp_path / "hf", to_convention(model, "neox"), bvv_config(model), fmt="safetensors")
+    os.rename(src / "model.safetensors", src / "MODEL.SafeTensors")
+    (src / "config.json").write_bytes(b"\xef\xbb\xbf" + (src / "config.json").read_bytes())
+    code, out, err = run("hf2native", src, tmp_path / "out", "--layout", "tile")
+    assert code == 0, err
+    assert_same_model(model, load_checkpoint(str(tmp_path / "out"))[0])
+
+
 @pytest.mark.parametrize("config,message", [
     ("{not json", "is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
     ("[1, 2]", "holds a list, expected a JSON object"),

@@ -414,7 +414,11 @@ def test_bad_inputs_are_one_line_and_keep_the_old_data(tmp_path, capsys, prepare
         ([ok, ok, "--mix", "1.5"], "--mix needs one non-negative weight per input"),
         ([ok, "--val_fraction", "1"], "need 0 <= val_fraction < 1"),
         ([ok, "--workers", "-1"], "workers must be at least 1, got -1"),
-        ([ok, "--max_tokens", "1"], "no training documents"),
+        ([ok, "--max_tokens", "1"], "the train split is empty (--val_fraction 0.1, --max_tokens 1): give a smaller fraction "
+                                    "or a larger budget"),
+        ([ok, "--val_fraction", "0.9999999"], "the train split is empty (--val_fraction 0.9999999): give a smaller "
+                                              "fraction or a larger budget"),  # said --max_tokens, never given
+        ([ok, "--mix", "0.5"], "--mix draws documents from two or more inputs, but 1 is named: drop --mix"),
     ]
     for args, msg in cases:
         rc, err = main(capsys, "--out", out, "--workers", "1", "--overwrite", *args)
@@ -466,7 +470,8 @@ def test_full_disk_keeps_the_old_data(tmp_path, capsys, monkeypatch, prepared):
         fsync(fd)
     monkeypatch.setattr(os, "fsync", fills_up)
     rc, err = main(capsys, tmp_path / "new.txt", "--out", out, "--overwrite", "--shard_tokens", "1000", "--workers", "1")
-    assert (rc, err) == (1, "error: [Errno 28] No space left on device\n")
+    assert (rc, err) == (1, f"error: {out}: not prepared: the disk is full (No space left on device); the prepared data "
+                            "there is as it was\n")
     assert snapshot(out) == before
 
 

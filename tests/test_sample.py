@@ -11,7 +11,7 @@ import torch
 import sample
 from checkpoint import checkpoint_dict
 from common import run_main
-from model import GPT, generate, get_config
+from model import GPT, generate, get_config, stream
 from tokenizer import load_text_codec
 from tokenizer import TiktokenText
 from tools import convert
@@ -27,8 +27,9 @@ def native(tmp_path_factory):
     return model, str(folder), tiktoken.get_encoding("gpt2")
 
 
-def expected_text(model, ids, n, decode, eos):
-    out = generate(model, torch.tensor([ids]), n, temperature=0, eos_token_id=eos)[0, len(ids):].tolist()
+def expected_text(model, ids, n, decode, eos, allowed=None):
+    out = list(stream(model, torch.tensor([ids]), n, temperature=0, eos_token_id=eos, allowed=allowed))
+    out = torch.cat(out, dim=1)[0].tolist() if out else []
     if eos in out:
         out = out[: out.index(eos)]
     return decode(out)
@@ -146,7 +147,9 @@ def test_converted_hf_checkpoint_samples(tmp_path, capsys):
     ids = tk.encode(prompt, add_special_tokens=False).ids
     assert tk.decode(ids) == prompt
     decode = lambda x: tk.decode(x, skip_special_tokens=False)  # noqa: E731
-    want = expected_text(model, ids, 15, decode, tk.token_to_id("</s>"))
+    # the model's 128 ids outnumber the tokenizer's 105: the other 23 are never drawn
+    allowed = torch.arange(128) < tk.get_vocab_size(with_added_tokens=True)
+    want = expected_text(model, ids, 15, decode, tk.token_to_id("</s>"), allowed)
     assert capsys.readouterr().out == prompt + want + "\n"
     # with no prompt, a converted release continues its model card's prompt
     sample.main(["--ckpt", str(tmp_path / "out"), "--temperature", "0", "--max_new_tokens", "15"])
@@ -154,7 +157,7 @@ def test_converted_hf_checkpoint_samples(tmp_path, capsys):
     ids = tk.encode(card, add_special_tokens=False).ids[-32:]  # one token a character; the context is 32
     out = capsys.readouterr()
     assert sample.CARD_PROMPT == card and "keeping its last 32" in out.err
-    assert out.out == card[-32:] + expected_text(model, ids, 15, decode, tk.token_to_id("</s>")) + "\n"
+    assert out.out == card[-32:] + expected_text(model, ids, 15, decode, tk.token_to_id("</s>"), allowed) + "\n"
 
 
 # ----- bad input through the real command line: one `error:` line, exit 1, no traceback -----------
@@ -301,3 +304,71 @@ def test_a_checkpoint_entry_without_reserve_zero_decodes_the_plain_ids():
     old = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}
     assert load_text_codec({"tokenizer": old}, "old.pt").encode("!\x00") == [0, 188]
     assert load_text_codec({"tokenizer": {**old, "reserve_zero": True}}, "new.pt").encode("!\x00") == [188, 0]
+
+
+# ----- issue 25: a vocabulary wider than its tokenizer, extreme settings, a closed pipe ----------
+def padded(tmp_path, vocab_size, tokenizer, hot):
+    """A tiny model over `vocab_size` ids whose output head favours the ids in `hot` by far (ids its tokenizer
+    cannot decode), saved with `tokenizer`: unmasked, every greedy token would be one of them."""
+    torch.manual_seed(0)
+    model = GPT(get_config("tiny", vocab_size=vocab_size)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.01)
+        model.lm_head.weight[hot] *= 1e4
+    torch.save(checkpoint_dict(model, tokenizer), tmp_path / "ckpt.pt")
+    return model, str(tmp_path / "ckpt.pt")
+
+
+@pytest.mark.parametrize("encoding, vocab_size, model_vocab", [("gpt2", 512, 2048), ("cl100k_base", None, 100277)])
+def test_ids_the_tokenizer_cannot_decode_are_never_drawn(tmp_path, capsys, encoding, vocab_size, model_vocab):
+    """train.py --vocab_size 2048 on 512-token data (the paper's 65,536 over GPT-2), and the gaps of an uncut
+    cl100k_base (ids 100,261-100,275 decode to nothing): greedy, hot and near-zero temperatures draw only
+    ids the tokenizer decodes."""
+    codec = load_text_codec({"tokenizer": {"kind": "tiktoken", "encoding": encoding, "vocab_size": vocab_size}}, "x")
+    decodable = torch.zeros(model_vocab, dtype=torch.bool)
+    decodable[[i for i in codec.token_ids() if i < model_vocab]] = True
+    assert not decodable.all()
+    model, ckpt = padded(tmp_path, model_vocab, {"kind": "tiktoken", "encoding": encoding, "vocab_size": vocab_size},
+                         ~decodable)
+    ids = codec.encode("ROMEO:")
+    assert int(generate(model, torch.tensor([ids]), 1, temperature=0)[0, -1]) not in codec.token_ids()  # the test's teeth
+    greedy = "ROMEO:" + expected_text(model, ids, 20, codec.decode, codec.eos_token_id, decodable.clone()) + "\n"
+    for temperature in ("0", "1e-45", "1e-30"):  # below 1.2e-38 greedy by definition; 1e-30 divides without inf - inf
+        argv = ["--ckpt", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "20", "--temperature", temperature]
+        assert run_main(sample.main, argv) == 0
+        assert capsys.readouterr() == (greedy, "")
+    for argv in (["--temperature", "2"], ["--temperature", "1e300"], ["--top_p", "1e-300"], ["--top_k", "1000000"]):
+        assert run_main(sample.main, ["--ckpt", ckpt, *argv, "--num_samples", "3", "--max_new_tokens", "30"]) == 0
+        out = capsys.readouterr()
+        assert out.err == "" and out.out.count("---------------\n") == 3
+
+
+def test_prompt_flags_that_contradict_are_refused_and_a_bom_is_not_prompt(native, tmp_path, capsys):
+    model, folder, enc = native
+    prompt = tmp_path / "p.txt"
+    prompt.write_bytes("\ufeffROMEO:".encode("utf-8"))  # Notepad's UTF-8
+    assert run_main(sample.main, ["--ckpt", folder, "--prompt_file", str(prompt), "--temperature", "0",
+                                  "--max_new_tokens", "5"]) == 0
+    want = "ROMEO:" + expected_text(model, enc.encode("ROMEO:"), 5, enc.decode, enc.eot_token,
+                                    torch.arange(50304) < enc.n_vocab) + "\n"
+    assert capsys.readouterr() == (want, "")
+    for argv, message in [(["--prompt", "x", "--prompt_file", str(prompt)],
+                           "--prompt and --prompt_file both give the prompt: pass one of them"),
+                          (["--prompt_file", ""], "--prompt_file is '' (empty): name a file"),
+                          (["--ckpt", ""], "--ckpt is '' (empty): name a file")]:
+        assert run_main(sample.main, ["--ckpt", folder, *argv]) == 1
+        assert capsys.readouterr() == ("", f"error: {message}\n")
+
+
+def test_a_reader_that_closes_the_pipe_is_not_an_error(native):
+    """python sample.py ... | head -c 20: quiet, exit 0, as cat and python -c users expect."""
+    import subprocess
+    import sys
+
+    _, folder, _ = native
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample.py")
+    p = subprocess.Popen([sys.executable, script, "--ckpt", folder, "--max_new_tokens", "100000", "--num_samples", "50",
+                          "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert len(p.stdout.read(20)) == 20
+    p.stdout.close()  # head has had enough
+    assert p.wait(timeout=300) == 0 and p.stderr.read() == b""

@@ -521,6 +521,10 @@ def test_fine_tuning_a_tokenizer_json_model_on_tiktoken_data_is_refused(data_dir
     (["--lr=inf"], "lr must be a finite number >= 0, got inf"),
     (["--lr=1e39"], "lr must be a finite number >= 0, got 1e+39"),  # past float32, which AdamW's update uses
     (["--beta2=1"], "beta2 must be in [0, 1), got 1.0"),
+    (["--min_lr=1e-2"], "min_lr 0.01 is above lr 0.003: the cosine decays from lr down to min_lr"),
+    (["--resume", "--init_from=x.pt"], "--resume continues out_dir's ckpt.pt and --init_from starts afresh from another "
+                                       "checkpoint's weights: pass one of them"),
+    (["--init_from="], "--init_from is '' (empty): name a file"),
     (["--seed=-1"], "seed must be in [0, 2**63), got -1"),  # failed mid-run: numpy's order takes no negative seed
     (["--rope_base=0"], "preset 'tiny' with vocab_size 512 (from {meta} unless --vocab_size): rope_base must be a number "
                         "> 1 (the rotary base, 10000 in most models), got 0.0"),
@@ -603,13 +607,63 @@ def test_a_save_that_fails_midway_keeps_the_previous_checkpoint(data_dir, tmp_pa
     rc = run_main(train.main, flags(data_dir, tmp_path, max_steps=8, eval_interval=100, resume=True))
     err = capsys.readouterr().err
     if fault == "full disk":
-        assert (rc, err) == (1, f"error: {tmp_path / 'ckpt.pt'}: not written (No space left on device); "
-                                "the previous ckpt.pt is untouched\n")
+        assert (rc, err) == (1, f"error: {tmp_path / 'ckpt.pt'}: not written (the disk is full: No space left on device); "
+                                f"kept as they were: {tmp_path / 'ckpt.pt'}, {tmp_path / 'best.pt'}\n")
     else:
         assert rc == 130 and err.endswith("SIGINT: finishing this step, saving, then exiting\ninterrupted\n"), err
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != "log.jsonl"} == before  # no temp file left
     monkeypatch.undo()
     assert train.train(config(data_dir, tmp_path, max_steps=6, eval_interval=100, resume=True))["steps"] == 6
+
+
+def test_a_reader_that_leaves_does_not_stop_training(data_dir, tmp_path):
+    """python train.py ... | head -n 2: the run goes on without its stdout, saves every checkpoint and ends."""
+    p = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *flags(data_dir, tmp_path, max_steps=40, save_interval=20,
+                                                                         eval_interval=20, log_interval=1)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith("2 layers x 32") and p.stdout.readline().startswith("step 0: val loss")
+    p.stdout.close()  # head has read its two lines
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 0
+    assert err == "note: stdout was closed by its reader; the run goes on, its log and checkpoints are the record\n"
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 40
+    assert [e["step"] for e in train_log(tmp_path)] == list(range(1, 41)) and train_log(tmp_path, "end")[0]["steps"] == 40
+
+
+def test_init_from_a_nan_checkpoint_names_the_tensor(data_dir, tmp_path, capsys):
+    train.train(config(data_dir, tmp_path / "a", max_steps=2))
+    ckpt = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
+    ckpt["model"]["blocks.1.mlp.fc.weight"][3, 4] = float("nan")
+    torch.save(ckpt, tmp_path / "nan.pt")
+    assert run_main(train.main, flags(data_dir, tmp_path / "b", init_from=tmp_path / "nan.pt")) == 1
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'nan.pt'} holds NaN or inf values in blocks.1.mlp.fc.weight: "
+                                       "refusing to train from a diverged or corrupt checkpoint\n")
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="torchrun on Linux")
+def test_two_nodes_of_one_process_equal_one_node_of_two(data_dir, tmp_path):
+    """docs/usage.md's two-node launch (c10d rendezvous), both 'nodes' on localhost over gloo: the same losses,
+    bit for bit, as --standalone with two processes on one node."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    common = dict(batch_size=4, max_steps=3, eval_interval=0, save_interval=0, log_interval=1)
+    run = [sys.executable, "-m", "torch.distributed.run"]
+    nodes = [subprocess.Popen(run + ["--nnodes=2", "--nproc_per_node=1", f"--node_rank={r}", "--rdzv_backend=c10d",
+                                     f"--rdzv_endpoint=localhost:{port}", "--rdzv_id=two-nodes", str(ROOT / "train.py"),
+                                     *flags(data_dir, tmp_path / "nodes", **common)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    one = subprocess.run(run + ["--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
+                                *flags(data_dir, tmp_path / "one", **common)], capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    for node in nodes:
+        assert node.wait(timeout=300) == 0, node.stderr.read()[-3000:]
+    losses = [[e["loss"] for e in train_log(tmp_path / d)] for d in ("nodes", "one")]
+    assert losses[0] == losses[1] and len(losses[0]) == 3
+    assert train_log(tmp_path / "nodes", "start")[0]["world_size"] == 2
 
 
 # ----------------------------------------------------------------------------- command line
@@ -635,6 +689,9 @@ def test_lr_schedule():
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert lrs[60] == pytest.approx(0.55) and lrs[110] == lrs[119] == 0.1
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    cfg = train.TrainConfig(lr=5e-5)  # --lr alone: min_lr follows it (lr / 10), no contradiction with a fixed default
+    train.check_settings(cfg)
+    assert cfg.min_lr == 5e-6
 
 
 def test_preset_that_does_not_fit_the_data_says_why(data_dir, tmp_path):

@@ -379,4 +379,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(run_main(main, outlive_stdout=True))  # a study outlives a closed stdout (`| head`): its files are the record

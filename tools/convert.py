@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from checkpoint import atomic_torch_save, check_finite, checkpoint_dict, load_checkpoint, model_from_weights
-from common import LOCK_NAME, atomic_write, config_parser, one_line, parse_settings, run_main, setting, writer_lock
+from common import LOCK_NAME, atomic_write, config_parser, file_problem, one_line, parse_settings, run_main, setting, writer_lock
 from model import GPT, GPTConfig, canonical_code, code_bits
 from tokenizer import file_in, load_text_codec
 
@@ -175,7 +175,7 @@ def check_tokenizer_entry(entry, folder):
 # ------------------------------------------------------------------------------------- reading
 def read_json(path):
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a byte-order mark (Windows editors) is no JSON
             raw = json.load(f)
     except (ValueError, UnicodeDecodeError) as e:
         raise ConversionError(f"{path} is not valid JSON ({e})") from None
@@ -192,22 +192,24 @@ def read_weights(folder):
     if index and not isinstance(weight_map, dict):
         raise ConversionError(f"{index} has no weight_map object")
     shards = sorted(set(weight_map.values())) if index else (
-        [f for f in files if f.endswith(".safetensors")] or [f for f in files if f == "pytorch_model.bin"])
+        [f for f in files if f.lower().endswith(".safetensors")] or [f for f in files if f == "pytorch_model.bin"])
     if not shards:
         raise ConversionError(f"no weights in {folder}: expected *.safetensors (optionally with "
                               f"model.safetensors.index.json) or pytorch_model.bin; found {files}")
     paths = {shard: file_in(folder, shard, index or folder) for shard in shards}
-    if any(s.endswith(".safetensors") for s in shards):
+    if any(s.lower().endswith(".safetensors") for s in shards):
         try:
             from safetensors.torch import load_file
         except ImportError:
             raise ConversionError("reading .safetensors files needs the safetensors package: pip install safetensors") from None
     tensors = {}
     for shard, path in paths.items():
-        if not os.path.isfile(path):
-            raise ConversionError(f"{index} lists {shard}, which is not in {folder}")
+        problem = file_problem(path)
+        if problem:
+            raise ConversionError(f"{index} lists {shard}, which is not in {folder}" if index and problem == "no such file"
+                                  else f"{path}: {problem}")
         try:  # torch.load maps the file instead of reading it
-            part = (load_file(path, device="cpu") if shard.endswith(".safetensors")
+            part = (load_file(path, device="cpu") if shard.lower().endswith(".safetensors")
                     else torch.load(path, map_location="cpu", weights_only=True, mmap=True))
         except Exception as e:
             raise ConversionError(f"cannot read {path}: {one_line(e)} (is the file truncated or corrupt?)") from None
@@ -619,11 +621,29 @@ def convert_native_to_hf(ckpt_path, out_dir, dtype="float32", overwrite=False):
         from safetensors.torch import save
     except ImportError:
         raise ConversionError("writing model.safetensors needs the safetensors package: pip install safetensors") from None
-    tensors = {n: t.to(getattr(torch, dtype)) for n, t in neox_state_dict(model).items()}
+    state = neox_state_dict(model)
+    check_fits_dtype(state, dtype)
+    tensors = {n: t.to(getattr(torch, dtype)) for n, t in state.items()}
     weights = save(tensors, metadata={"format": "pt"})
     with writer_lock(out_dir, WRITTEN):
         check_out(ckpt_path, out_dir, overwrite)
         return write_hf_folder(model, weights, entry, ckpt_dir, out_dir, dtype)
+
+
+def check_fits_dtype(tensors, dtype):
+    """Refuse an export whose weights the target dtype cannot hold (1e6 is inf in float16), naming them."""
+    top = torch.finfo(getattr(torch, dtype)).max
+    big = {}
+    for name, t in tensors.items():
+        if t.is_floating_point() and t.numel():
+            lo, hi = torch.aminmax(t)  # no temporary of the tensor's size
+            largest = max(-lo.item(), hi.item())
+            if largest > top:
+                big[name] = largest
+    if big:
+        shown = ", ".join(f"{n} ({v:.4g})" for n, v in list(big.items())[:5])
+        raise ConversionError(f"{shown}: beyond {dtype}'s largest value {top:.6g}, so written as inf: export with "
+                              "--dtype float32 or bfloat16")
 
 
 def write_hf_folder(model, weights, entry, ckpt_dir, out_dir, dtype):

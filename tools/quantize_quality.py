@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from checkpoint import load_checkpoint
+from checkpoint import check_finite, load_checkpoint
 from common import config_parser, parse_settings, run_main, setting
 from model import generate
 from prepare_data import load_meta
@@ -59,6 +59,7 @@ def main(argv=None):
     if min(cfg.new_tokens, cfg.prompt_tokens, cfg.batch_size) < 1:
         raise ValueError("--new_tokens, --prompt_tokens and --batch_size must be at least 1")
     model, ckpt = load_checkpoint(cfg.ckpt, torch.device("cpu"))
+    check_finite(model.state_dict(), cfg.ckpt, "measure")  # else every figure would be nan
     meta = load_meta(cfg.data_dir)
     check_tokenizer(ckpt, meta, cfg.ckpt, cfg.data_dir)
     val = Split(cfg.data_dir, meta, "val", model.config.block_size, model.config.vocab_size)
