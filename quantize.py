@@ -99,7 +99,7 @@ def check_quantize(scheme, device, dtype=torch.float32, compile=False):
         raise ValueError(f"int8 weights (--quantize int8, an int8 checkpoint) are a CPU path (oneDNN's int8 kernel); "
                          f"on {device} sample the float32 checkpoint with --dtype bfloat16")
     if not torch.backends.mkldnn.is_available():
-        raise ValueError("int8 weights need a PyTorch build with oneDNN (the x86 builds from PyPI have it)")
+        raise ValueError("int8 weights: needs a PyTorch build with oneDNN (the x86 builds from PyPI have it)")
     if dtype != torch.float32:
         raise ValueError("int8 weights compute in float32 between their matmuls: leave --dtype at float32")
     if compile:  # torch 2.13's inductor fails on the oneDNN int8 op called this way
