@@ -263,7 +263,7 @@ def bench_sample(cfg, device, tmp, threads):
         if B == 1:
             ways.update({name: (lambda m=m: M.generate(m, prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
         outs, times, first = {}, {(t, k): [] for t in threads for k in ways}, {}
-        reads = {t: [] for t in threads}
+        reads, cpu = {t: [] for t in threads}, {(t, k): [] for t in threads for k in ("read", "kv_cache", "int8")}
         with torch.no_grad():
             for t in threads:  # warm-up (and compiling), and the tokens compared (a thread count may change float rounding)
                 torch.set_num_threads(t)
@@ -276,9 +276,14 @@ def bench_sample(cfg, device, tmp, threads):
                 for t in threads:
                     torch.set_num_threads(t)
                     for k, fn in ways.items():
+                        c0 = time.process_time()
                         times[t, k].append(median_time(fn, 1, sync))
+                        if (t, k) in cpu:
+                            cpu[t, k].append(time.process_time() - c0)
                     if big is not None:
+                        c0 = time.process_time()
                         reads[t].append(median_time(big.sum, 1))
+                        cpu[t, "read"].append(time.process_time() - c0)
         for t in threads:
             out = outs[t]
             assert "recompute" not in out or torch.equal(out["recompute"], out["kv_cache"]), "KV-cache and recompute greedy tokens differ"
@@ -292,9 +297,14 @@ def bench_sample(cfg, device, tmp, threads):
                 row["int8_agree"] = leading_agreement(out["int8"], out["kv_cache"], cfg.prompt_len)
             if reads[t]:  # bytes/s; each decoding step reads every weight once for all B sequences
                 row["bandwidth"] = big.numel() * 4 / statistics.median(reads[t])
-                row["kv_fraction"] = weight_bytes(model) * row["kv_cache"] / B / row["bandwidth"]
+                # the fractions in CPU seconds (this process's), so that time other jobs took the core is in
+                # neither the bandwidth nor the decoding rate: on a shared machine wall time counts it in both,
+                # unevenly
+                row["cpu_s"] = {k: statistics.median(v) for (u, k), v in cpu.items() if u == t and v}
+                row["bandwidth_cpu"] = big.numel() * 4 / row["cpu_s"]["read"]
+                row["kv_fraction"] = weight_bytes(model) * cfg.new_tokens / row["cpu_s"]["kv_cache"] / row["bandwidth_cpu"]
                 if "int8" in out:
-                    row["int8_fraction"] = weight_bytes(int8) * row["int8"] / B / row["bandwidth"]
+                    row["int8_fraction"] = weight_bytes(int8) * cfg.new_tokens / row["cpu_s"]["int8"] / row["bandwidth_cpu"]
             rows.append(row)
     torch.set_num_threads(threads[0])
     return {"preset": cfg.sample_preset, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens, "rows": rows,
@@ -538,13 +548,15 @@ def table(res) -> str:
         if i8:
             lines += ["", f"int8 weights (quantize.py, eager): a token reads {sa['weight_bytes'] / 1e6:,.0f} MB of weights in float32, "
                       f"{sa['int8_weight_bytes'] / 1e6:,.0f} MB in int8 (with scales); int8 matmuls alone: the int8 ceiling; "
-                      f"read: a float32 sum over {sa['bandwidth_mb']:,} MB; of read: weight bytes a step reads x steps/s / read",
+                      f"read: a float32 sum over {sa['bandwidth_mb']:,} MB; of read: weight bytes a step reads x steps/s / read, "
+                      "both in this process's CPU seconds (other jobs' time left out)",
                       "| threads | batch | float32 KV | int8 KV | int8 / float32 | int8 / HF | int8 matmuls alone | "
-                      "int8 ceiling / HF | read GB/s | float32 of read | int8 of read | leading tokens equal to float32 |",
+                      "int8 ceiling / HF | read GB/s (wall, CPU) | float32 of read | int8 of read | leading tokens equal to float32 |",
                       "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
             lines += [f"| {r['threads']} | {r['batch']} | {rate(r['kv_cache'])} | {rate(r['int8'])} | {r['int8'] / r['kv_cache']:.2f}x | "
                       f"{r['int8'] / r['hf_generate']:.2f}x | {rate(r['int8_matmuls_alone'])} | "
-                      f"{r['int8_matmuls_alone'] / r['hf_generate']:.2f}x | {fmt(r.get('bandwidth') and r['bandwidth'] / 1e9, '.1f')} | "
+                      f"{r['int8_matmuls_alone'] / r['hf_generate']:.2f}x | {fmt(r.get('bandwidth') and r['bandwidth'] / 1e9, '.1f')}, "
+                      f"{fmt(r.get('bandwidth_cpu') and r['bandwidth_cpu'] / 1e9, '.1f')} | "
                       f"{fmt(r.get('kv_fraction') and 100 * r['kv_fraction'], '.0f')}% | "
                       f"{fmt(r.get('int8_fraction') and 100 * r['int8_fraction'], '.0f')}% | {r['int8_agree']} / {sa['new_tokens']} |"
                       for r in i8]

@@ -37,9 +37,12 @@ def test_run_reports_every_section(tmp_path):
         # precision copies run at batch 1 only; tiny random weights with a peaked head keep every greedy token
         assert r["agree"] == ({"bfloat16": 4, "float16": 4} if r["batch"] == 1 else {})
         assert min(r["int8"], r["int8_matmuls_alone"]) > 0 and 0 <= r["int8_agree"] <= 4
-        assert r["bandwidth"] > 0  # bytes/s of the float32 sum, and what each decoding reads of it:
-        assert r["kv_fraction"] == res["sample"]["weight_bytes"] * r["kv_cache"] / r["batch"] / r["bandwidth"]
-        assert r["int8_fraction"] == res["sample"]["int8_weight_bytes"] * r["int8"] / r["batch"] / r["bandwidth"]
+        assert r["bandwidth"] > 0 and r["bandwidth_cpu"] > 0  # bytes/s of the float32 sum, wall and CPU time
+        # what each decoding reads of it: weight bytes x steps per CPU second / bytes per CPU second of the sum
+        cpu, sa = r["cpu_s"], res["sample"]
+        assert r["bandwidth_cpu"] == 8 * 2**20 / cpu["read"]
+        assert r["kv_fraction"] == sa["weight_bytes"] * 4 / cpu["kv_cache"] / r["bandwidth_cpu"]
+        assert r["int8_fraction"] == sa["int8_weight_bytes"] * 4 / cpu["int8"] / r["bandwidth_cpu"]
     assert res["sample"]["int8_weight_bytes"] < res["sample"]["weight_bytes"] / 3  # int8 plus a scale per row
     lo = res["load"]
     assert lo["preset"] == "tiny" and lo["ckpt_bytes"] > 0 and set(lo["ways"]) == {"old", "new", "int8", "int8_ckpt"}
