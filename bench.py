@@ -32,8 +32,10 @@ Design choices, up front:
   On a CPU the KV cache also runs on quantize.py's int8 copy (eager), beside its own "int8 matmuls alone"
   (the int8 ceiling) and the bytes of weights a token reads in each; beside them, the read bandwidth (a
   float32 sum over bandwidth_mb, timed in the same rounds), and the fraction of it each decodes at: weight
-  bytes a step reads x steps/s / bandwidth. The load section adds a child that
-  quantizes after loading, and every child decodes load_tokens greedy tokens (end to end time).
+  bytes a step reads x steps/s / bandwidth, both in the process's CPU seconds (a shared machine's other
+  jobs take wall time from both, unevenly). The load section adds a child that quantizes after loading
+  and one that loads convert.py's int8 checkpoint of the same weights; every child decodes load_tokens
+  greedy tokens (end to end time), peak RSS against the float32 checkpoint's size.
   Paper preset: --sample_preset=paper --no-recompute (recomputing 470M parameters per context token is slow).
 - Data preparation: prepare_data.prepare on `prep_copies` concatenated copies of a corpus, with one
   worker (no pool) and with all cores. How much `cores` processes can give on this machine at all is
