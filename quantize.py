@@ -161,12 +161,15 @@ def int8_model(config, ckpt, file):
     with torch.device("meta"):
         model = GPT(config)
     own = dict(model.named_modules())
+    linear = [n for n, m in own.items() if isinstance(m, nn.Linear)]
+    if sorted(entry["layers"]) != sorted(linear):  # a linear layer left out would read its int8 rows as floats
+        raise ValueError(f"{file}: its int8 layers are not its model's linear layers ({len(entry['layers'])} listed, "
+                         f"{len(linear)} in the model)")
     rows = {}
     for name in entry["layers"]:
         q, scale = sd.get(f"{name}.weight"), sd.pop(f"{name}.weight_scale", None)
-        if not isinstance(own.get(name), nn.Linear) or q is None or scale is None:
-            raise ValueError(f"{file}: its int8 layer {name!r} is not a linear layer of its model_config, or has "
-                             "no int8 rows and scales")
+        if q is None or scale is None:
+            raise ValueError(f"{file}: its int8 layer {name!r} has no int8 rows and scales")
         if q.dtype != torch.int8 or scale.dtype != torch.float32 or scale.shape != q.shape[:1]:
             raise ValueError(f"{file}: {name}: int8 rows and float32 scales per row expected, found {q.dtype} "
                              f"{tuple(q.shape)} and {scale.dtype} {tuple(scale.shape)}")

@@ -6,7 +6,7 @@ Sample text from a checkpoint, streamed as it is produced (KV-cache decoding via
     python sample.py --ckpt out/fixmin --temperature 0 --max_new_tokens 3   # a converted release: the card's prompt
     python sample.py --ckpt out/run --prompt_file p.txt --num_samples 3 --top_p 0.9 --seed 1
     python sample.py --ckpt out/fixmin --quantize int8   # int8 weights: quicker on a CPU (quantize.py)
-    python sample.py --ckpt out/fixmin-int8              # an int8 checkpoint (convert.py native2int8): a quarter of the memory
+    python sample.py --ckpt out/fixmin-int8              # an int8 checkpoint (convert.py native2int8): ~0.4x the memory
 
 Without a prompt, a checkpoint trained here starts a new document: from the end-of-text token, which
 ends every document of its prepared data. A converted release continues its model card's prompt,

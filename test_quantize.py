@@ -290,3 +290,10 @@ def test_int8_checkpoint_of_another_scheme_is_refused(int8_ckpt, tmp_path):
     torch.save(ckpt, tmp_path / "int4.pt")
     with pytest.raises(ValueError, match="an int8 checkpoint of another scheme or version"):
         load_checkpoint(str(tmp_path / "int4.pt"), int8=True)
+    ckpt["quantization"]["scheme"] = SCHEME
+    ckpt["quantization"]["layers"].remove("lm_head")  # its int8 rows would be read as float weights
+    torch.save(ckpt, tmp_path / "partial.pt")
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(str(tmp_path / "partial.pt"), int8=True)
+    assert str(e.value) == (f"{tmp_path / 'partial.pt'}: its int8 layers are not its model's linear layers "
+                            "(8 listed, 9 in the model)")
