@@ -18,6 +18,7 @@ import torch
 
 from common import DISK_FULL, atomic_open, available_memory, disk_full, file_problem, one_line
 from model import GPT, GPTConfig, memory_bytes
+from quantize import check_quantize, pack_int8, split_int8
 
 
 def checkpoint_dict(model, tokenizer, **extra):
@@ -38,8 +39,9 @@ def atomic_torch_save(obj, path):
         raise OSError(errno.EIO, f"write failed ({one_line(e)})", str(path)) from None
 
 
-def read_checkpoint(path, device="cpu"):
-    """The checkpoint dict in a .pt file, or in a folder holding ckpt.pt; a clear error names the file.
+def read_checkpoint(path, device="cpu", int8=False):
+    """The checkpoint dict in a .pt file, or in a folder holding ckpt.pt; a clear error names the file. An
+    int8 checkpoint (python -m tools.convert native2int8) is refused unless int8=True: only sampling can use it.
 
     The file is memory-mapped (copy-on-write: writing a tensor never touches the file), so on the CPU
     its tensors are read from the page cache when first used and never held twice.
@@ -62,6 +64,12 @@ def read_checkpoint(path, device="cpu"):
     if not (isinstance(ckpt["model_config"], dict) and all(isinstance(k, str) for k in ckpt["model_config"])):
         raise ValueError(f"{file}: its 'model_config' entry is not a dict of GPTConfig fields "
                          f"(a {type(ckpt['model_config']).__name__})")
+    if "quantization" in ckpt and not int8:
+        entry = ckpt["quantization"]
+        source = entry.get("source") if isinstance(entry, dict) else None
+        made_from = (source.get("path") if isinstance(source, dict) else None) or "a float32 checkpoint"
+        raise ValueError(f"{file}: an int8 checkpoint for sampling (tools/convert.py native2int8 of {made_from}): only "
+                         "sample.py reads it; train, convert or evaluate the float32 checkpoint it was made from")
     return ckpt
 
 
@@ -128,13 +136,19 @@ def model_from_weights(config, state_dict, source):
     return model
 
 
-def load_checkpoint(path, device="cpu"):
-    """Read a checkpoint and build its model on `device`: returns (model, ckpt)."""
-    ckpt = read_checkpoint(path, device)
+def load_checkpoint(path, device="cpu", int8=False):
+    """Read a checkpoint and build its model on `device`: returns (model, ckpt). int8=True also takes an int8
+    checkpoint (python -m tools.convert native2int8): its model has quantize.py's int8 layers (CPU only)."""
+    ckpt = read_checkpoint(path, device, int8)
     try:
         config = GPTConfig(**ckpt["model_config"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: its model_config does not fit GPTConfig ({e})") from None
+    if "quantization" in ckpt:
+        check_quantize("int8", device)
+        file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+        state_dict, rows = split_int8(ckpt, file)
+        return pack_int8(model_from_weights(config, state_dict, file), rows, file), ckpt
     return model_from_weights(config, ckpt["model"], path).to(device), ckpt
 
 

@@ -6,6 +6,7 @@ Sample text from a checkpoint, streamed as it is produced (KV-cache decoding via
     python sample.py --ckpt out/fixmin --temperature 0 --max_new_tokens 3   # a converted release: the card's prompt
     python sample.py --ckpt out/run --prompt_file p.txt --num_samples 3 --top_p 0.9 --seed 1
     python sample.py --ckpt out/fixmin --quantize int8   # int8 weights: quicker on a CPU (quantize.py)
+    python sample.py --ckpt out/fixmin-int8              # an int8 checkpoint (python -m tools.convert native2int8): ~0.4x the memory
 
 Without a prompt, a checkpoint trained here starts a new document: from the end-of-text token, which
 ends every document of its prepared data. A converted release continues its model card's prompt,
@@ -29,7 +30,7 @@ import torch
 from checkpoint import check_finite, load_checkpoint
 from common import available_memory, config_parser, parse_settings, pick_device, run_main, setting
 from model import memory_bytes, stream
-from quantize import QUANTIZE, check_quantize, quantize_int8
+from quantize import QUANTIZE, check_quantize, is_int8, quantize_int8
 from tokenizer import load_text_codec
 
 CARD_PROMPT = "Question: What is the capital of France?\nAnswer:"  # the released models' card
@@ -174,10 +175,12 @@ def main(argv=None):
     device = pick_device(cfg.device)
     check_quantize(cfg.quantize, device, getattr(torch, cfg.dtype), cfg.compile)  # before reading the checkpoint
     torch.manual_seed(cfg.seed)
-    model, ckpt = load_checkpoint(cfg.ckpt, device)
+    model, ckpt = load_checkpoint(cfg.ckpt, device, int8=True)  # an int8 checkpoint (python -m tools.convert native2int8) too
+    if is_int8(ckpt):  # int8 weights: what --quantize int8 cannot do, this cannot either
+        check_quantize("int8", device, getattr(torch, cfg.dtype), cfg.compile)
     check_finite(model.state_dict(), cfg.ckpt, "sample from")  # a diverged model would print "!!!!!!" greedily
     model = model.to(getattr(torch, cfg.dtype)).eval()
-    if cfg.quantize:
+    if cfg.quantize and not is_int8(ckpt):  # an int8 checkpoint is int8 already
         model = quantize_int8(model)
     codec = load_text_codec(ckpt, cfg.ckpt)
     if not (cfg.prompt_file is not None or prompt):

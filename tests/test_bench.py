@@ -13,7 +13,7 @@ from tools import bench
 
 TINY = ["--device=cpu", "--preset=tiny", "--block_size=16", "--batch_size=2", "--steps=1", "--warmup=1", "--repeats=1",
         "--sample_preset=tiny", "--prompt_len=4", "--new_tokens=4", "--sample_batches=1,2",
-        "--prep_copies=1", "--matmul_n=64", "--load_preset=tiny", "--no-sample_compile"]
+        "--prep_copies=1", "--matmul_n=64", "--load_preset=tiny", "--no-sample_compile", "--bandwidth_mb=8"]
 
 
 def test_run_reports_every_section(tmp_path):
@@ -37,19 +37,33 @@ def test_run_reports_every_section(tmp_path):
         # precision copies run at batch 1 only; tiny random weights with a peaked head keep every greedy token
         assert r["agree"] == ({"bfloat16": 4, "float16": 4} if r["batch"] == 1 else {})
         assert min(r["int8"], r["int8_matmuls_alone"]) > 0 and 0 <= r["int8_agree"] <= 4
+        assert r["bandwidth"] > 0 and r["bandwidth_cpu"] > 0  # bytes/s of the float32 sum, wall and CPU time
+        # what each decoding reads of it: weight bytes x steps per CPU second / bytes per CPU second of the sum
+        cpu, sa = r["cpu_s"], res["sample"]
+        assert r["bandwidth_cpu"] == 8 * 2**20 / cpu["read"]
+        assert r["kv_fraction"] == sa["weight_bytes"] * 4 / cpu["kv_cache"] / r["bandwidth_cpu"]
+        assert r["int8_fraction"] == sa["int8_weight_bytes"] * 4 / cpu["int8"] / r["bandwidth_cpu"]
     assert res["sample"]["int8_weight_bytes"] < res["sample"]["weight_bytes"] / 3  # int8 plus a scale per row
     lo = res["load"]
-    assert lo["preset"] == "tiny" and lo["ckpt_bytes"] > 0 and set(lo["ways"]) == {"old", "new", "int8"}
+    assert lo["preset"] == "tiny" and lo["ckpt_bytes"] > 0 and set(lo["ways"]) == {"old", "new", "int8", "int8_ckpt"}
+    assert 0 < lo["int8_ckpt_bytes"] < lo["ckpt_bytes"]
     for r in lo["ways"].values():
         assert 0 < r["first_token_s"] < r["last_token_s"] < r["process_s"] and r["peak_rss"] > lo["ckpt_bytes"]
     pr = res["prep"]
     assert pr["mb"] > 0 and pr["mb_s_1"] > 0 and pr["mb_s_all"] > 0 and pr["workers"] == 2
     assert pr["python_scaling"] > 0 and pr["tiktoken_scaling"] > 0
-    assert [t["goal"] for t in res["targets"]] == [">= 1", ">= 1.5", ">= 3", ">= 1.5", ">= 3", "<= 0.33", "<= 1.15", "<= 0.5",
-                                                   ">= 0.8", ">= 0.5"]
-    assert [t["target"] for t in res["targets"][1:5]] == [
+    assert [t["goal"] for t in res["targets"]] == [">= 1", ">= 1.5", ">= 3", ">= 1", ">= 0.75", ">= 1.5", ">= 3", ">= 1",
+                                                   "<= 0.33", "<= 1.15", "<= 0.5", "<= 0.45", "<= 0.5", "<= 1", ">= 0.8", ">= 0.5"]
+    assert [t["target"] for t in res["targets"][1:8]] == [
         s for n in (1, 2) for s in (f"KV-cache / HF generate tokens/s, batch 1, {n} threads, same tokens (tiny)",
-                                    f"int8 / float32 KV-cache tokens/s, batch 1, {n} threads (tiny)")]
+                                    f"int8 / float32 KV-cache tokens/s, batch 1, {n} threads (tiny)",
+                                    f"int8 not slower than float32, batch 1, {n} threads (tiny)",
+                                    "int8 decoding: weight bytes read / one-thread read bandwidth, batch 1 (tiny)")
+        if n == 1 or "bandwidth" not in s]
+    assert [t["target"] for t in res["targets"][11:14]] == [
+        "peak RSS, int8 checkpoint / float32 checkpoint size (tiny)",
+        "end to end (process start to token 64), int8 checkpoint / float32 (tiny)",
+        "first token, int8 checkpoint / float32 (tiny)"]
     for t in res["targets"][:-1]:
         assert t["verdict"] == ("PASS" if eval(f"{t['ratio']} {t['goal']}") else "MISS"), t
     assert res["targets"][-1]["verdict"] == "not measured"  # the H200 target needs the paper preset

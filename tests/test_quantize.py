@@ -1,5 +1,9 @@
 """Tests of quantize.py: int8 weights stay within their rounding bound on a trained tiny model, generation
-runs and stops as before, the float model and its code table are untouched, refusals are clear."""
+runs and stops as before, the float model and its code table are untouched, refusals are clear; the int8
+checkpoint (tools/convert.py native2int8) samples the same tokens and is refused where it cannot be used."""
+
+import hashlib
+import os
 
 import numpy as np
 import pytest
@@ -11,7 +15,8 @@ import train
 from checkpoint import load_checkpoint
 from model import canonical_code, generate
 from prepare_data import load_meta
-from quantize import Int8Linear, check_quantize, int8_rows, quantize_int8
+from quantize import SCHEME, Int8Linear, check_quantize, drop_pages, file_mappings, int8_rows, quantize_int8
+from tools import convert
 from tools.quantize_quality import main as quantize_main
 
 
@@ -172,3 +177,129 @@ def test_quality_cli_reports_both_losses_and_the_greedy_agreement(trained, tiny_
     assert lines[2].startswith(f"next token (argmax) at every validation position, fed the same text: the same at "
                                f"{next_same:,} of {x.numel():,} (")
     assert next_same >= 0.95 * x.numel()  # int8 rounding moves few choices on a trained model
+
+
+# ----------------------------------------------------------------------------- the int8 checkpoint (convert.py native2int8)
+@pytest.fixture(scope="module")
+def int8_ckpt(trained, tmp_path_factory):
+    """The trained model's int8 checkpoint, written by the command line."""
+    _, folder, _, _ = trained
+    out = str(tmp_path_factory.mktemp("int8") / "q")
+    assert convert.main(["native2int8", folder, out]) == 0
+    return out
+
+
+def test_int8_checkpoint_holds_int8_rows_scales_and_everything_else_as_it_was(trained, int8_ckpt):
+    model, folder, _, _ = trained
+    src = torch.load(os.path.join(folder, "ckpt.pt"), weights_only=True)
+    ckpt = torch.load(os.path.join(int8_ckpt, "ckpt.pt"), weights_only=True)  # plain types only
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert ckpt["quantization"]["layers"] == linear and len(linear) == 4 * model.config.n_layer + 1
+    assert ckpt["quantization"]["scheme"] == SCHEME
+    with open(os.path.join(folder, "ckpt.pt"), "rb") as f:
+        data = f.read()
+    assert ckpt["quantization"]["source"] == {"path": os.path.join(os.path.abspath(folder), "ckpt.pt"),
+                                              "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    for name in linear:
+        q, scale = int8_rows(src["model"][f"{name}.weight"])
+        assert torch.equal(ckpt["model"].pop(f"{name}.weight"), q) and q.dtype == torch.int8
+        assert torch.equal(ckpt["model"].pop(f"{name}.weight_scale"), scale)
+        src["model"].pop(f"{name}.weight")
+    assert ckpt["model"].keys() == src["model"].keys()  # the code table and LayerNorms, as they were
+    assert all(torch.equal(t, src["model"][k]) for k, t in ckpt["model"].items())
+    assert ckpt.keys() - {"quantization"} == src.keys() - {"optimizer"}  # the optimizer's moments: not for sampling
+    for key in ("model_config", "tokenizer", "step", "data"):  # as they were
+        assert ckpt[key] == src[key]
+
+
+def test_int8_checkpoint_samples_the_tokens_of_quantize_int8(trained, int8_ckpt, capsys):
+    """The int8 checkpoint's model and `--quantize int8` on the float32 one give the same logits and greedy
+    tokens; sample.py prints the same text from both, old and new checkpoint side by side."""
+    model, folder, x, _ = trained
+    q, _ = load_checkpoint(int8_ckpt, int8=True)
+    ref = quantize_int8(model)
+    assert sum(isinstance(m, Int8Linear) for m in q.modules()) == 4 * model.config.n_layer + 1
+    assert not any(isinstance(m, torch.nn.Linear) for m in q.modules())  # no float32 copy of a linear weight
+    with torch.no_grad():
+        assert torch.equal(q(x)[0], ref(x)[0])
+    prompt = x[:3, :6]
+    assert torch.equal(generate(q, prompt, 24, temperature=0), generate(ref, prompt, 24, temperature=0))
+    args = ["--prompt", "", "--temperature", "0", "--max_new_tokens", "20", "--device", "cpu"]
+    texts = []
+    for extra in (["--ckpt", folder, "--quantize", "int8"], ["--ckpt", int8_ckpt], ["--ckpt", int8_ckpt, "--quantize", "int8"],
+                  ["--ckpt", folder]):
+        assert sample.main(args + extra) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] == texts[2] and len(texts[0]) > 1
+    codec = sample.load_text_codec(torch.load(os.path.join(folder, "ckpt.pt"), weights_only=True), folder)
+    for m, text in ((ref, texts[0]), (model, texts[3])):  # each what its model generates: float32 as before
+        new = generate(m, torch.tensor([[codec.eos_token_id]]), 20, temperature=0, eos_token_id=codec.eos_token_id)
+        new = new[0, 1:].tolist()
+        assert text == codec.decode(new[: new.index(codec.eos_token_id)] if codec.eos_token_id in new else new) + "\n"
+
+
+def test_int8_model_reads_its_tensors_from_the_file_and_releases_packed_rows(int8_ckpt):
+    """Loading maps the file: the LayerNorms and code table are the file's own bytes, not copies; dropping
+    the packed rows' pages leaves their bytes readable (faulted in again from the file); anonymous memory
+    is never dropped."""
+    file = os.path.join(int8_ckpt, "ckpt.pt")
+    model, ckpt = load_checkpoint(int8_ckpt, int8=True)
+    spans = file_mappings(file)
+    assert spans
+    inside = lambda t: any(lo <= t.data_ptr() < hi for lo, hi in spans)
+    assert inside(model.ln_f.weight) and inside(model.embed.weight) and inside(ckpt["model"]["lm_head.weight"])
+    rows = ckpt["model"]["lm_head.weight"]
+    assert torch.equal(rows, torch.load(file, weights_only=True)["model"]["lm_head.weight"])  # dropped, read again
+    t = torch.arange(2**16, dtype=torch.int32)
+    drop_pages(t, spans)  # anonymous memory: outside the file's mappings, left alone
+    assert torch.equal(t, torch.arange(2**16, dtype=torch.int32))
+
+
+def test_int8_checkpoint_is_refused_where_it_cannot_be_used(trained, int8_ckpt, tiny_data, tmp_path):
+    _, folder, _, _ = trained
+    file = os.path.join(int8_ckpt, "ckpt.pt")
+    message = (f"{file}: an int8 checkpoint for sampling (tools/convert.py native2int8 of "
+               f"{os.path.join(os.path.abspath(folder), 'ckpt.pt')}): only sample.py reads it; train, convert or "
+               "evaluate the float32 checkpoint it was made from")
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(int8_ckpt)
+    assert str(e.value) == message
+    base = dict(data_dir=tiny_data, preset="tiny", block_size=32, batch_size=2, max_steps=1, eval_interval=0,
+                save_interval=0, device="cpu")
+    with pytest.raises(ValueError) as e:
+        train.train(train.TrainConfig(out_dir=str(tmp_path / "ft"), init_from=int8_ckpt, **base))
+    assert str(e.value) == message
+    with pytest.raises(ValueError) as e:
+        train.train(train.TrainConfig(out_dir=int8_ckpt, resume=True, **base))
+    assert str(e.value) == message
+    for run in (lambda: convert.main(["native2hf", int8_ckpt, str(tmp_path / "hf")]),
+                lambda: convert.main(["native2int8", int8_ckpt, str(tmp_path / "again")]),
+                lambda: quantize_main(["--ckpt", int8_ckpt, "--data_dir", tiny_data])):
+        with pytest.raises(ValueError) as e:
+            run()
+        assert str(e.value) == message
+    for flags, refusal in ((["--dtype", "bfloat16"], "leave --dtype at float32"), (["--compile"], "drop --compile")):
+        with pytest.raises(ValueError, match=refusal):
+            sample.main(["--ckpt", int8_ckpt, "--device", "cpu", "--max_new_tokens", "1"] + flags)
+    assert not os.path.exists(tmp_path / "hf") and not os.path.exists(tmp_path / "again")
+
+
+def test_int8_checkpoint_of_another_scheme_is_refused(int8_ckpt, tmp_path):
+    ckpt = torch.load(os.path.join(int8_ckpt, "ckpt.pt"), weights_only=True)
+    ckpt["quantization"]["scheme"] = "int4 blocks"
+    torch.save(ckpt, tmp_path / "int4.pt")
+    with pytest.raises(ValueError, match="an int8 checkpoint of another scheme or version"):
+        load_checkpoint(str(tmp_path / "int4.pt"), int8=True)
+    ckpt["quantization"]["scheme"] = SCHEME
+    ckpt["quantization"]["layers"].remove("lm_head")  # its int8 rows would be read as float weights
+    torch.save(ckpt, tmp_path / "partial.pt")
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(str(tmp_path / "partial.pt"), int8=True)
+    assert str(e.value) == (f"{tmp_path / 'partial.pt'}: its int8 layers are not the layers with int8 scales "
+                            "(8 listed, 9 with scales)")
+    del ckpt["model"]["lm_head.weight_scale"]  # left out of the list and of the scales: caught once the model is built
+    torch.save(ckpt, tmp_path / "partial.pt")
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(str(tmp_path / "partial.pt"), int8=True)
+    assert str(e.value) == (f"{tmp_path / 'partial.pt'}: its int8 layers are not its model's linear layers "
+                            "(8 listed, 9 in the model)")

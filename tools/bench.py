@@ -30,8 +30,12 @@ Design choices, up front:
   Each way runs at every --threads count, interleaved. At batch 1 the KV cache also runs on bfloat16 and
   float16 copies of the weights: speed against float32, and how many leading tokens stay float32's.
   On a CPU the KV cache also runs on quantize.py's int8 copy (eager), beside its own "int8 matmuls alone"
-  (the int8 ceiling) and the bytes of weights a token reads in each; the load section adds a child that
-  quantizes after loading, and every child decodes load_tokens greedy tokens (end to end time).
+  (the int8 ceiling) and the bytes of weights a token reads in each; beside them, the read bandwidth (a
+  float32 sum over bandwidth_mb, timed in the same rounds), and the fraction of it each decodes at: weight
+  bytes a step reads x steps/s / bandwidth, both in the process's CPU seconds (a shared machine's other
+  jobs take wall time from both, unevenly). The load section adds a child that quantizes after loading
+  and one that loads convert.py's int8 checkpoint of the same weights; every child decodes load_tokens
+  greedy tokens (end to end time), peak RSS against the float32 checkpoint's size.
   Paper preset: --sample_preset=paper --no-recompute (recomputing 470M parameters per context token is slow).
 - Data preparation: prepare_data.prepare on `prep_copies` concatenated copies of a corpus, with one
   worker (no pool) and with all cores. How much `cores` processes can give on this machine at all is
@@ -92,6 +96,8 @@ class BenchConfig:
                                            "compiling happens in the untimed warm-up")
     precisions: str = setting("bfloat16,float16", "comma-separated weight dtypes timed against float32 at batch 1 (KV cache)")
     int8: bool = setting(True, "also time quantize.py's int8 weights (KV cache, eager) and their matmuls alone (CPU)")
+    bandwidth_mb: int = setting(512, "MB of float32 summed, at each thread count, to measure the read bandwidth that "
+                                     "decoding is compared with (CPU)")
     # loading
     load_preset: str = setting("paper", "model preset of the checkpoint loaded (paper: a 1.9 GB file in a temp dir)")
     load_repeats: int = setting(1, "child processes per loading path, interleaved")
@@ -239,6 +245,7 @@ def bench_sample(cfg, device, tmp, threads):
     hf = hf_twin(model, tmp, device)
     low = {name: copy.deepcopy(model).to(getattr(torch, name)) for name in cfg.precisions.split(",") if name}
     int8 = Q.quantize_int8(model) if cfg.int8 and device.type == "cpu" else None
+    big = torch.ones(cfg.bandwidth_mb * 2**20 // 4) if device.type == "cpu" else None  # read bandwidth: summed
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
     for B in (int(b) for b in cfg.sample_batches.split(",")):
@@ -258,6 +265,7 @@ def bench_sample(cfg, device, tmp, threads):
         if B == 1:
             ways.update({name: (lambda m=m: M.generate(m, prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
         outs, times, first = {}, {(t, k): [] for t in threads for k in ways}, {}
+        reads, cpu = {t: [] for t in threads}, {(t, k): [] for t in threads for k in ("read", "kv_cache", "int8")}
         with torch.no_grad():
             for t in threads:  # warm-up (and compiling), and the tokens compared (a thread count may change float rounding)
                 torch.set_num_threads(t)
@@ -270,7 +278,14 @@ def bench_sample(cfg, device, tmp, threads):
                 for t in threads:
                     torch.set_num_threads(t)
                     for k, fn in ways.items():
+                        c0 = time.process_time()
                         times[t, k].append(median_time(fn, 1, sync))
+                        if (t, k) in cpu:
+                            cpu[t, k].append(time.process_time() - c0)
+                    if big is not None:
+                        c0 = time.process_time()
+                        reads[t].append(median_time(big.sum, 1))
+                        cpu[t, "read"].append(time.process_time() - c0)
         for t in threads:
             out = outs[t]
             assert "recompute" not in out or torch.equal(out["recompute"], out["kv_cache"]), "KV-cache and recompute greedy tokens differ"
@@ -282,9 +297,20 @@ def bench_sample(cfg, device, tmp, threads):
             row["agree"] = {name: leading_agreement(out[name], out["kv_cache"], cfg.prompt_len) for name in low if name in out}
             if "int8" in out:
                 row["int8_agree"] = leading_agreement(out["int8"], out["kv_cache"], cfg.prompt_len)
+            if reads[t]:  # bytes/s; each decoding step reads every weight once for all B sequences
+                row["bandwidth"] = big.numel() * 4 / statistics.median(reads[t])
+                # the fractions in CPU seconds (this process's), so that time other jobs took the core is in
+                # neither the bandwidth nor the decoding rate: on a shared machine wall time counts it in both,
+                # unevenly
+                row["cpu_s"] = {k: statistics.median(v) for (u, k), v in cpu.items() if u == t and v}
+                row["bandwidth_cpu"] = big.numel() * 4 / row["cpu_s"]["read"]
+                row["kv_fraction"] = weight_bytes(model) * cfg.new_tokens / row["cpu_s"]["kv_cache"] / row["bandwidth_cpu"]
+                if "int8" in out:
+                    row["int8_fraction"] = weight_bytes(int8) * cfg.new_tokens / row["cpu_s"]["int8"] / row["bandwidth_cpu"]
             rows.append(row)
     torch.set_num_threads(threads[0])
     return {"preset": cfg.sample_preset, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens, "rows": rows,
+            "bandwidth_mb": cfg.bandwidth_mb,
             "weight_bytes": weight_bytes(model), "int8_weight_bytes": int8 and weight_bytes(int8)}
 
 
@@ -303,8 +329,8 @@ if way == "old":  # the path before issue 12: random init, a full read, a copy i
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     model = GPT(GPTConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
-else:  # as sample.py loads: NaN and inf weights refused too
-    model, ckpt = load_checkpoint(path)
+else:  # as sample.py loads: NaN and inf weights refused too; int8_ckpt: convert.py native2int8's checkpoint,
+    model, ckpt = load_checkpoint(path, int8=way == "int8_ckpt")  # packed from the file as it is read
     check_finite(model.state_dict(), path, "sample from")
 if way == "int8":
     model = quantize_int8(model)
@@ -337,19 +363,28 @@ def run_load_child(path, way, tokens, threads):
 def bench_load(cfg, tmp):
     """Time to the first token, to the last of load_tokens, and peak memory of a fresh process that loads
     a checkpoint of `load_preset` and decodes greedily: the old way, checkpoint.load_checkpoint's, and (CPU,
-    --int8) load_checkpoint then quantize.quantize_int8; interleaved."""
+    --int8) load_checkpoint then quantize.quantize_int8, and the int8 checkpoint convert.py native2int8
+    writes of the same weights; interleaved."""
+    from tools.convert import convert_native_to_int8
+
     path = os.path.join(tmp, "load.pt")
     torch.manual_seed(0)
     torch.save(checkpoint_dict(M.GPT(M.get_config(cfg.load_preset)), None), path)
     size = os.path.getsize(path)
-    runs = {"old": [], "new": [], **({"int8": []} if cfg.int8 else {})}
+    paths = {"old": path, "new": path}
+    if cfg.int8:
+        paths.update(int8=path, int8_ckpt=convert_native_to_int8(path, os.path.join(tmp, "int8"))[0])
+    runs = {way: [] for way in paths}
     for _ in range(cfg.load_repeats):
         for way in runs:
-            runs[way].append(run_load_child(path, way, cfg.load_tokens, torch.get_num_threads()))
-    os.remove(path)
+            runs[way].append(run_load_child(paths[way], way, cfg.load_tokens, torch.get_num_threads()))
+    int8_size = cfg.int8 and os.path.getsize(paths["int8_ckpt"])
+    for p in set(paths.values()):
+        os.remove(p)
     rows = {way: {"first_token_s": statistics.median(r[0] for r in rs), "last_token_s": statistics.median(r[1] for r in rs),
                   "process_s": statistics.median(r[2] for r in rs), "peak_rss": max(r[3] for r in rs)} for way, rs in runs.items()}
-    return {"preset": cfg.load_preset, "ckpt_bytes": size, "repeats": cfg.load_repeats, "tokens": cfg.load_tokens, "ways": rows}
+    return {"preset": cfg.load_preset, "ckpt_bytes": size, "int8_ckpt_bytes": int8_size or None, "repeats": cfg.load_repeats,
+            "tokens": cfg.load_tokens, "ways": rows}
 
 
 # ----------------------------------------------------------------------------- data preparation
@@ -447,6 +482,11 @@ def run(cfg: BenchConfig) -> dict:
             if "int8" in r:
                 target(f"int8 / float32 KV-cache tokens/s, batch 1, {r['threads']} threads ({sa['preset']})",
                        r["int8"] / r["kv_cache"], 3.0)
+                target(f"int8 not slower than float32, batch 1, {r['threads']} threads ({sa['preset']})",
+                       r["int8"] / r["kv_cache"], 1.0)
+            if "int8_fraction" in r and r["threads"] == 1:
+                target(f"int8 decoding: weight bytes read / one-thread read bandwidth, batch 1 ({sa['preset']})",
+                       r["int8_fraction"], 0.75)
     if lo:
         old, new = lo["ways"]["old"], lo["ways"]["new"]
         target(f"time to first token, load_checkpoint / old path ({lo['preset']})", new["first_token_s"] / old["first_token_s"],
@@ -455,6 +495,14 @@ def run(cfg: BenchConfig) -> dict:
         if "int8" in lo["ways"]:
             target(f"end to end (load, quantize, {lo['tokens']} greedy tokens), int8 / float32 ({lo['preset']})",
                    lo["ways"]["int8"]["last_token_s"] / new["last_token_s"], 0.5, at_most=True)
+        if "int8_ckpt" in lo["ways"]:
+            i8 = lo["ways"]["int8_ckpt"]
+            target(f"peak RSS, int8 checkpoint / float32 checkpoint size ({lo['preset']})", i8["peak_rss"] / lo["ckpt_bytes"],
+                   0.45, at_most=True)
+            target(f"end to end (process start to token {lo['tokens']}), int8 checkpoint / float32 ({lo['preset']})",
+                   i8["process_s"] / new["process_s"], 0.5, at_most=True)
+            target(f"first token, int8 checkpoint / float32 ({lo['preset']})", i8["first_token_s"] / new["first_token_s"],
+                   1.0, at_most=True)
     if pr:
         target(f"prep all cores / ({pr['workers']} x one worker) MB/s", pr["mb_s_all"] / (pr["workers"] * pr["mb_s_1"]), 0.8)
     h200 = tr is not None and "H200" in res["device"] and tr["preset"] == "paper"
@@ -503,12 +551,19 @@ def table(res) -> str:
         i8 = [r for r in sa["rows"] if "int8" in r]
         if i8:
             lines += ["", f"int8 weights (quantize.py, eager): a token reads {sa['weight_bytes'] / 1e6:,.0f} MB of weights in float32, "
-                      f"{sa['int8_weight_bytes'] / 1e6:,.0f} MB in int8 (with scales); int8 matmuls alone: the int8 ceiling",
+                      f"{sa['int8_weight_bytes'] / 1e6:,.0f} MB in int8 (with scales); int8 matmuls alone: the int8 ceiling; "
+                      f"read: a float32 sum over {sa['bandwidth_mb']:,} MB; of read: weight bytes a step reads x steps/s / read, "
+                      "both in this process's CPU seconds (other jobs' time left out)",
                       "| threads | batch | float32 KV | int8 KV | int8 / float32 | int8 / HF | int8 matmuls alone | "
-                      "int8 ceiling / HF | leading tokens equal to float32 |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                      "int8 ceiling / HF | read GB/s (wall, CPU) | float32 of read | int8 of read | leading tokens equal to float32 |",
+                      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
             lines += [f"| {r['threads']} | {r['batch']} | {rate(r['kv_cache'])} | {rate(r['int8'])} | {r['int8'] / r['kv_cache']:.2f}x | "
                       f"{r['int8'] / r['hf_generate']:.2f}x | {rate(r['int8_matmuls_alone'])} | "
-                      f"{r['int8_matmuls_alone'] / r['hf_generate']:.2f}x | {r['int8_agree']} / {sa['new_tokens']} |" for r in i8]
+                      f"{r['int8_matmuls_alone'] / r['hf_generate']:.2f}x | {fmt(r.get('bandwidth') and r['bandwidth'] / 1e9, '.1f')}, "
+                      f"{fmt(r.get('bandwidth_cpu') and r['bandwidth_cpu'] / 1e9, '.1f')} | "
+                      f"{fmt(r.get('kv_fraction') and 100 * r['kv_fraction'], '.0f')}% | "
+                      f"{fmt(r.get('int8_fraction') and 100 * r['int8_fraction'], '.0f')}% | {r['int8_agree']} / {sa['new_tokens']} |"
+                      for r in i8]
         low = [(r, name, n) for r in sa["rows"] for name, n in r["agree"].items()]
         if low:
             lines += ["", "sampling precision: KV cache at batch 1, weights and activations in the dtype, greedy",
@@ -517,12 +572,14 @@ def table(res) -> str:
                       for r, name, n in low]
         lines.append("")
     if lo:
-        lines += [f"loading: preset {lo['preset']}, checkpoint {lo['ckpt_bytes'] / 1e9:.2f} GB, a fresh process per load "
-                  f"(median of {lo['repeats']}); first and last of {lo['tokens']} greedy tokens: from reading the file, after imports",
-                  f"| path | first token s | token {lo['tokens']} s | whole process s | peak RSS GB | peak RSS / checkpoint |",
+        int8_file = f", int8 checkpoint {lo['int8_ckpt_bytes'] / 1e9:.2f} GB" if lo.get("int8_ckpt_bytes") else ""
+        lines += [f"loading: preset {lo['preset']}, checkpoint {lo['ckpt_bytes'] / 1e9:.2f} GB{int8_file}, a fresh process per load "
+                  f"(median of {lo['repeats']}); first and last of {lo['tokens']} greedy tokens: from reading the file, after imports; "
+                  "whole process: from the child's first line, imports included",
+                  f"| path | first token s | token {lo['tokens']} s | whole process s | peak RSS GB | peak RSS / float32 checkpoint |",
                   "|---|---:|---:|---:|---:|---:|"]
         names = {"old": "old: random init + load_state_dict copy", "new": "load_checkpoint (meta build + mmap + assign) + check_finite",
-                 "int8": "load_checkpoint + quantize_int8"}
+                 "int8": "load_checkpoint + quantize_int8", "int8_ckpt": "int8 checkpoint (tools.convert native2int8)"}
         for way, r in lo["ways"].items():
             lines.append(f"| {names[way]} | {r['first_token_s']:.2f} | {r['last_token_s']:.2f} | {r['process_s']:.2f} | "
                          f"{r['peak_rss'] / 1e9:.2f} | {r['peak_rss'] / lo['ckpt_bytes']:.2f}x |")

@@ -3,11 +3,14 @@ Convert checkpoints between the paper's Hugging Face releases and this project's
 
     python -m tools.convert hf2native HF_FOLDER OUT_FOLDER [--layout auto|tile|interleave] [--overwrite]
     python -m tools.convert native2hf CKPT OUT_FOLDER [--dtype float32] [--overwrite]
+    python -m tools.convert native2int8 CKPT OUT_FOLDER [--overwrite]
 
 hf2native reads a local copy of a released checkpoint (config.json with the BVVConfig fields; weights
 as safetensors, sharded or single, or pytorch_model.bin; tokenizer files) and writes OUT/ckpt.pt, which
 sample.py and train.py --init_from load. native2hf writes a stock GPTNeoXForCausalLM folder (no remote
 code) that AutoModelForCausalLM, AutoTokenizer, generate() and lm-evaluation-harness load directly.
+native2int8 writes OUT/ckpt.pt with int8 linear weights (quantize.py's, one scale per row): sample.py
+samples from it in a quarter of the memory, with the tokens of `--quantize int8` on the source.
 
 Design choices:
 - The released state-dict names are not public, so names go through one table, MAPPING: nanoGPT,
@@ -30,6 +33,7 @@ Needs torch; safetensors for .safetensors files; tokenizers for tokenizer.json (
 release's tokenizer, exporting a tiktoken one). transformers is not needed here.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -41,6 +45,7 @@ import torch
 from checkpoint import atomic_torch_save, check_finite, checkpoint_dict, load_checkpoint, model_from_weights
 from common import LOCK_NAME, atomic_write, config_parser, file_problem, one_line, parse_settings, run_main, setting, writer_lock
 from model import GPT, GPTConfig, canonical_code, code_bits
+from quantize import int8_checkpoint
 from tokenizer import file_in, load_text_codec
 
 # layout auto scores both layouts on this (any plain English works; a model that reads its input
@@ -676,6 +681,37 @@ def write_hf_folder(model, weights, entry, ckpt_dir, out_dir, dtype):
     return out_dir
 
 
+# ------------------------------------------------------------------------------------ native -> int8
+def fingerprint(file):
+    """What identifies a checkpoint file: its absolute path, size and SHA-256."""
+    h = hashlib.sha256()
+    with open(file, "rb") as f:
+        for chunk in iter(lambda: f.read(2**24), b""):
+            h.update(chunk)
+    return {"path": os.path.abspath(file), "bytes": os.path.getsize(file), "sha256": h.hexdigest()}
+
+
+def convert_native_to_int8(ckpt_path, out_dir, overwrite=False):
+    """Write OUT/ckpt.pt, the int8 checkpoint of a native one (quantize.int8_checkpoint), and its tokenizer files."""
+    check_out(ckpt_path, out_dir, overwrite)
+    model, ckpt = load_checkpoint(ckpt_path, "cpu")  # an int8 checkpoint is refused here: it is int8 already
+    check_finite(model.state_dict(), ckpt_path, "convert")
+    file = os.path.join(ckpt_path, "ckpt.pt") if os.path.isdir(ckpt_path) else ckpt_path
+    ckpt_dir = os.path.dirname(os.path.abspath(file))
+    entry = check_tokenizer_entry(ckpt.get("tokenizer"), ckpt_dir)
+    int8 = int8_checkpoint(model, ckpt, fingerprint(file))
+    with writer_lock(out_dir, WRITTEN):
+        check_out(ckpt_path, out_dir, overwrite)
+        copied = copy_tokenizer_files(ckpt_dir, out_dir) if entry and entry["kind"] == "hf" else []
+        if entry and entry["kind"] == "hf" and entry.get("file", "tokenizer.json") not in copied:
+            copy_file(os.path.join(ckpt_dir, entry["file"]), os.path.join(out_dir, entry["file"]))
+            copied.append(entry["file"])
+        path = os.path.join(out_dir, "ckpt.pt")
+        atomic_torch_save(int8, path)
+        remove_stale(out_dir, copied + ["ckpt.pt"], weights=False)
+    return path, int8
+
+
 # ------------------------------------------------------------------------------------------- CLI
 @dataclass
 class HfToNative:
@@ -692,6 +728,15 @@ class HfToNative:
 
 
 @dataclass
+class NativeToInt8:
+    """a native checkpoint -> OUT/ckpt.pt with int8 linear weights, for sampling"""
+    src: str = setting(help="native float32 checkpoint: a .pt file or a folder holding ckpt.pt", positional=True)
+    out: str = setting(help="output folder; ckpt.pt (and a converted release's tokenizer files) are written there",
+                       positional=True)
+    overwrite: bool = setting(False, "write into a non-empty OUT, replacing its model and tokenizer files")
+
+
+@dataclass
 class NativeToHf:
     """a native checkpoint -> a stock GPTNeoXForCausalLM folder"""
     src: str = setting(help="native checkpoint: a .pt file or a folder holding ckpt.pt", positional=True)
@@ -701,15 +746,19 @@ class NativeToHf:
 
 
 def main(argv=None):
-    parser = config_parser({"hf2native": HfToNative, "native2hf": NativeToHf}, __doc__.strip().split("\n\n")[0],
+    parser = config_parser({"hf2native": HfToNative, "native2hf": NativeToHf, "native2int8": NativeToInt8}, __doc__.strip().split("\n\n")[0],
                            epilog="examples:\n  python -m tools.convert hf2native ./llm-fix-min-fixed-minimal-binary-code out/fixmin\n"
-                                  "  python -m tools.convert native2hf out/fixmin out/fixmin-hf")
+                                  "  python -m tools.convert native2hf out/fixmin out/fixmin-hf\n"
+                                  "  python -m tools.convert native2int8 out/fixmin out/fixmin-int8")
     cfg = parse_settings(parser, argv)
     if isinstance(cfg, HfToNative):
         path, model, info = convert_hf_to_native(cfg.src, cfg.out, cfg.layout, cfg.input, cfg.overwrite)
         n = model.num_params()
         print(f"wrote {path}: {info['variant']} input, layout {info['layout']}, names {', '.join(info['conventions'])}, "
               f"{n['trainable']:,} trainable parameters, {n['frozen']:,} frozen values")
+    elif isinstance(cfg, NativeToInt8):
+        path, int8 = convert_native_to_int8(cfg.src, cfg.out, cfg.overwrite)
+        print(f"wrote {path}: {len(int8['quantization']['layers'])} linear layers in int8 (sample.py --ckpt {cfg.out})")
     else:
         out = convert_native_to_hf(cfg.src, cfg.out, cfg.dtype, cfg.overwrite)
         print(f"wrote {out}: GPTNeoXForCausalLM (load with AutoModelForCausalLM.from_pretrained({out!r}))")
