@@ -1,5 +1,5 @@
 """Every script's command line is one style, common.config_parser (issue 16): `python X.py --help` works
-for each (a tool: `python -m tools.X --help`, from the repository root), and the three scripts that came to
+for each (a tool: `python -m tools.X --help` from the repository root, or `python tools/X.py --help`), and the three scripts that came to
 that style last (prepare_data, compare, scaling) read a command line into the values they read before it,
 --quick's and --gpu's included."""
 
@@ -21,14 +21,16 @@ def test_every_script_has_help():
     files = [os.path.join(folder, f) for folder in ("", "tools") for f in sorted(os.listdir(os.path.join(ROOT, folder)))]
     scripts = [f for f in files if f.endswith(".py") and 'if __name__ == "__main__":' in open(os.path.join(ROOT, f)).read()]
     assert scripts == SCRIPTS
-    command = {s: [s] if os.sep not in s else ["-m", s[:-3].replace(os.sep, ".")] for s in scripts}
-    runs = {s: subprocess.Popen([sys.executable, *command[s], "--help"], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for s in scripts}
-    for s, p in runs.items():
+    # a tool runs as `python -m tools.X` (as documented) and as `python tools/X.py`
+    commands = [[s] for s in scripts] + [["-m", s[:-3].replace(os.sep, ".")] for s in scripts if os.sep in s]
+    runs = {" ".join(c): subprocess.Popen([sys.executable, *c, "--help"], cwd=ROOT, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True) for c in commands}
+    for c, p in runs.items():
         out, err = p.communicate(timeout=120)
-        assert (p.returncode, err) == (0, ""), s
-        usage = (f"usage: {os.path.basename(s)} [-h]", f"usage: python {' '.join(command[s])} [-h]")  # -m: Python 3.14 names the module
-        assert out.startswith(usage) and "show this help message and exit" in out, s
+        assert (p.returncode, err) == (0, ""), c
+        name = os.path.basename(c.split()[-1]).replace("tools.", "") + (".py" if c.startswith("-m") else "")
+        usage = (f"usage: {name} [-h]", f"usage: python {c} [-h]")  # -m: Python 3.14 names the module
+        assert out.startswith(usage) and "show this help message and exit" in out, c
 
 
 # the values each command line gave before the common style (argparse, DEFAULTS dicts, --quick/--gpu presets)

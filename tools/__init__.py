@@ -1,8 +1,9 @@
 """
 Research and conversion tools around the reading path: they import the root's files, and no root file
 imports them. Run them from the repository root as modules, e.g. `python -m tools.compare --help`: `-m`
-puts the root on the import path, as `python train.py` does for the root's own scripts. (This file makes
-`tools` a regular package, so an installed package of the same name cannot shadow it.)
+puts the root on the import path, as `python train.py` does for the root's own scripts (`python
+tools/compare.py` works too: each tool then puts the root there itself). This file makes `tools` a
+regular package, so an installed package of the same name cannot shadow it.
 
     convert.py           the paper's Hugging Face checkpoints -> native; native -> stock GPTNeoXForCausalLM
     compare.py           the paper's controlled comparison (learned vs binary vs affine, several seeds)

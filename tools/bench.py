@@ -58,6 +58,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import model as M
 import prepare_data as P
 import quantize as Q

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from common import atomic_open, config_parser, parse_settings, run_main, setting
 from model import BinaryCodeInput, code_bits, lift_index
 

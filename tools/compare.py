@@ -36,6 +36,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from checkpoint import load_checkpoint
 from common import (atomic_write, config_parser, parse_settings, pick_device, preset_setting, resolve_presets, run_main,
                     setting, writer_lock)

@@ -42,6 +42,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from checkpoint import atomic_torch_save, check_finite, checkpoint_dict, load_checkpoint, model_from_weights
 from common import LOCK_NAME, atomic_write, config_parser, file_problem, one_line, parse_settings, run_main, setting, writer_lock
 from model import GPT, GPTConfig, canonical_code, code_bits

@@ -8,11 +8,15 @@ It prints the validation loss of both over every window of the validation split,
 same next token at every validation position (fed the same text), and how many greedy tokens agree.
 """
 
+import os
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from checkpoint import check_finite, load_checkpoint
 from common import config_parser, parse_settings, run_main, setting

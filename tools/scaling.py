@@ -46,6 +46,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from common import config_parser, parse_settings, preset_setting, resolve_presets, run_main, setting, writer_lock
 from model import GPT, get_config
 from prepare_data import load_meta
