@@ -35,7 +35,7 @@ from common import (LOCK_NAME, available_memory, config_parser, one_line, parse_
                     setting, writer_lock)
 from model import GPT, GPTConfig, get_config, memory_bytes
 from prepare_data import ShardError, load_meta, read_shard
-from tokenizer import tiktoken_entry
+from tokenizer import reserved_note, tiktoken_entry
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # TrainConfig overrides each; None keeps the preset's
 OUTPUTS = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run writes in out_dir, and all it ever replaces or removes there
@@ -544,12 +544,13 @@ def check_tokenizer(ckpt, meta, source, data_dir):
                          f"{meta_path} says the data was made with tiktoken's {meta['encoding']}: the same ids would "
                          "mean other text. prepare_data.py writes tiktoken data only, so this model cannot be trained "
                          "on it here")
-    theirs, ours = tiktoken_entry({"reserve_zero": False, **theirs}), tiktoken_entry(meta)  # an old entry: plain ids
+    theirs, ours = tiktoken_entry(theirs), tiktoken_entry(meta)  # an old entry's missing keys: the ids it had
     if theirs != ours:
-        flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + ("" if theirs["reserve_zero"] else " --no-reserve_zero")
+        flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + "".join(
+            f" --no-{k}" for k in ("reserve_zero", "reserve_ones") if not theirs[k] and tiktoken_entry({**theirs, k: True})[k])
         raise ValueError(f"{source}: trained on {theirs['encoding']} tokens at vocab_size {theirs['vocab_size']}"
-                         f"{', id 0 reserved' if theirs['reserve_zero'] else ''}, but {os.path.join(data_dir, 'meta.json')} "
-                         f"says {ours['encoding']} at vocab_size {ours['vocab_size']}{', id 0 reserved' if ours['reserve_zero'] else ''}: "
+                         f"{reserved_note(theirs)}, but {os.path.join(data_dir, 'meta.json')} "
+                         f"says {ours['encoding']} at vocab_size {ours['vocab_size']}{reserved_note(ours)}: "
                          f"prepare the data with {flags}")
 
 
