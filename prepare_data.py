@@ -50,6 +50,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import shlex
 import signal
 import stat
 import struct
@@ -57,7 +58,7 @@ import sys
 import time
 import urllib.request
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import chain, islice
 from pathlib import Path
 
@@ -636,6 +637,21 @@ def parse_config(argv: list[str] | None = None) -> PrepareConfig:
     if a.vocab_size is None and len(a.inputs) == 1:
         a.vocab_size = DEFAULT_VOCAB.get(a.inputs[0])
     return a
+
+
+def prepare_command(meta: dict, out: str, shard_tokens: int | None = None) -> str:
+    """The command line that prepares the inputs `meta` (a meta.json) names again into `out`, as it was
+    prepared but with today's default ids: what train.py prints for data made before a default."""
+    flags = [*meta.get("sources", ["INPUTS"]), "--out", out, "--encoding", meta["encoding"], "--vocab_size", str(meta["vocab_size"])]
+    defaults = {f.name: f.default for f in fields(PrepareConfig)}
+    for name in ("val_fraction", "text_field", "max_tokens", "seed"):
+        if meta.get(name, defaults[name]) != defaults[name]:
+            flags += [f"--{name}", str(meta[name])]
+    if meta.get("mix") is not None:
+        flags += ["--mix", ",".join(map(str, meta["mix"]))]
+    if shard_tokens is not None:
+        flags += ["--shard_tokens", str(shard_tokens)]
+    return shlex.join(["python", "prepare_data.py", *flags, "--overwrite"])
 
 
 def main(argv: list[str] | None = None) -> int:
