@@ -548,8 +548,8 @@ def check_tokenizer(ckpt, meta, source, data_dir):
                          "on it here")
     theirs, ours = tiktoken_entry(theirs), tiktoken_entry(meta)  # an old entry's missing keys: the ids it had
     if theirs != ours:
-        flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + "".join(
-            f" --no-{k}" for k in ("reserve_zero", "reserve_ones") if not theirs[k] and tiktoken_entry({**theirs, k: True})[k])
+        flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + "".join(  # a reservation that
+            f" --no-{k}" for k in ("reserve_zero", "reserve_ones") if not theirs[k] and tiktoken_entry({**theirs, k: True})[k])  # moves something
         raise ValueError(f"{source}: trained on {theirs['encoding']} tokens at vocab_size {theirs['vocab_size']}"
                          f"{reserved_note(theirs)}, but {os.path.join(data_dir, 'meta.json')} "
                          f"says {ours['encoding']} at vocab_size {ours['vocab_size']}{reserved_note(ours)}: "
@@ -564,6 +564,8 @@ def check_window_starts(split, meta, model, data_dir):
     train and resume as it did. Names the count and, where the tokenizer's ids are the cause, the
     command that prepares the data again with the ids that keep text off them."""
     constant = constant_input_ids(model)
+    if not constant:
+        return
     firsts = np.concatenate([t[: n * split.block : split.block] for t, n in zip(split.shards, np.diff(split.starts))])
     hit = np.isin(firsts, constant)
     if not hit.any():
