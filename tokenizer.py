@@ -74,7 +74,7 @@ def tiktoken_entry(meta: dict) -> dict:
 
 def reserved_note(entry: dict) -> str:
     """How a tiktoken entry's ids differ from its encoding's, for messages: ", ids 0 and 8191 reserved"."""
-    ids = [str(i) for i, on in ((0, entry["reserve_zero"]), (all_ones_id(entry["vocab_size"]), entry["reserve_ones"])) if on]
+    ids = (["0"] if entry["reserve_zero"] else []) + ([str(all_ones_id(entry["vocab_size"]))] if entry["reserve_ones"] else [])
     return f", id{'s' * (len(ids) > 1)} {' and '.join(ids)} reserved" if ids else ""
 
 
