@@ -77,9 +77,13 @@ class BinaryCodeInput(nn.Module):
 
     The table is a registered buffer called `weight`, so `model.get_input_embeddings().weight` is the
     exact code table the released checkpoint's audit checks (row t = bits of t, the pad row zero).
-    Id 0's code is all zeros: without biases a window that starts with it carries an exactly zero
-    residual stream, on which deep models diverge, so prepare_data.py gives id 0 to the NUL byte, a
-    token text does not contain, as the paper's tokenizer gives it to U+0000 (docs/zero-code.md).
+    The rule: no token text can produce, and not end-of-text, enters the model as a constant vector.
+    LayerNorm maps any constant vector to exactly zero, so without biases a window that starts with one
+    keeps a degenerate residual stream, on which deep models diverge, and its next-token logits are 0.
+    The constant codes are ids 0 (all zeros) and 2^K - 1 (all ones): prepare_data.py gives them to the
+    bytes NUL and 0xFF, which text does not contain (as the paper's tokenizer gives 0 to U+0000), and
+    moves end-of-text off 2^K - 1; the affine input keeps its constants on the same two ids
+    (docs/zero-code.md).
     """
 
     def __init__(self, vocab_size, n_embd, layout="tile", pad_token_id=None):
@@ -87,8 +91,11 @@ class BinaryCodeInput(nn.Module):
         self.register_buffer("weight", canonical_code(vocab_size, pad_token_id))  # (V, K)
         self.register_buffer("lift", lift_index(n_embd, code_bits(vocab_size), layout), persistent=False)
 
+    def code(self, idx):
+        return self.weight[idx]  # (B, T) -> (B, T, K)
+
     def forward(self, idx):
-        return self.weight[idx].index_select(-1, self.lift)  # (B, T) -> (B, T, K) -> (B, T, n_embd)
+        return self.code(idx).index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
 
 
 # ----------------------------------------------------------------------------- the config
@@ -307,27 +314,36 @@ class AffineCodeInput(nn.Module):
 
     A (K x K, invertible over GF(2), so the map stays injective) and b (K bits) are drawn once from
     `seed`. The bits are computed from the ids with shifts and masks: nothing V-sized is stored.
+    The recoded code is constant only at c = A^-1 b and A^-1 (b XOR 1), so A and b are drawn where those
+    are ids 0 and 2^K - 1, the ids the tokenizer keeps off text (the rule above BinaryCodeInput): every
+    row of A has odd weight (A maps all ones to all ones) and b is all zeros or all ones. That is an
+    invertible affine map of GF(2)^K drawn at random from the subgroup that maps the two constant codes
+    to each other: still the paper's recoding, fixed and drawn once. A and b are stored buffers, so a
+    checkpoint drawn before this rule keeps its own.
     """
 
     def __init__(self, vocab_size, n_embd, layout="tile", seed=0):
         super().__init__()
         bits = code_bits(vocab_size)
         gen = torch.Generator("cpu").manual_seed(seed)  # CPU: A and b are the same on any device
-        while True:  # a random binary matrix is invertible with probability ~0.29, so this is quick
+        while True:  # an odd-row-weight binary matrix is invertible with probability ~0.29, so this is quick
             A = torch.randint(0, 2, (bits, bits), generator=gen, device="cpu")
+            A[:, -1] = (A[:, :-1].sum(1) + 1) % 2  # the last bit makes each row's weight odd: A 1 = 1
             if gf2_rank(A) == bits:
                 break
-        b = torch.randint(0, 2, (bits,), generator=gen, device="cpu")
+        b = torch.randint(0, 2, (1,), generator=gen, device="cpu").repeat(bits)  # all zeros or all ones
         self.bits = bits
         self.register_buffer("A", A.float())
         self.register_buffer("b", b.float())
         self.register_buffer("lift", lift_index(n_embd, bits, layout), persistent=False)
 
-    def forward(self, idx):
+    def code(self, idx):
         c = binary_code(idx, self.bits)  # (B, T, K)
         # c @ A^T counts the ones each output bit XORs together (exact in float up to 2^24); mod 2 is XOR
-        recoded = (c @ self.A.T + self.b) % 2
-        return recoded.index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
+        return (c @ self.A.T + self.b) % 2
+
+    def forward(self, idx):
+        return self.code(idx).index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -354,6 +370,19 @@ def check_config(c):
         raise ValueError(f"dropout must be in [0, 1), got {c.dropout}")
     if not (type(c.rope_base) in (int, float) and math.isfinite(c.rope_base) and c.rope_base > 1):
         raise ValueError(f"rope_base must be a number > 1 (the rotary base, 10000 in most models), got {c.rope_base!r}")
+
+
+def constant_input_ids(model) -> list[int]:
+    """The ids in [0, V) that a bias-free binary or affine model reads as a constant vector (the rule
+    above BinaryCodeInput): at a window's first position its stream stays constant through every block,
+    LayerNorm's gradient there is gain / sqrt(eps) at every norm, and the logits are exactly 0. None for
+    a learned table or a model with biases (a norm's bias makes the stream vary after the first block).
+    Every code bit reaches a dim (n_embd >= K), so a constant input is a constant code."""
+    c = model.config
+    if c.bias or c.input == "learned":
+        return []
+    codes = model.embed.code(torch.arange(c.vocab_size, device=model.embed.lift.device))  # (V, K)
+    return (codes == codes[:, :1]).all(-1).nonzero().flatten().tolist()
 
 
 # ----------------------------------------------------------------------------- fast decoding

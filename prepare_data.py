@@ -12,7 +12,9 @@ Design choices:
   hf:REPO[:CONFIG] stream a Hugging Face dataset through the optional `datasets` package. A single named
   corpus is written to data/NAME unless --out says otherwise. Every document ends with end-of-text.
 - Tokenizer: any tiktoken encoding; `vocab_size=N` keeps its first N-1 BPE merge ranks (a prefix of
-  the ranks is still a valid BPE) and puts <|endoftext|> at id N-1.
+  the ranks is still a valid BPE) and puts <|endoftext|> at id N-1. By default the two ids whose codes
+  are constant, 0 and 2^K-1, go to the bytes NUL and 0xFF (tokenizer.get_tokenizer), so end-of-text
+  leaves the all-ones code of a power-of-two cut; meta.json records it (reserve_zero, reserve_ones).
 - Train/val split: document i (0-based, input order) is val when floor((i+1)*f) > floor(i*f), i.e.
   every 10th document for f=0.1, spread over the whole corpus rather than taken from its end. If there
   are too few documents for one of them to be val (fewer than 1/f), each document is cut by characters
@@ -48,6 +50,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import shlex
 import signal
 import stat
 import struct
@@ -55,7 +58,7 @@ import sys
 import time
 import urllib.request
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import chain, islice
 from pathlib import Path
 
@@ -152,7 +155,7 @@ def is_meta(meta) -> bool:
     splits = meta.get("splits") if isinstance(meta, dict) else None
     return bool(isinstance(splits, dict) and all(map(_is_split, splits.values())) and splits.get("train", {}).get("shards")
                 and type(meta.get("vocab_size")) is int and meta["vocab_size"] > 0 and isinstance(meta.get("encoding"), str)
-                and isinstance(meta.get("reserve_zero", False), bool))
+                and isinstance(meta.get("reserve_zero", False), bool) and isinstance(meta.get("reserve_ones", False), bool))
 
 
 def _is_split(split) -> bool:
@@ -542,7 +545,8 @@ def write_documents(results, writers: dict, max_tokens: int | None, total_bytes:
 def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size: int | None = None,
             val_fraction: float = 0.1, shard_tokens: int = 100_000_000, workers: int | None = None,
             overwrite: bool = False, text_field: str = "text", mix: list[float] | None = None,
-            max_tokens: int | None = None, seed: int = 0, progress: bool = True, reserve_zero: bool = True) -> dict:
+            max_tokens: int | None = None, seed: int = 0, progress: bool = True, reserve_zero: bool = True,
+            reserve_ones: bool = True) -> dict:
     """Tokenize `inputs` into train/val shards in `out_dir`; returns the meta written there."""
     # everything that can be checked cheaply is checked before any work and before anything is removed
     if not inputs:
@@ -553,7 +557,7 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
     workers = (os.cpu_count() or 1) if workers is None else workers  # 0 is refused, not read as "all cores"
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    tok = (encoding, vocab_size, reserve_zero)  # get_tokenizer's arguments, sent to the workers
+    tok = (encoding, vocab_size, reserve_zero, reserve_ones)  # get_tokenizer's arguments, sent to the workers
     enc = get_tokenizer(*tok)
     if not os.fspath(out_dir):
         raise ValueError("the output folder is '' (empty): name one, e.g. --out data/mine")
@@ -589,7 +593,7 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
                 raise ValueError(f"the val split is empty (--val_fraction {val_fraction}{budget}): give a larger "
                                  "fraction or budget, or --val_fraction 0 for no validation split")
             meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
-                    "reserve_zero": reserve_zero, "dtype": dtype.name, "splits": splits, "sources": sources, "val_fraction": val_fraction,
+                    "reserve_zero": reserve_zero, "reserve_ones": reserve_ones, "dtype": dtype.name, "splits": splits, "sources": sources, "val_fraction": val_fraction,
                     "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
             atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
             # all written: from here on only removals and renames, which need no disk space
@@ -627,6 +631,9 @@ class PrepareConfig:
     reserve_zero: bool = setting(True, "give id 0 (the all-zero binary code) to the NUL byte, which text does not "
                                        "contain; without it the ids are the encoding's own (as in data prepared "
                                        "before this option)")
+    reserve_ones: bool = setting(True, "give id 2^K-1 (the all-ones binary code; end-of-text's in a cut to a power of "
+                                       "two) to the byte 0xFF, which UTF-8 text never contains; without it that id "
+                                       "keeps its token (as in data prepared before this option)")
     val_fraction: float = setting(0.1, "share of documents (or characters) for val")
     shard_tokens: int = setting(100_000_000, "tokens per shard file, e.g. 1e8")
     text_field: str = setting("text", "record field holding the text in .jsonl/.parquet/Hub")
@@ -651,10 +658,26 @@ def parse_config(argv: list[str] | None = None) -> PrepareConfig:
     return a
 
 
+def prepare_command(meta: dict, out: str, shard_tokens: int | None = None) -> str:
+    """The command line that prepares the inputs `meta` (a meta.json) names again into `out`, as it was
+    prepared but with today's default ids: what train.py prints for data made before a default."""
+    flags = [*meta.get("sources", ["INPUTS"]), "--out", out, "--encoding", meta["encoding"], "--vocab_size", str(meta["vocab_size"])]
+    defaults = {f.name: f.default for f in fields(PrepareConfig)}
+    for name in ("val_fraction", "text_field", "max_tokens", "seed"):
+        if meta.get(name, defaults[name]) != defaults[name]:
+            flags += [f"--{name}", str(meta[name])]
+    if meta.get("mix") is not None:
+        flags += ["--mix", ",".join(map(str, meta["mix"]))]
+    if shard_tokens is not None:
+        flags += ["--shard_tokens", str(shard_tokens)]
+    return shlex.join(["python", "prepare_data.py", *flags, "--overwrite"])
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_config(argv)
     meta = prepare(a.inputs, a.out, a.encoding, a.vocab_size, a.val_fraction, a.shard_tokens, a.workers,
-                   a.overwrite, a.text_field, a.mix, a.max_tokens, a.seed, reserve_zero=a.reserve_zero)
+                   a.overwrite, a.text_field, a.mix, a.max_tokens, a.seed, reserve_zero=a.reserve_zero,
+                   reserve_ones=a.reserve_ones)
     for name, s in meta["splits"].items():
         print(f"{name}: {s['tokens']:,} tokens, {s['documents']:,} documents, {s['bytes']:,} bytes, {len(s['shards'])} shards")
     print(f"wrote {a.out}")

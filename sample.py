@@ -29,7 +29,7 @@ import torch
 
 from checkpoint import check_finite, load_checkpoint
 from common import available_memory, config_parser, parse_settings, pick_device, run_main, setting
-from model import memory_bytes, stream
+from model import constant_input_ids, memory_bytes, stream
 from quantize import QUANTIZE, check_quantize, is_int8, quantize_int8
 from tokenizer import load_text_codec
 
@@ -167,6 +167,18 @@ def check_cache_fits(model, positions, device):
                          f"cache and rotary tables, but {free / 2**30:,.1f} GiB is free on {device}: ask for fewer tokens")
 
 
+def check_start(model, codec, ids):
+    """Say once when the first token is one this model reads as a constant vector (model.constant_input_ids):
+    its logits there are exactly 0 whatever the weights. A checkpoint trained on data prepared before
+    end-of-text left the all-ones code starts every unprompted sample so (docs/zero-code.md)."""
+    if ids[0] in constant_input_ids(model):
+        name = " (end-of-text)" if ids[0] == codec.eos_token_id else ""
+        print(f"note: the start token {ids[0]}{name} enters this model (no biases, {model.config.input} input) as a "
+              "constant vector: the logits after it are exactly 0, so a sample from it alone draws its first token "
+              "uniformly (greedy: id 0). Give a --prompt, or train on data prepared with today's defaults "
+              "(docs/zero-code.md)", file=sys.stderr)
+
+
 def main(argv=None):
     description, epilog = __doc__.strip().split("\n\n", 1)
     cfg = parse_settings(config_parser(SampleConfig, description, epilog), argv)
@@ -186,6 +198,7 @@ def main(argv=None):
     if not (cfg.prompt_file is not None or prompt):
         prompt = default_prompt(ckpt)
     ids, prompt = prompt_ids(codec, prompt, model.config.block_size)
+    check_start(model, codec, ids)
     check_cache_fits(model, len(ids) + cfg.max_new_tokens, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
 

@@ -2,6 +2,8 @@
 
 import contextlib
 import io
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from model import (
     apply_rotary,
     check_ids,
     code_bits,
+    constant_input_ids,
     generate,
     get_config,
     gf2_rank,
@@ -188,6 +191,79 @@ def test_affine_stores_nothing_vocab_sized_and_follows_its_seed():
     assert all(t.numel() <= PAPER_K * PAPER_K for t in a.state_dict().values())
     assert torch.equal(a.A, b.A) and torch.equal(a.b, b.b)
     assert not (torch.equal(a.A, c.A) and torch.equal(a.b, c.b))
+
+
+# ----- constant inputs: the rule above BinaryCodeInput ------------------------------------------------
+SHARED = Path(__file__).resolve().parent.parent / "shared"
+if (SHARED / "tiktoken-cache").is_dir():  # offline: the checked-in BPE files unless CI already chose
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken-cache"))
+UTF8_NEVER = {0xC0, 0xC1, *range(0xF5, 0x100)}  # bytes no UTF-8 text contains
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("K", [9, 13, 16, 17])
+def test_affine_keeps_its_constant_codes_on_ids_0_and_all_ones(K, seed):
+    """c' = A c XOR b is constant at c = A^-1 b and A^-1 (b XOR 1): with every row of A of odd weight
+    and b all zeros or all ones, those are ids 0 and 2^K - 1, whatever the seed."""
+    embed = AffineCodeInput(2**K, K, seed=seed)
+    assert set(embed.A.sum(1).remainder(2).tolist()) == {1.0} and embed.b.unique().numel() == 1
+    codes = embed(torch.arange(2**K))  # n_embd = K, tile: the lifted vector is the code
+    assert pack(codes).unique().numel() == 2**K  # still a bijection
+    assert (codes == codes[:, :1]).all(1).nonzero().flatten().tolist() == [0, 2**K - 1]
+
+
+def test_an_affine_checkpoint_keeps_the_A_and_b_it_was_drawn_with(tmp_path):
+    """A and b are stored: a checkpoint drawn before the constant codes were kept on 0 and 2^K - 1 loads
+    its own A and b, not today's draw for its seed."""
+    model = tiny(input="affine")
+    old_A = torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0, 0]] + [[0] * i + [1] + [0] * (8 - i) for i in range(1, 9)]).float()
+    model.embed.A.copy_(old_A)  # an even-weight row: not today's kind of draw
+    model.embed.b.copy_(torch.tensor([1, 0, 1, 0, 0, 0, 0, 0, 1]).float())
+    torch.save(checkpoint_dict(model, None), tmp_path / "ckpt.pt")
+    loaded, _ = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert torch.equal(loaded.embed.A, old_A) and torch.equal(loaded.embed.b, model.embed.b)
+    assert constant_input_ids(loaded) == constant_input_ids(model) != [0, 511]
+
+
+@pytest.mark.parametrize("config, want", [
+    (dict(input="binary"), [0, 511]), (dict(input="binary", vocab_size=500), [0]),
+    (dict(input="binary", pad_token_id=7, layout="interleave"), [0, 7, 511]), (dict(input="affine", affine_seed=3), [0, 511]),
+    (dict(input="binary", bias=True), []), (dict(input="affine", bias=True), []), (dict(input="learned"), [])])
+def test_constant_input_ids(config, want):
+    """The ids a bias-free binary or affine model reads as a constant vector (as the decoder reads them:
+    the lifted input); none for a learned table or a model with biases."""
+    model = tiny(**config)
+    assert constant_input_ids(model) == want
+    if want:
+        lifted = model.embed(torch.arange(model.config.vocab_size))
+        assert (lifted == lifted[:, :1]).all(1).nonzero().flatten().tolist() == want
+
+
+@pytest.mark.parametrize("encoding, vocab_size", [("gpt2", 512), ("gpt2", 8192), ("gpt2", None), ("cl100k_base", 512),
+                                                  ("cl100k_base", 8192), ("cl100k_base", 65536), ("cl100k_base", None)])
+def test_no_token_text_can_produce_enters_the_model_as_a_constant_vector(encoding, vocab_size):
+    """The rule, by enumeration: every id of every tokenizer prepare_data.py builds by default, through
+    the binary input (both layouts) and the affine input (several seeds, both layouts), read as the
+    decoder reads it (the lifted vector): an id whose input is constant is a byte UTF-8 text never holds,
+    NUL, or past the tokenizer; end-of-text never is."""
+    from tokenizer import get_tokenizer
+    enc = get_tokenizer(encoding, vocab_size, reserve_zero=True, reserve_ones=True)
+    V, K = enc.n_vocab, code_bits(enc.n_vocab)
+    ids = torch.arange(V)
+    n_embd = 2 * K + 1  # not a multiple of K: the tile's last copy is cut short
+    inputs = [BinaryCodeInput(V, n_embd, layout) for layout in ("tile", "interleave")]
+    inputs += [AffineCodeInput(V, n_embd, layout, seed) for seed in range(4) for layout in ("tile", "interleave")]
+    text_free = UTF8_NEVER | {0x00}
+    for embed in inputs:
+        lifted = embed(ids)
+        constant = (lifted == lifted[:, :1]).all(1).nonzero().flatten().tolist()
+        assert enc.eot_token not in constant
+        for i in constant:
+            token = enc.decode_single_token_bytes(i)
+            assert len(token) == 1 and token[0] in text_free, (encoding, vocab_size, embed, i, token)
+    assert enc.decode_single_token_bytes(0) == b"\x00"
+    if 2**K == V:  # a power-of-two cut: the all-ones id is inside it, and 0xFF holds it
+        assert enc.decode_single_token_bytes(V - 1) == b"\xff" and enc.eot_token == 187
 
 
 # ----- parameter accounting of the paper preset ----------------------------------------------------

@@ -24,40 +24,62 @@ SMALL_VOCAB = 8192
 
 
 @lru_cache(maxsize=8)  # building a cut encoding takes ~0.2 s
-def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve_zero: bool = False) -> tiktoken.Encoding:
+def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve_zero: bool = False,
+                  reserve_ones: bool = False) -> tiktoken.Encoding:
     """A tiktoken encoding, optionally cut to its first `vocab_size` - 1 merge ranks + EOT.
 
-    reserve_zero: id 0 goes to the NUL byte, which text does not contain, and the token that had id 0
-    takes NUL's id. Id 0's binary code is all zeros, and a window that starts with an all-zero input
-    keeps an exactly zero residual stream in a bias-free model, where LayerNorm's gradient is huge:
-    deep binary models diverge on it (docs/zero-code.md). The paper's tokenizer gives id 0 to U+0000 for
-    the same effect. BPE compares only the ranks of pieces of 2+ bytes, so swapping the ids of two single
-    bytes changes no merge: text encodes to the same tokens, renumbered."""
+    A token whose K-bit code is constant enters a bias-free model as a constant vector, which LayerNorm
+    maps to exactly zero: a window that starts with it keeps a degenerate stream and deep binary models
+    diverge on it (docs/zero-code.md). So the two constant codes go to single bytes that UTF-8 text never
+    contains, and the token displaced takes that byte's id:
+    reserve_zero: id 0 (all zeros) goes to the NUL byte, as the paper's tokenizer gives it to U+0000.
+    reserve_ones: id 2^K - 1 (all ones, K bits for the ids), when the encoding has it, goes to the byte
+    0xFF; in a cut to a power of two that id is end-of-text's, which moves to 0xFF's old id (187 in
+    GPT-2 and cl100k). Swapping single-byte ranks changes no merge (merges rank pairs of 2+ bytes), so
+    text encodes to the same tokens, renumbered; each id's code is still exactly its bits."""
     if encoding not in tiktoken.list_encoding_names():
         raise ValueError(f"unknown encoding {encoding!r}; choose one of {tiktoken.list_encoding_names()}")
     base = tiktoken.get_encoding(encoding)
-    if (vocab_size is None or vocab_size == base.n_vocab) and not reserve_zero:
-        return base
     ranks = base._mergeable_ranks
     vocab_size = base.n_vocab if vocab_size is None else vocab_size  # 0 is a size, refused below, not 'none given'
+    ones = all_ones_id(vocab_size)
+    reserve_ones = reserve_ones and ones < vocab_size  # past the vocabulary: no token to move
+    if vocab_size == base.n_vocab and not (reserve_zero or reserve_ones):
+        return base
     # The cut needs the 256 single bytes (so any text encodes) and cannot add ranks.
     if not 257 <= vocab_size <= len(ranks) + 1 and vocab_size != base.n_vocab:
         full = f" or {base.n_vocab}" if base.n_vocab != len(ranks) + 1 else ""
         raise ValueError(f"vocab_size must be in [257, {len(ranks) + 1}]{full} for {encoding}, got {vocab_size}")
     kept = {b: r for b, r in ranks.items() if r < vocab_size - 1}
-    specials = {"<|endoftext|>": vocab_size - 1} if vocab_size != base.n_vocab else base._special_tokens
+    specials = {"<|endoftext|>": vocab_size - 1} if vocab_size != base.n_vocab else dict(base._special_tokens)
     name = f"{encoding}_{vocab_size}" if vocab_size != base.n_vocab else encoding
-    if reserve_zero:
-        first = next(b for b, r in kept.items() if r == 0)
-        kept[first], kept[b"\x00"] = kept[b"\x00"], 0
-        name += "_nul0"
+    for reserved, i, byte, tag in ((reserve_zero, 0, b"\x00", "_nul0"), (reserve_ones, ones, b"\xff", "_ff1s")):
+        if reserved:  # `byte` takes id i; the token that had i (a merge rank or a special) takes byte's id
+            table = kept if i in kept.values() else specials
+            holder = next(t for t, r in table.items() if r == i)
+            table[holder], kept[byte] = kept[byte], i
+            name += tag
     return tiktoken.Encoding(name=name, pat_str=base._pat_str, mergeable_ranks=kept, special_tokens=specials)
 
 
+def all_ones_id(vocab_size: int) -> int:
+    """2^K - 1, the id whose K = ceil(log2 V) bits are all ones (model.code_bits; torch-free here)."""
+    return (1 << (vocab_size - 1).bit_length()) - 1
+
+
 def tiktoken_entry(meta: dict) -> dict:
-    """The "tokenizer" entry a checkpoint gets for data prepared as `meta` (prepare_data.py's meta.json) says."""
+    """The checkpoint's "tokenizer" entry for data prepared as `meta` (prepare_data.py's meta.json) says.
+    A key that data or a checkpoint predates reads False: the ids it was made with. reserve_ones is False
+    where it moves nothing (2^K - 1 past the vocabulary), so equal entries mean equal tokenizers."""
     return {"kind": "tiktoken", "encoding": meta["encoding"], "vocab_size": meta["vocab_size"],
-            "reserve_zero": meta.get("reserve_zero", False)}  # data prepared before it existed: the plain ids
+            "reserve_zero": meta.get("reserve_zero", False),
+            "reserve_ones": meta.get("reserve_ones", False) and all_ones_id(meta["vocab_size"]) < meta["vocab_size"]}
+
+
+def reserved_note(entry: dict) -> str:
+    """How a tiktoken entry's ids differ from its encoding's, for messages: ", ids 0 and 8191 reserved"."""
+    ids = (["0"] if entry["reserve_zero"] else []) + ([str(all_ones_id(entry["vocab_size"]))] if entry["reserve_ones"] else [])
+    return f", id{'s' * (len(ids) > 1)} {' and '.join(ids)} reserved" if ids else ""
 
 
 def file_in(folder, name, what):
@@ -149,15 +171,16 @@ class HFText:
 
 
 def load_text_codec(ckpt, ckpt_path):
-    """The text codec of a checkpoint's "tokenizer" entry: {"kind": "tiktoken", "encoding", "vocab_size", "reserve_zero"}
-    or {"kind": "hf", "file"}, a tokenizer.json in the checkpoint's folder."""
+    """The text codec of a checkpoint's "tokenizer" entry: {"kind": "tiktoken", "encoding", "vocab_size",
+    "reserve_zero", "reserve_ones"} or {"kind": "hf", "file"}, a tokenizer.json in the checkpoint's folder."""
     entry = ckpt.get("tokenizer")
     if not entry:
         raise ValueError(f"{ckpt_path} names no tokenizer: cannot turn text into tokens")
     if not isinstance(entry, dict):
         raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
     if entry.get("kind") == "tiktoken":
-        return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size"), bool(entry.get("reserve_zero"))))
+        return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size"), bool(entry.get("reserve_zero")),
+                                          bool(entry.get("reserve_ones"))))
     if entry.get("kind") == "hf":
         folder = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
         path = file_in(folder, entry.get("file", "tokenizer.json"), f"{ckpt_path}: the tokenizer entry")

@@ -33,9 +33,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from checkpoint import atomic_torch_save, check_buildable, check_finite, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
 from common import (LOCK_NAME, available_memory, config_parser, one_line, parse_settings, peak_flops, pick_device, run_main,
                     setting, writer_lock)
-from model import GPT, GPTConfig, get_config, memory_bytes
-from prepare_data import ShardError, load_meta, read_shard
-from tokenizer import tiktoken_entry
+from model import GPT, GPTConfig, constant_input_ids, get_config, memory_bytes
+from prepare_data import ShardError, load_meta, prepare_command, read_shard
+from tokenizer import all_ones_id, reserved_note, tiktoken_entry
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # TrainConfig overrides each; None keeps the preset's
 OUTPUTS = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run writes in out_dir, and all it ever replaces or removes there
@@ -271,6 +271,8 @@ def set_up(cfg, rank, world, device, distributed, out_lock):
     raw_model = GPT(mcfg).to(device)
     if ckpt is not None:
         load_weights(raw_model, ckpt["model"], source)
+    if rank == 0:
+        check_window_starts(train_split, meta, raw_model, cfg.data_dir)
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.beta1, cfg.beta2), device.type)
     model = torch.compile(raw_model) if cfg.compile else raw_model
     if distributed:
@@ -555,13 +557,43 @@ def check_tokenizer(ckpt, meta, source, data_dir):
                          f"{meta_path} says the data was made with tiktoken's {meta['encoding']}: the same ids would "
                          "mean other text. prepare_data.py writes tiktoken data only, so this model cannot be trained "
                          "on it here")
-    theirs, ours = tiktoken_entry({"reserve_zero": False, **theirs}), tiktoken_entry(meta)  # an old entry: plain ids
+    theirs, ours = tiktoken_entry(theirs), tiktoken_entry(meta)  # an old entry's missing keys: the ids it had
     if theirs != ours:
-        flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + ("" if theirs["reserve_zero"] else " --no-reserve_zero")
+        flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + "".join(  # a reservation that
+            f" --no-{k}" for k in ("reserve_zero", "reserve_ones") if not theirs[k] and tiktoken_entry({**theirs, k: True})[k])  # moves something
         raise ValueError(f"{source}: trained on {theirs['encoding']} tokens at vocab_size {theirs['vocab_size']}"
-                         f"{', id 0 reserved' if theirs['reserve_zero'] else ''}, but {os.path.join(data_dir, 'meta.json')} "
-                         f"says {ours['encoding']} at vocab_size {ours['vocab_size']}{', id 0 reserved' if ours['reserve_zero'] else ''}: "
+                         f"{reserved_note(theirs)}, but {os.path.join(data_dir, 'meta.json')} "
+                         f"says {ours['encoding']} at vocab_size {ours['vocab_size']}{reserved_note(ours)}: "
                          f"prepare the data with {flags}")
+
+
+def check_window_starts(split, meta, model, data_dir):
+    """Warn, before the first step, when a bias-free binary or affine model would read training windows
+    that start with a token it reads as a constant vector (model.constant_input_ids): a deep model
+    diverges on a step that holds one (docs/zero-code.md). A warning, not a refusal: shallow models train
+    on such data, and data prepared before the tokenizer kept text off the constant codes must still
+    train and resume as it did. Names the count and, where the tokenizer's ids are the cause, the
+    command that prepares the data again with the ids that keep text off them."""
+    constant = constant_input_ids(model)
+    if not constant:
+        return
+    firsts = np.concatenate([t[: n * split.block : split.block] for t, n in zip(split.shards, np.diff(split.starts))])
+    hit = np.isin(firsts, constant)
+    if not hit.any():
+        return
+    found = np.unique(firsts[hit]).tolist()
+    entry = tiktoken_entry(meta)
+    reserved = {0: entry["reserve_zero"], all_ones_id(meta["vocab_size"]): entry["reserve_ones"]}
+    if all(reserved.get(i) is False for i in found):  # text sits there only because the data predates a default
+        shard = len(split.shards[0]) if len(split.shards) > 1 else None
+        fix = f"; prepare the data with the ids that keep text off them: {prepare_command(meta, data_dir, shard)}"
+    else:
+        fix = ("; the model's input puts them there (its pad_token_id row, or an affine A and b drawn before "
+               "the affine input kept its constant codes on ids 0 and 2^K - 1)")
+    names = [f"{i} (end-of-text)" if i == meta.get("eot_token") else str(i) for i in found]
+    print(f"warning: {int(hit.sum()):,} of {split.n:,} training windows start with token id "
+          f"{', '.join(names)}, which this model (no biases, {model.config.input} input) reads as a "
+          f"constant vector: a deep model diverges on them (docs/zero-code.md){fix}", file=sys.stderr)
 
 
 def model_config(cfg, meta, ckpt, path):

@@ -34,7 +34,7 @@ def test_every_script_has_help():
 
 
 # the values each command line gave before the common style (argparse, DEFAULTS dicts, --quick/--gpu presets)
-PREPARE = dict(inputs=["a.txt"], out="o", encoding="gpt2", vocab_size=None, reserve_zero=True, val_fraction=0.1,
+PREPARE = dict(inputs=["a.txt"], out="o", encoding="gpt2", vocab_size=None, reserve_zero=True, reserve_ones=True, val_fraction=0.1,
                shard_tokens=100_000_000, text_field="text", mix=None, max_tokens=None, seed=0, workers=None,
                overwrite=False)
 
@@ -44,17 +44,17 @@ PREPARE = dict(inputs=["a.txt"], out="o", encoding="gpt2", vocab_size=None, rese
     (["shakespeare"], dict(inputs=["shakespeare"], out=os.path.join("data", "shakespeare"), vocab_size=8192)),
     (["notes/", "more.jsonl", "--out", "data/mine", "--vocab_size", "8e3"],
      dict(inputs=["notes/", "more.jsonl"], out="data/mine", vocab_size=8000)),
-    (["--overwrite", "--no-reserve_zero", "a.txt", "b.txt", "--out", "o", "--mix", "0.7", "--max_tokens", "1e9",
+    (["--overwrite", "--no-reserve_zero", "--no-reserve_ones", "a.txt", "b.txt", "--out", "o", "--mix", "0.7", "--max_tokens", "1e9",
       "--seed", "3", "--workers", "1", "--shard_tokens", "1e6", "--val_fraction", "0.05", "--text_field", "body",
       "--encoding", "cl100k_base"],
-     dict(inputs=["a.txt", "b.txt"], overwrite=True, reserve_zero=False, mix=[0.7], max_tokens=10**9, seed=3, workers=1,
+     dict(inputs=["a.txt", "b.txt"], overwrite=True, reserve_zero=False, reserve_ones=False, mix=[0.7], max_tokens=10**9, seed=3, workers=1,
           shard_tokens=10**6, val_fraction=0.05, text_field="body", encoding="cl100k_base")),
 ])
 def test_prepare_data_reads_its_command_lines_as_before(argv, values):
     assert vars(prepare_data.parse_config(argv)) == {**PREPARE, **values}
 
 
-COMPARE = dict(corpus=["shakespeare"], data=None, encoding="gpt2", vocab_size=8192, reserve_zero=True, out="runs/compare",
+COMPARE = dict(corpus=["shakespeare"], data=None, encoding="gpt2", vocab_size=8192, reserve_zero=True, reserve_ones=True, out="runs/compare",
                variants="learned,binary,affine", quick=False, preset="small", n_layer=4, n_head=4, n_embd=128,
                block_size=128, batch_size=16, steps=600, lr=2e-3, seeds=3, evals=10, eval_batches=8, device="auto",
                compile=False)
@@ -72,7 +72,7 @@ def test_compare_reads_its_command_lines_as_before(argv, values):
     assert vars(compare.parse_config(argv)) == {**COMPARE, **values}
 
 
-SCALING = dict(corpus=["shakespeare"], data=None, encoding="gpt2", vocab_size=8192, reserve_zero=True, out="runs/scaling",
+SCALING = dict(corpus=["shakespeare"], data=None, encoding="gpt2", vocab_size=8192, reserve_zero=True, reserve_ones=True, out="runs/scaling",
                quick=False, gpu=False, sizes="2x48,3x80,4x128,6x192", affine_sizes="2x48,4x128", ablation="4x128",
                long_factor=3, long_seeds=1, steps=400, seeds=2, evals=8, n_head=4, block_size=128, batch_size=16, lr=2e-3,
                eval_batches=8, jobs=1, device="auto", compile=False, contrast=None)

@@ -258,10 +258,11 @@ def test_transformers_matches(tmp_path, input, bias):
     assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == 511
 
 
-@pytest.mark.parametrize("vocab_size, reserve_zero", [(None, False), (1000, False), (1000, True)])
-def test_tokenizer_matches_tiktoken(tmp_path, vocab_size, reserve_zero):
+@pytest.mark.parametrize("vocab_size, reserve_zero, reserve_ones", [(None, False, False), (1000, False, False), (1000, True, False),
+                                                                  (512, True, True)])  # 512: end-of-text at 187, amid the ranks
+def test_tokenizer_matches_tiktoken(tmp_path, vocab_size, reserve_zero, reserve_ones):
     pytest.importorskip("tokenizers")
-    enc = get_tokenizer("gpt2", vocab_size, reserve_zero)
+    enc = get_tokenizer("gpt2", vocab_size, reserve_zero, reserve_ones)
     tk = convert.tiktoken_to_hf(enc)
     texts = [SHAKESPEARE, SHAKESPEARE.upper(), "  leading spaces", "a\n\n\nb", "x" * 300, "1234567890 3.14159", "", "Hi!\x00!"]
     for text in texts:
@@ -270,7 +271,8 @@ def test_tokenizer_matches_tiktoken(tmp_path, vocab_size, reserve_zero):
         assert tk.decode(want, skip_special_tokens=False) == text
     transformers = pytest.importorskip("transformers")
     model = tiny("learned", vocab_size=enc.n_vocab)
-    save_native(model, tmp_path / "n", {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": vocab_size, "reserve_zero": reserve_zero})
+    save_native(model, tmp_path / "n", {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": vocab_size, "reserve_zero": reserve_zero,
+                                          "reserve_ones": reserve_ones})
     convert.convert_native_to_hf(str(tmp_path / "n"), str(tmp_path / "hf"))
     auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     assert auto(SHAKESPEARE, add_special_tokens=False)["input_ids"] == enc.encode(SHAKESPEARE, allowed_special="all")

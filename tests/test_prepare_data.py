@@ -189,6 +189,52 @@ def test_tokenizer_errors(name, size, msg):
         get_tokenizer(name, size)
 
 
+@pytest.mark.parametrize("encoding, vocab_size", [("gpt2", 512), ("gpt2", 8192), ("cl100k_base", 65536)])
+def test_reserve_ones_moves_end_of_text_off_the_all_ones_id(encoding, vocab_size):
+    """In a cut to a power of two end-of-text has id 2^K - 1, the all-ones code: reserve_ones gives that
+    id to the byte 0xFF, which UTF-8 text never holds, and end-of-text takes 0xFF's id (187). No merge
+    changes, so real text encodes to the same tokens, renumbered."""
+    old, new = (get_tokenizer(encoding, vocab_size, reserve_zero=True, reserve_ones=r) for r in (False, True))
+    ones = vocab_size - 1
+    assert (old.eot_token, new.eot_token, new.n_vocab) == (ones, 187, vocab_size)
+    assert new.decode_single_token_bytes(ones) == old.decode_single_token_bytes(187) == b"\xff"
+    text = (SHAKESPEARE.read_text()[:100_000] if SHAKESPEARE.is_file() else words(2000)) + " café 日本語 ÿ \x00<|endoftext|>"
+    swap = {ones: 187, 187: ones}
+    tokens = new.encode(text, allowed_special="all")
+    assert tokens == [swap.get(t, t) for t in old.encode(text, allowed_special="all")] and new.decode(tokens) == text
+    assert tokens.count(187) == 1 and ones not in tokens
+
+
+@pytest.mark.parametrize("encoding, vocab_size", [("gpt2", 1000), ("gpt2", None), ("cl100k_base", None)])
+def test_reserve_ones_moves_nothing_where_the_all_ones_id_is_past_the_vocabulary(encoding, vocab_size):
+    old, new = (get_tokenizer(encoding, vocab_size, reserve_zero=True, reserve_ones=r) for r in (False, True))
+    text = words(300) + " café 日本語<|endoftext|>"
+    assert (new.n_vocab, new.eot_token, new.name) == (old.n_vocab, old.eot_token, old.name)
+    assert new.encode(text, allowed_special="all") == old.encode(text, allowed_special="all")
+    assert 2 ** (new.n_vocab - 1).bit_length() - 1 >= new.n_vocab
+
+
+def test_reserve_ones_is_the_default_and_older_data_keeps_its_ids(tmp_path, capsys):
+    """prepare_data.py moves end-of-text off the all-ones id by default and meta.json says so;
+    --no-reserve_ones writes the ids of data prepared before the option, and a meta.json or checkpoint
+    entry without the key rebuilds exactly that tokenizer."""
+    from tokenizer import load_text_codec, tiktoken_entry
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"Chapter {i}. " + words(3, seed=i)}) + "\n" for i in range(40)))
+    args = [str(docs), "--vocab_size", "512", "--workers", "1"]
+    assert main(capsys, *args, "--out", tmp_path / "new")[0] == 0
+    assert main(capsys, *args, "--out", tmp_path / "old", "--no-reserve_ones")[0] == 0
+    new, old = P.load_meta(tmp_path / "new"), P.load_meta(tmp_path / "old")
+    assert (new["reserve_ones"], new["eot_token"], old["reserve_ones"], old["eot_token"]) == (True, 187, False, 511)
+    a, b = (np.concatenate([shard_tokens(tmp_path / d, m, s) for s in ("train", "val")]).tolist() for d, m in (("new", new), ("old", old)))
+    assert a.count(187) == b.count(511) == 40 and 511 not in a and a == [{511: 187, 187: 511}.get(t, t) for t in b]
+    del old["reserve_ones"]  # data prepared before the option
+    (tmp_path / "old" / "meta.json").write_text(json.dumps(old))
+    entry = tiktoken_entry(P.load_meta(tmp_path / "old"))
+    assert entry["reserve_ones"] is False and load_text_codec({"tokenizer": entry}, "old.pt").enc.eot_token == 511
+    assert load_text_codec({"tokenizer": tiktoken_entry(new)}, "new.pt").enc.eot_token == 187
+
+
 def test_pieces_tokenize_like_the_whole_text(gpt2):
     # Tricky whitespace around the cut points: trailing spaces, blank lines, CRLF.
     text = words(300) + "end  \nx\n\n\ny \r\nz\t\nw" + words(300, seed=1)

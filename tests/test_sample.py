@@ -372,3 +372,26 @@ def test_a_reader_that_closes_the_pipe_is_not_an_error(native):
     assert len(p.stdout.read(20)) == 20
     p.stdout.close()  # head has had enough
     assert p.wait(timeout=300) == 0 and p.stderr.read() == b""
+
+
+def test_a_start_token_with_a_constant_input_is_named_once(tmp_path, capsys):
+    """A checkpoint trained on data prepared before end-of-text left the all-ones code (no reserve_ones in
+    its tokenizer entry, end-of-text = 511 at V = 512) starts an unprompted sample from a constant input,
+    after which its logits are exactly 0 whatever the weights: sample.py says so once, on stderr. Today's
+    default (end-of-text = 187) and a prompt: nothing to say."""
+    torch.manual_seed(0)
+    model = GPT(get_config("tiny")).eval()
+    assert torch.equal(model(torch.tensor([[511]]))[0], torch.zeros(1, 1, 512))
+    old = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512, "reserve_zero": True}
+    for name, entry in (("old", old), ("new", {**old, "reserve_ones": True})):
+        (tmp_path / name).mkdir()
+        torch.save(checkpoint_dict(model, entry), tmp_path / name / "ckpt.pt")
+    args = ["--max_new_tokens", "3", "--num_samples", "2", "--device", "cpu"]
+    assert sample.main(["--ckpt", str(tmp_path / "old"), *args]) == 0
+    assert capsys.readouterr().err == (
+        "note: the start token 511 (end-of-text) enters this model (no biases, binary input) as a constant vector: the "
+        "logits after it are exactly 0, so a sample from it alone draws its first token uniformly (greedy: id 0). Give "
+        "a --prompt, or train on data prepared with today's defaults (docs/zero-code.md)\n")
+    assert sample.main(["--ckpt", str(tmp_path / "old"), "--prompt", "Dear", *args]) == 0
+    assert sample.main(["--ckpt", str(tmp_path / "new"), *args]) == 0
+    assert capsys.readouterr().err == ""

@@ -219,7 +219,8 @@ def test_checkpoint_is_plain_and_reloads(data_dir, tmp_path, monkeypatch, compil
     assert {"model", "model_config", "tokenizer", "optimizer", "step", "rng", "data", "train_config",
             "best_val_loss", "val_loss"} <= ckpt.keys()
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
-    assert ckpt["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512, "reserve_zero": True}
+    assert ckpt["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512, "reserve_zero": True,
+                                 "reserve_ones": True}
     assert ckpt["step"] == 4 and ckpt["train_config"]["max_steps"] == 4 and ckpt["model_config"]["n_embd"] == 32
     assert set(ckpt["rng"][0]) == {"torch", "cuda", "python", "numpy"}
     model, _ = load_checkpoint(str(tmp_path / "ckpt.pt"))
@@ -394,8 +395,8 @@ def test_resume_on_data_of_another_tokenizer_says_so(data_dir, tmp_path, capsys)
     ckpt = tmp_path / "run" / "ckpt.pt"
     before = ckpt.read_bytes()
     assert run_main(train.main, flags(d, tmp_path / "run", max_steps=4, resume=True)) == 1
-    assert capsys.readouterr().err == (f"error: {ckpt}: trained on gpt2 tokens at vocab_size 512, id 0 reserved, but "
-                                       f"{d / 'meta.json'} says r50k_base at vocab_size 512, id 0 reserved: prepare the data "
+    assert capsys.readouterr().err == (f"error: {ckpt}: trained on gpt2 tokens at vocab_size 512, ids 0 and 511 reserved, but "
+                                       f"{d / 'meta.json'} says r50k_base at vocab_size 512, ids 0 and 511 reserved: prepare the data "
                                        "with --encoding gpt2 --vocab_size 512\n")
     assert ckpt.read_bytes() == before
     expect_error(config(d, tmp_path / "ft", init_from=str(ckpt)), "says r50k_base at vocab_size 512")
@@ -727,3 +728,35 @@ def test_deep_binary_model_on_windows_that_start_with_the_formerly_zero_coded_to
     else:
         with pytest.raises(FloatingPointError, match="non-finite gradient norm"):
             train.train(cfg)
+
+
+def test_windows_that_start_with_a_constant_input_are_counted_before_the_first_step(tmp_path, capsys):
+    """Data prepared before end-of-text left the all-ones code (--no-reserve_ones, many short documents):
+    before the first step train.py says how many training windows start with a token a bias-free binary
+    model reads as a constant vector, and the command that prepares the data again; that command, run as
+    printed, gives data with no such window. A learned input or a model with biases: nothing to say."""
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"Letter {i}. " + "My dear sister, the ball was long. " * (i % 4)}) + "\n"
+                            for i in range(400)))
+    data, out = tmp_path / "data", tmp_path / "out"
+    assert run_main(prepare_data.main, [str(docs), "--out", str(data), "--vocab_size", "512", "--workers", "1",
+                                        "--no-reserve_ones"]) == 0
+    tokens = prepare_data.read_shard(data / "train_000000.bin")
+    n = (len(tokens) - 1) // 32
+    count = int((tokens[: n * 32 : 32] == 511).sum())  # windows of 33 tokens at stride 32 (tiny: block_size 32)
+    assert count > 10
+    capsys.readouterr()
+    assert run_main(train.main, flags(data, out, max_steps=1, eval_interval=0)) == 0
+    command = f"python prepare_data.py {docs} --out {data} --encoding gpt2 --vocab_size 512 --overwrite"
+    assert capsys.readouterr().err == (
+        f"warning: {count:,} of {n:,} training windows start with token id 511 (end-of-text), which this model (no "
+        "biases, binary input) reads as a constant vector: a deep model diverges on them (docs/zero-code.md); prepare "
+        f"the data with the ids that keep text off them: {command}\n")
+    for quiet in (dict(input="learned"), dict(bias=True)):
+        assert run_main(train.main, flags(data, out, max_steps=1, eval_interval=0, overwrite=True, **quiet)) == 0
+        assert capsys.readouterr().err == ""
+    assert run_main(prepare_data.main, [*command.split()[2:], "--workers", "1"]) == 0
+    assert prepare_data.load_meta(data)["eot_token"] == 187
+    capsys.readouterr()
+    assert run_main(train.main, flags(data, out, max_steps=1, eval_interval=0, overwrite=True, input="affine")) == 0
+    assert capsys.readouterr().err == ""

@@ -61,6 +61,8 @@ class DataSettings:
                                            f"K = {code_bits(SMALL_VOCAB)} bits)")
     reserve_zero: bool = setting(True, "prepare --corpus with id 0 (the all-zero code) given to the NUL byte, as "
                                        "prepare_data.py does by default")
+    reserve_ones: bool = setting(True, "prepare --corpus with id 2^K-1 (the all-ones code) given to the byte 0xFF, as "
+                                       "prepare_data.py does by default")
 
 
 @dataclass
@@ -330,13 +332,15 @@ def prepared(args):
     own = args.data is None  # <out>/data: the study prepares it from --corpus, --encoding, ...
     args.data = args.data or os.path.join(args.out, "data")
     if not os.path.exists(os.path.join(args.data, "meta.json")):
-        ids = "" if args.reserve_zero else " (the encoding's own ids)"
+        ids = "" if args.reserve_zero and args.reserve_ones else f" (reserve_zero={args.reserve_zero}, reserve_ones={args.reserve_ones})"
         print(f"preparing {args.corpus} with {args.encoding} cut to {args.vocab_size} tokens{ids} into {args.data}")
         prepare(args.corpus, args.data, encoding=args.encoding, vocab_size=args.vocab_size,
-                reserve_zero=args.reserve_zero)
+                reserve_zero=args.reserve_zero, reserve_ones=args.reserve_ones)
     meta = load_meta(args.data)
-    asked = {"encoding": args.encoding, "vocab_size": args.vocab_size, "reserve_zero": args.reserve_zero}
-    was = {**asked, **meta, "reserve_zero": meta.get("reserve_zero", False)}  # data from before the option: plain ids
+    asked = {"encoding": args.encoding, "vocab_size": args.vocab_size, "reserve_zero": args.reserve_zero,
+             "reserve_ones": args.reserve_ones}
+    was = {**asked, **meta, "reserve_zero": meta.get("reserve_zero", False),  # data from before the options: plain ids
+           "reserve_ones": meta.get("reserve_ones", False)}
     if own and (diff := [k for k in asked if was[k] != asked[k]]):
         raise ValueError(f"{args.data} was prepared with {', '.join(f'{k}={was[k]}' for k in diff)}, but this "
                          f"command asks for {', '.join(f'{k}={asked[k]}' for k in diff)}: use another --out (or remove "

@@ -570,6 +570,9 @@ def tiktoken_to_hf(enc):
         return "".join(byte_char[x] for x in b)
 
     vocab = {s(tok): rank for tok, rank in ranks.items()}
+    # a special token amid the ranks (end-of-text moved off the all-ones id, tokenizer.get_tokenizer) is
+    # a vocabulary entry no merge makes; added below as special, it keeps that id
+    vocab.update({text: i for text, i in enc._special_tokens.items() if i < len(ranks)})
     merges = []
     for tok, rank in ranks.items():
         splits = [(tok[:i], tok[i:]) for i in range(1, len(tok)) if tok[:i] in ranks and tok[i:] in ranks]
@@ -581,7 +584,7 @@ def tiktoken_to_hf(enc):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tk.decoder = decoders.ByteLevel()
     for text, i in sorted(enc._special_tokens.items(), key=lambda kv: kv[1]):
-        if tk.get_vocab_size(with_added_tokens=True) != i:
+        if tk.get_vocab_size(with_added_tokens=True) != i and vocab.get(text) != i:
             raise ConversionError(f"special token {text} has id {i}, not the next free id: cannot express in tokenizer.json")
         tk.add_special_tokens([AddedToken(text, special=True, normalized=False)])
     return tk
