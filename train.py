@@ -8,9 +8,10 @@ Train the binary-code GPT of model.py on token shards written by prepare_data.py
         --eval_interval=250 --eval_steps=20 --save_interval=250                # GPUs: DDP, GPU-sized settings
 
 Every setting is a field of TrainConfig (`python train.py --help`); `train(cfg)` and `main(argv)` are importable.
-The file reads top to bottom: settings, data, model and optimizer, the training loop. The safety checks the loop
-calls (divergence, a good state before each save, signals, exact resume, tokenizer and config match) are in the
-labelled sections at the bottom, each with its rule in its docstring.
+The file reads in the order a step runs: settings, data, model and optimizer, the training loop; then what the
+loop calls, in the order it first calls it (signals, the divergence rule, saving, the log); then the parts of
+set-up (processes, the checks on the settings, data and checkpoint, one writer per out_dir, exact resume), each
+labelled section with its rule in its docstrings.
 """
 
 import hashlib
@@ -166,6 +167,18 @@ def windows_per_step(cfg, world):
     return cfg.batch_size * cfg.grad_accum * world
 
 
+def lr_at(step, cfg):
+    """Linear warmup to lr, then cosine decay to min_lr at lr_decay_steps (default max_steps), so the
+    schedule does not depend on where a run stops."""
+    decay = cfg.lr_decay_steps or cfg.max_steps
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if step >= decay:
+        return cfg.min_lr
+    ratio = (step - cfg.warmup_steps) / max(1, decay - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
+
+
 def eval_windows(n, total):
     """The fixed validation windows: `total` of them spread evenly over the n windows of the split."""
     return (np.arange(total) * n) // total
@@ -189,18 +202,6 @@ def evaluate(model, val, cfg, rank, world, device, autocast, steps=None):
     if world > 1:
         dist.all_reduce(total)
     return total.item() / (steps * world)
-
-
-def lr_at(step, cfg):
-    """Linear warmup to lr, then cosine decay to min_lr at lr_decay_steps (default max_steps), so the
-    schedule does not depend on where a run stops."""
-    decay = cfg.lr_decay_steps or cfg.max_steps
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    if step >= decay:
-        return cfg.min_lr
-    ratio = (step - cfg.warmup_steps) / max(1, decay - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
 
 
 # ----------------------------------------------------------------------------- model and optimizer
@@ -380,6 +381,120 @@ def loop(run, state):
     return loss, stopping
 
 
+# ----------------------------------------------------------------------------- signals: finish the step, save, exit 0
+class GracefulStop:
+    """SIGINT/SIGTERM set a flag that the loop checks after each step: it saves and exits 0. A second SIGINT
+    raises KeyboardInterrupt at once (exit 130); a checkpoint being written then is dropped and the previous
+    one stays. Under DDP the flag is all-reduced with the loss (mean_loss_and_stop), so every rank stops at
+    the same step. torchrun itself re-raises a signal sent to it and exits 1 even when every rank saved and
+    exited 0: to stop a DDP run cleanly, signal the ranks (pkill -TERM -P <torchrun pid>), and torchrun exits 0."""
+
+    def __enter__(self):
+        self.requested, self.old = False, {}
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\n{signal.Signals(signum).name}: finishing this step, saving, then exiting", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
+def mean_loss_and_stop(run, loss, requested):
+    """-> (the loss averaged over ranks, whether any rank was signalled), in one all-reduce, so every rank
+    sees the same loss and stops at the same step."""
+    flags = torch.stack([loss, torch.tensor(float(requested), device=run.device)])
+    if run.distributed:
+        dist.all_reduce(flags)
+        flags[0] /= run.world
+    return flags[0].item(), flags[1].item() > 0
+
+
+# ----------------------------------------------------------------------------- divergence
+def why_diverged(loss, norm, vocab_size):
+    """Why a state with this loss and gradient norm cannot be trained on, or None. A state is good when its
+    loss and gradient norm are finite and the loss is at most 2 ln V: an untrained model scores about ln V,
+    a diverged one, finite or not, far more."""
+    if not math.isfinite(loss):
+        return f"non-finite loss ({loss})"
+    if norm is not None and not math.isfinite(norm):
+        return f"non-finite gradient norm ({norm})"
+    if loss > 2 * math.log(vocab_size):
+        return f"diverged: loss {loss:.4g} above 2 ln V = {2 * math.log(vocab_size):.2f}"
+    return None
+
+
+def stop_if_bad(run, state, why, step, **entry):
+    """Stop the run (FloatingPointError, exit 1) without saving: the last checkpoint written stays good."""
+    if why is None:
+        return
+    run.log.record(event="diverged", step=step, problem=why, **entry)
+    last = f"{run.cfg.ckpt_path} (step {state.saved_step})" if state.saved_step is not None else "none was written"
+    raise FloatingPointError(f"{why} at step {step}: stopped without saving; the last good checkpoint is "
+                             f"untouched: {last}. Try a lower --lr or --grad_clip.")
+
+
+def check_step(run, state, loss, norm):
+    """A bad training loss or gradient stops the run before the optimizer step applies it."""
+    why = why_diverged(loss, norm, run.raw_model.config.vocab_size)
+    stop_if_bad(run, state, why, state.step + 1, loss=loss, grad_norm=norm)
+
+
+def check_val_loss(run, state, loss):
+    """A bad validation loss stops the run before it is recorded or saved."""
+    why = why_diverged(loss, None, run.raw_model.config.vocab_size)
+    stop_if_bad(run, state, why and f"validation {why}", state.step, val_loss=loss)
+
+
+def check_state(run, state):
+    """Stop unless the state about to be saved is good: finite weights, and its validation loss (this
+    step's evaluation, else one batch's) passes `why_diverged`. Every rank takes part."""
+    finite = torch.stack([p.isfinite().all() for p in run.raw_model.parameters()]).all().item()
+    loss = state.val_loss if state.eval_step == state.step else None
+    if finite and loss is None:
+        loss = evaluate(run.model, run.val_split, run.cfg, run.rank, run.world, run.device, run.autocast, steps=1)
+    why = "non-finite weights" if not finite else why_diverged(loss, None, run.raw_model.config.vocab_size)
+    stop_if_bad(run, state, why and f"validation {why}", state.step)
+
+
+# ----------------------------------------------------------------------------- checkpoints: save
+def save(run, state, name):
+    """Write out_dir/name (ckpt.pt latest, best.pt best val loss) only of a good state; every rank takes part.
+    The checkpoint is a plain-typed dict (checkpoint.checkpoint_dict, from the uncompiled, unwrapped module): weights,
+    AdamW state, position in the training order and every rank's RNG states, so a resumed run continues bit for
+    bit. It is written atomically: a crash, a second Ctrl-C or a full disk mid-write leaves the previous file as it
+    was."""
+    check_state(run, state)
+    rngs = [None] * run.world
+    if run.distributed:
+        dist.all_gather_object(rngs, rng_state(run.device))
+    else:
+        rngs = [rng_state(run.device)]
+    if name == "ckpt.pt":
+        state.saved_step = state.step
+    if run.rank != 0:
+        return
+    cfg, path, n = run.cfg, os.path.join(run.cfg.out_dir, name), run.train_split.n
+    ckpt = checkpoint_dict(run.raw_model, run.tokenizer, optimizer=run.optimizer.state_dict(), step=state.step, rng=rngs,
+                           data={"position": state.position, "global_batch": run.windows_per_step, "windows": n,
+                                 "epoch": state.position // n, "seed": cfg.seed, "fingerprint": run.data_id},
+                           train_config=asdict(cfg), best_val_loss=state.best_val,
+                           val_loss=state.val_loss if state.eval_step == state.step else None, eval_step=state.eval_step,
+                           world_size=run.world)
+    try:
+        atomic_torch_save(ckpt, path)
+    except OSError as e:  # e.g. a full disk: atomic_open left the previous files as they were
+        kept = [os.path.join(cfg.out_dir, n) for n in ("ckpt.pt", "best.pt") if os.path.isfile(os.path.join(cfg.out_dir, n))]
+        kept = f"kept as they were: {', '.join(kept)}" if kept else "no checkpoint of this run is on disk yet"
+        raise OSError(f"{path}: not written ({e.strerror or e}); {kept}") from None
+
+
 # ----------------------------------------------------------------------------- logging
 @dataclass
 class Log:
@@ -434,7 +549,7 @@ class Log:
         return self.tokens_per_step * len(self.step_times) / sum(self.step_times) if self.step_times else None
 
 
-# ----------------------------------------------------------------------------- processes and precision
+# ----------------------------------------------------------------------------- set-up's parts: processes and precision
 def start_processes(cfg):
     """-> rank, world size, device, distributed. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; each rank
     gets one GPU (cuda:LOCAL_RANK unless --device names one) and joins the process group."""
@@ -667,85 +782,7 @@ def open_outputs(cfg):
     return open(os.path.join(cfg.out_dir, "log.jsonl"), "a" if cfg.resume else "w")
 
 
-# ----------------------------------------------------------------------------- divergence
-def why_diverged(loss, norm, vocab_size):
-    """Why a state with this loss and gradient norm cannot be trained on, or None. A state is good when its
-    loss and gradient norm are finite and the loss is at most 2 ln V: an untrained model scores about ln V,
-    a diverged one, finite or not, far more."""
-    if not math.isfinite(loss):
-        return f"non-finite loss ({loss})"
-    if norm is not None and not math.isfinite(norm):
-        return f"non-finite gradient norm ({norm})"
-    if loss > 2 * math.log(vocab_size):
-        return f"diverged: loss {loss:.4g} above 2 ln V = {2 * math.log(vocab_size):.2f}"
-    return None
-
-
-def stop_if_bad(run, state, why, step, **entry):
-    """Stop the run (FloatingPointError, exit 1) without saving: the last checkpoint written stays good."""
-    if why is None:
-        return
-    run.log.record(event="diverged", step=step, problem=why, **entry)
-    last = f"{run.cfg.ckpt_path} (step {state.saved_step})" if state.saved_step is not None else "none was written"
-    raise FloatingPointError(f"{why} at step {step}: stopped without saving; the last good checkpoint is "
-                             f"untouched: {last}. Try a lower --lr or --grad_clip.")
-
-
-def check_step(run, state, loss, norm):
-    """A bad training loss or gradient stops the run before the optimizer step applies it."""
-    why = why_diverged(loss, norm, run.raw_model.config.vocab_size)
-    stop_if_bad(run, state, why, state.step + 1, loss=loss, grad_norm=norm)
-
-
-def check_val_loss(run, state, loss):
-    """A bad validation loss stops the run before it is recorded or saved."""
-    why = why_diverged(loss, None, run.raw_model.config.vocab_size)
-    stop_if_bad(run, state, why and f"validation {why}", state.step, val_loss=loss)
-
-
-def check_state(run, state):
-    """Stop unless the state about to be saved is good: finite weights, and its validation loss (this
-    step's evaluation, else one batch's) passes `why_diverged`. Every rank takes part."""
-    finite = torch.stack([p.isfinite().all() for p in run.raw_model.parameters()]).all().item()
-    loss = state.val_loss if state.eval_step == state.step else None
-    if finite and loss is None:
-        loss = evaluate(run.model, run.val_split, run.cfg, run.rank, run.world, run.device, run.autocast, steps=1)
-    why = "non-finite weights" if not finite else why_diverged(loss, None, run.raw_model.config.vocab_size)
-    stop_if_bad(run, state, why and f"validation {why}", state.step)
-
-
-# ----------------------------------------------------------------------------- checkpoints: save and resume
-def save(run, state, name):
-    """Write out_dir/name (ckpt.pt latest, best.pt best val loss) only of a good state; every rank takes part.
-    The checkpoint is a plain-typed dict (checkpoint.checkpoint_dict, from the uncompiled, unwrapped module): weights,
-    AdamW state, position in the training order and every rank's RNG states, so a resumed run continues bit for
-    bit. It is written atomically: a crash, a second Ctrl-C or a full disk mid-write leaves the previous file as it
-    was."""
-    check_state(run, state)
-    rngs = [None] * run.world
-    if run.distributed:
-        dist.all_gather_object(rngs, rng_state(run.device))
-    else:
-        rngs = [rng_state(run.device)]
-    if name == "ckpt.pt":
-        state.saved_step = state.step
-    if run.rank != 0:
-        return
-    cfg, path, n = run.cfg, os.path.join(run.cfg.out_dir, name), run.train_split.n
-    ckpt = checkpoint_dict(run.raw_model, run.tokenizer, optimizer=run.optimizer.state_dict(), step=state.step, rng=rngs,
-                           data={"position": state.position, "global_batch": run.windows_per_step, "windows": n,
-                                 "epoch": state.position // n, "seed": cfg.seed, "fingerprint": run.data_id},
-                           train_config=asdict(cfg), best_val_loss=state.best_val,
-                           val_loss=state.val_loss if state.eval_step == state.step else None, eval_step=state.eval_step,
-                           world_size=run.world)
-    try:
-        atomic_torch_save(ckpt, path)
-    except OSError as e:  # e.g. a full disk: atomic_open left the previous files as they were
-        kept = [os.path.join(cfg.out_dir, n) for n in ("ckpt.pt", "best.pt") if os.path.isfile(os.path.join(cfg.out_dir, n))]
-        kept = f"kept as they were: {', '.join(kept)}" if kept else "no checkpoint of this run is on disk yet"
-        raise OSError(f"{path}: not written ({e.strerror or e}); {kept}") from None
-
-
+# ----------------------------------------------------------------------------- resume: exactly where the checkpoint stopped
 def restore(run, state, ckpt, source):
     """Continue where the checkpoint stopped: optimizer, step, data position, evaluations, RNG streams (each
     rank its own, when the number of processes is the same)."""
@@ -811,41 +848,6 @@ def check_same_data(run, ckpt, source):
         raise ValueError(f"{source} was reading other data than {run.cfg.data_dir} now holds (fingerprint {saved}, now "
                          f"{run.data_id}: meta.json or the shards changed): its saved position would index other windows. "
                          "Resume on the data it was reading, or start from its weights with --init_from")
-
-
-# ----------------------------------------------------------------------------- signals: finish the step, save, exit 0
-class GracefulStop:
-    """SIGINT/SIGTERM set a flag that the loop checks after each step: it saves and exits 0. A second SIGINT
-    raises KeyboardInterrupt at once (exit 130); a checkpoint being written then is dropped and the previous
-    one stays. Under DDP the flag is all-reduced with the loss (mean_loss_and_stop), so every rank stops at
-    the same step. torchrun itself re-raises a signal sent to it and exits 1 even when every rank saved and
-    exited 0: to stop a DDP run cleanly, signal the ranks (pkill -TERM -P <torchrun pid>), and torchrun exits 0."""
-
-    def __enter__(self):
-        self.requested, self.old = False, {}
-        if threading.current_thread() is threading.main_thread():
-            self.old = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-        print(f"\n{signal.Signals(signum).name}: finishing this step, saving, then exiting", file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc):
-        for s, h in self.old.items():
-            signal.signal(s, h)
-
-
-def mean_loss_and_stop(run, loss, requested):
-    """-> (the loss averaged over ranks, whether any rank was signalled), in one all-reduce, so every rank
-    sees the same loss and stops at the same step."""
-    flags = torch.stack([loss, torch.tensor(float(requested), device=run.device)])
-    if run.distributed:
-        dist.all_reduce(flags)
-        flags[0] /= run.world
-    return flags[0].item(), flags[1].item() > 0
 
 
 # ----------------------------------------------------------------------------- command line
