@@ -205,6 +205,11 @@ def read_weights(folder):
         raise ConversionError(f"no weights in {folder}: expected *.safetensors (optionally with "
                               f"model.safetensors.index.json) or pytorch_model.bin; found {files}")
     paths = {shard: file_in(folder, shard, index or folder) for shard in shards}
+    for shard, path in paths.items():  # a file that is missing or no file is named before any package is asked for
+        problem = file_problem(path)
+        if problem:
+            raise ConversionError(f"{index} lists {shard}, which is not in {folder}" if index and problem == "no such file"
+                                  else f"{path}: {problem}")
     if any(s.lower().endswith(".safetensors") for s in shards):
         try:
             from safetensors.torch import load_file
@@ -212,10 +217,6 @@ def read_weights(folder):
             raise ConversionError("reading .safetensors files needs the safetensors package: pip install safetensors") from None
     tensors = {}
     for shard, path in paths.items():
-        problem = file_problem(path)
-        if problem:
-            raise ConversionError(f"{index} lists {shard}, which is not in {folder}" if index and problem == "no such file"
-                                  else f"{path}: {problem}")
         try:  # torch.load maps the file instead of reading it
             part = (load_file(path, device="cpu") if shard.lower().endswith(".safetensors")
                     else torch.load(path, map_location="cpu", weights_only=True, mmap=True))
