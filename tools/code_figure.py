@@ -8,7 +8,8 @@ decoder for every token under each layout.
 
 Each bit k has a colour; a 1 is drawn in its bit's colour, a 0 white, so the picture shows where each bit
 of the code lands in the model's input: "tile" copies the K bits side by side (dim j carries bit j mod K),
-"interleave" gives bit k a block of n_embd/K neighbouring dims. One token's row is outlined in all three.
+"interleave" gives bit k a block of n_embd/K neighbouring dims. One token's row is outlined in all three; the
+ids whose code is constant (all zeros, all ones), kept for bytes text never holds, are labelled in red.
 """
 
 import os
@@ -82,9 +83,15 @@ def draw(cfg):
         ax.set_title(title, fontsize=9)
         ax.add_patch(Rectangle((-0.5, cfg.token - 0.5), values.shape[1], 1, fill=False, edgecolor="black", linewidth=2))
     axes[0].set_ylabel("token id", fontsize=8)
-    code = "".join(str(int(b)) for b in data["code table (V x K)"][0][cfg.token].tolist())
+    table = data["code table (V x K)"][0]
+    constant = (table == table[:, :1]).all(-1).nonzero().flatten().tolist()  # all zeros, all ones: LayerNorm zeroes them
+    for t in constant:
+        axes[0].get_yticklabels()[t].set_color("red")
+    code = "".join(str(int(b)) for b in table[cfg.token].tolist())
     fig.suptitle(f"V = {cfg.vocab_size} tokens, K = {bits} bits, n_embd = {cfg.n_embd}: token {cfg.token}'s code, "
-                 f"least significant bit first, is {code}; nothing here is learned", fontsize=10)
+                 f"least significant bit first, is {code}; nothing here is learned\n(red: ids "
+                 f"{' and '.join(map(str, constant))}, whose input is a constant vector, are kept for bytes text never holds)",
+                 fontsize=10)
     fig.tight_layout()
     return fig, plt
 
