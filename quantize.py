@@ -11,21 +11,24 @@ What int8 costs a trained model (validation loss, greedy tokens) is measured by 
 Design choices, up front:
 - Weights: symmetric, one float scale per output row: w[n, k] ~ scale[n] * q[n, k], q in [-127, 127],
   scale[n] = max_k |w[n, k]| / 127, so each weight is off by at most scale[n] / 2.
-- Activations are quantized on the fly the same way, one scale per token (row), stored as uint8 around
-  128, the form the x86 int8 kernel takes. The int8 x int8 products sum in int32,
-  then both scales bring the result back to float32.
-- Kernel: torch's own oneDNN int8 linear on a weight packed once (torch.ops.onednn.qlinear_prepack /
-  qlinear_pointwise, what torch.compile's x86 int8 lowering emits). README's "Sampling in int8" gives the
-  measurements that chose it over torchao, quantize_dynamic (deprecated) and other torch kernels.
+- Activations are quantized on the fly the same way, one scale per token (row), as int8. The int8 x int8
+  products sum in int32, exactly, then both scales bring the result back to float32.
+- Kernel: torch's own oneDNN int8 linear on a packed weight (torch.ops.onednn.qlinear_prepack /
+  qlinear_pointwise, what torch.compile's x86 int8 lowering emits). Packing costs ~2 CPU-seconds for the
+  paper preset, so it runs on a thread of its own (start_packing) and a layer not yet packed multiplies
+  its plain rows with torch._int_mm: the same int32 sums, the same float32 result bit for bit, so the
+  tokens never depend on how far packing has got. docs/performance.md gives the measurements that chose
+  both (over torchao, quantize_dynamic, the weight-only _weight_int8pack_mm and packing before the first token).
 - What stays float: the code table (a gather, not a matmul, and already 0/1), LayerNorms, biases,
   attention over the KV cache. The float model is left as it was: the copy shares those tensors.
 """
 
 import copy
 import ctypes
-import math
 import mmap
 import os
+import sys
+import threading
 
 import torch
 import torch.nn as nn
@@ -51,15 +54,17 @@ def int8_rows(w):
 
 class Int8Linear(nn.Module):
     """nn.Linear with int8 weights (one scale per output row) and on-the-fly int8 activations: made from an
-    nn.Linear (Int8Linear.of), or from the rows and scales an int8 checkpoint holds."""
+    nn.Linear (Int8Linear.of), or from the rows and scales an int8 checkpoint holds. `weight` is the plain
+    (N, K) int8 rows until pack() swaps in oneDNN's packed form (one attribute: a forward running on
+    another thread sees one or the other, never half of each)."""
 
     def __init__(self, q, scale, bias=None):
         super().__init__()
         self.out_features, self.in_features = q.shape
-        self.register_buffer("weight", torch.ops.onednn.qlinear_prepack(q, [1, self.in_features]))  # oneDNN's layout
+        self.register_buffer("weight", q)
         self.register_buffer("scale", scale)
-        self.register_buffer("zero", torch.zeros(self.out_features, dtype=torch.long))  # symmetric: no offset
-        self.register_buffer("x_zero", torch.tensor(128))  # activations as uint8 around 128
+        self.register_buffer("zero", torch.zeros(self.out_features, dtype=torch.long))  # symmetric: no offsets
+        self.register_buffer("x_zero", torch.tensor(0))
         self.register_buffer("one", torch.tensor(1.0))
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
@@ -67,15 +72,26 @@ class Int8Linear(nn.Module):
     def of(cls, linear: nn.Linear):
         return cls(*int8_rows(linear.weight), linear.bias)
 
+    def pack(self):
+        """Swap the plain rows for oneDNN's packed form (its CPU-specific layout); returns the rows."""
+        rows = self.weight
+        if not rows.is_mkldnn:
+            self.weight = torch.ops.onednn.qlinear_prepack(rows, [1, self.in_features])
+        return rows
+
     def forward(self, x):
         x2 = x.reshape(-1, self.in_features)  # (..., K) -> (rows, K)
-        # each row (token) its own scale, max |x| / 127: one op for max |x|, the rest in place
-        x_scale = torch.linalg.vector_norm(x2, math.inf, dim=1, keepdim=True).clamp_(min=1e-12).div_(127)  # (rows, 1)
-        xq = torch.div(x2, x_scale).round_().add_(128).to(torch.uint8)
-        # the kernel takes one activation scale: give it 1 and apply the rows' scales to its output
-        y = torch.ops.onednn.qlinear_pointwise.tensor(xq, self.one, self.x_zero, self.weight, self.scale, self.zero,
-                                                      None, 1.0, 0, torch.float32, "none", [], "").mul_(x_scale)
-        y = y.view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
+        # each row (token) its own scale, max |x| / 127, in place after abs (abs + amax: 4x quicker than
+        # vector_norm(inf) on a 4,096-wide row)
+        x_scale = x2.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)  # (rows, 1)
+        xq = torch.div(x2, x_scale).round_().to(torch.int8)
+        w = self.weight  # read once: the packing thread may swap it
+        if w.is_mkldnn:  # the kernel takes one activation scale: give it 1 and apply the rows' scales to its output
+            y = torch.ops.onednn.qlinear_pointwise.tensor(xq, self.one, self.x_zero, w, self.scale, self.zero,
+                                                          None, 1.0, 0, torch.float32, "none", [], "")
+        else:  # not packed yet: the same int32 sums and float32 products
+            y = torch._int_mm(xq, w.t()).float().mul_(self.scale)
+        y = y.mul_(x_scale).view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self):
@@ -99,9 +115,10 @@ def check_quantize(scheme, device, dtype=torch.float32, compile=False):
         raise ValueError("int8 weights run eagerly: drop --compile (torch.compile fails on their oneDNN int8 op)")
 
 
-def quantize_int8(model):
+def quantize_int8(model, pack=True):
     """A copy of `model` (float32, on the CPU) whose nn.Linear layers are Int8Linear; every other tensor is
-    shared with `model` (the copy's code table is the very same buffer), and `model` is not modified."""
+    shared with `model` (the copy's code table is the very same buffer), and `model` is not modified.
+    pack=False leaves the layers on their plain rows (torch._int_mm: the same numbers, slower)."""
     p = next(model.parameters())
     check_quantize("int8", p.device, p.dtype)
     shared = {id(t): t for t in model.state_dict(keep_vars=True).values()}
@@ -113,15 +130,16 @@ def quantize_int8(model):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear.of(child))
-    return q
+    return start_packing(q) if pack else q
 
 
 # ----------------------------------------------------------------------------- the int8 checkpoint
 # tools/convert.py native2int8 writes what quantize_int8 would compute: every nn.Linear's weight as its int8 rows
 # (name.weight, int8) and their scales (name.weight_scale, float32), every other tensor as the source holds
-# it, and an entry "quantization" saying so. Loading it builds the model on the meta device and packs the
-# int8 rows straight from the memory-mapped file: no float32 copy, no rounding, and (Linux) each layer's
-# file pages are dropped from the process once packed, so peak memory is about the int8 weights once.
+# it, and an entry "quantization" saying so. Loading it builds the model on the meta device and its int8
+# layers on the rows of the memory-mapped file itself: no float32 copy, no rounding, the first token at once;
+# the packing thread then packs them and (Linux) drops each layer's file pages once packed, so peak memory
+# is about the int8 weights once.
 SCHEME = "int8 rows: symmetric, one float32 scale per output row (name.weight_scale); int8 activations per token"
 
 
@@ -171,18 +189,17 @@ def split_int8(ckpt, file):
 
 def pack_int8(model, rows, file):
     """`model` (built by checkpoint.load_checkpoint, its int8 weights meta stand-ins) with an Int8Linear holding
-    each layer's int8 rows from `rows`; the file's pages of each are dropped once packed (drop_pages)."""
+    each layer's int8 rows from `rows` (the file's own memory, not copied), packed on a background thread
+    that drops each layer's file pages once packed (start_packing)."""
     own = dict(model.named_modules())
     linear = [n for n, m in own.items() if isinstance(m, nn.Linear)]
     if sorted(rows) != sorted(linear):  # a linear layer left out would have read its int8 rows as floats
         raise ValueError(f"{file}: its int8 layers are not its model's linear layers ({len(rows)} listed, "
                          f"{len(linear)} in the model)")
-    mapped = file_mappings(file)
     for name, (q, scale) in rows.items():
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, Int8Linear(q, scale, own[name].bias))
-        drop_pages(q, mapped)  # packed now: the file's copy need not stay in memory
-    return model
+    return start_packing(model, file)
 
 
 def file_mappings(file):
@@ -209,3 +226,50 @@ def drop_pages(t, mapped):
     if end > start and any(lo <= start and end <= hi for lo, hi in mapped):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)
+
+
+# ----------------------------------------------------------------------------- packing, on a thread of its own
+# A model whose int8 weights are smaller stays on its plain rows: they sit in the CPU's caches, where
+# oneDNN's cost per call outweighs its quicker inner loop. Measured (docs/performance.md), tokens/s
+# packed / plain at 1 and 2 threads: small preset (14 MB) 1.03x and 0.82x; 6 x 512 (23 MB) 1.25x and
+# 0.98x; 12 x 768 (91 MB) 1.28x and 1.16x; paper (474 MB) 1.47x and 1.28x.
+PACK_MIN_BYTES = 16 * 2**20
+
+
+def start_packing(model, file=None, min_bytes=PACK_MIN_BYTES):
+    """Pack `model`'s Int8Linear layers for oneDNN on a background thread, in the order a forward pass meets
+    them, if their int8 weights reach min_bytes; returns `model`. Until a layer is packed it multiplies its
+    plain rows (bit-identical, slower), so the first token need not wait the ~2 CPU-seconds packing takes.
+    With `file`, the int8 checkpoint the rows are mapped from, each layer's file pages are dropped once it
+    is packed. The thread stops between layers once the main thread has ended (a short run exits without
+    packing the rest); wait_packed waits for it."""
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    if sum(m.out_features * m.in_features for m in layers) < min_bytes:
+        return model
+    mapped = file_mappings(file) if file else []
+
+    def pack_all():
+        rows = []
+        for layer in layers:
+            if not threading.main_thread().is_alive():
+                return
+            try:
+                rows.append(layer.pack())
+            except RuntimeError as e:  # a CPU or build oneDNN cannot pack for: the plain rows serve, slower
+                print(f"int8: packing failed ({str(e).splitlines()[0][:200]}); the plain int8 rows serve instead "
+                      "(the same tokens, slower)", file=sys.stderr)
+                return
+            drop_pages(rows[-1], mapped)
+        for r in rows:  # again: a forward that read a layer's rows just before its swap may have paged some back in
+            drop_pages(r, mapped)
+
+    model.__dict__["_packing"] = threading.Thread(target=pack_all, name="int8 packing")  # not a submodule
+    model.__dict__["_packing"].start()
+    return model
+
+
+def wait_packed(model):
+    """`model` once its packing thread (start_packing) is done: a steady speed from the first token on."""
+    if "_packing" in model.__dict__:
+        model.__dict__["_packing"].join()
+    return model

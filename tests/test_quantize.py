@@ -4,6 +4,8 @@ checkpoint (tools/convert.py native2int8) samples the same tokens and is refused
 
 import hashlib
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,7 +17,8 @@ import train
 from checkpoint import load_checkpoint
 from model import canonical_code, generate
 from prepare_data import load_meta
-from quantize import SCHEME, Int8Linear, check_quantize, drop_pages, file_mappings, int8_rows, quantize_int8
+from quantize import (PACK_MIN_BYTES, SCHEME, Int8Linear, check_quantize, drop_pages, file_mappings, int8_rows, quantize_int8, start_packing,
+                      wait_packed)
 from tools import convert
 from tools.quantize_quality import main as quantize_main
 
@@ -108,6 +111,98 @@ def test_float_model_and_code_table_are_untouched(trained):
     assert q.embed.weight is model.embed.weight  # the code table is shared, not copied or rounded
     assert torch.equal(q.embed.weight, canonical_code(model.config.vocab_size, model.config.pad_token_id))
     assert q.lm_head.weight.dtype == torch.int8 is not model.lm_head.weight.dtype
+
+
+def test_packed_plain_and_half_packed_layers_give_the_same_numbers(trained):
+    """A layer multiplies its plain rows (torch._int_mm) until the packing thread swaps in oneDNN's packed
+    form; both give the same float32 outputs bit for bit, so logits and tokens never depend on how far
+    packing has got: none, half the layers, all of them."""
+    model, _, x, _ = trained
+    plain = quantize_int8(model, pack=False)
+    packed = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=0))  # tiny: packed only if asked
+    half = quantize_int8(model, pack=False)
+    layers = [m for m in half.modules() if isinstance(m, Int8Linear)]
+    for layer in layers[::2]:
+        layer.pack()
+    assert not any(m.weight.is_mkldnn for m in plain.modules() if isinstance(m, Int8Linear))
+    assert all(m.weight.is_mkldnn for m in packed.modules() if isinstance(m, Int8Linear))
+    with torch.no_grad():
+        logits = [m(x)[0] for m in (plain, packed, half)]  # 16 x 32 rows a layer
+        one = [m(x[:1, :1])[0] for m in (plain, packed, half)]  # one row: a decoded token's shape
+    assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
+    assert torch.equal(one[0], one[1]) and torch.equal(one[0], one[2])
+    prompt = x[:3, :6]
+    tokens = [generate(m, prompt, 20, temperature=0) for m in (plain, packed, half)]
+    assert torch.equal(tokens[0], tokens[1]) and torch.equal(tokens[0], tokens[2])
+
+
+def test_packing_runs_in_forward_order(trained, monkeypatch):
+    model, _, _, _ = trained
+    q = quantize_int8(model, pack=False)
+    order, pack = [], Int8Linear.pack
+    monkeypatch.setattr(Int8Linear, "pack", lambda layer: order.append(layer) or pack(layer))
+    wait_packed(start_packing(q, min_bytes=0))
+    names = {m: n for n, m in q.named_modules()}
+    assert [names[m] for m in order] == [f"blocks.{i}.{n}" for i in range(model.config.n_layer)
+                                         for n in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")] + ["lm_head"]
+    assert all(m.weight.is_mkldnn for m in order)
+
+
+def test_only_a_model_past_the_cache_sizes_is_packed(trained):
+    """Under PACK_MIN_BYTES of int8 weights no thread starts and every layer keeps its plain rows (quicker
+    there); past it every layer is packed."""
+    model, _, _, _ = trained
+    q = quantize_int8(model)
+    n = sum(m.weight.numel() for m in q.modules() if isinstance(m, Int8Linear))
+    assert n < PACK_MIN_BYTES and "_packing" not in q.__dict__
+    assert not any(m.weight.is_mkldnn for m in q.modules() if isinstance(m, Int8Linear))
+    q = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=n))
+    assert all(m.weight.is_mkldnn for m in q.modules() if isinstance(m, Int8Linear))
+    q = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=n + 1))
+    assert not any(m.weight.is_mkldnn for m in q.modules() if isinstance(m, Int8Linear))
+
+
+def test_a_failed_packing_is_named_and_the_plain_rows_serve(trained, monkeypatch, capfd):
+    model, _, x, _ = trained
+    plain = quantize_int8(model, pack=False)
+
+    def fail(layer):
+        raise RuntimeError("could not create a primitive descriptor\nmore")
+
+    monkeypatch.setattr(Int8Linear, "pack", fail)
+    q = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=0))
+    assert capfd.readouterr().err == ("int8: packing failed (could not create a primitive descriptor); the plain int8 "
+                                      "rows serve instead (the same tokens, slower)\n")
+    with torch.no_grad():
+        assert torch.equal(q(x)[0], plain(x)[0])
+
+
+def test_packing_stops_once_the_main_thread_ends(tmp_path):
+    """A process that is done before packing is exits without packing the rest (each layer made slow
+    here: 0.2 s, 25 layers): it waits for the layer being packed, no more."""
+    script = tmp_path / "short.py"
+    script.write_text(
+        "import atexit, sys, time, torch\n"
+        f"sys.path.insert(0, {os.getcwd()!r})\n"
+        "import quantize\n"
+        "from model import GPT, generate, get_config\n"
+        "done = []\n"
+        "pack = quantize.Int8Linear.pack\n"
+        "def slow(layer):\n"
+        "    time.sleep(0.2)\n"
+        "    done.append(layer)\n"
+        "    return pack(layer)\n"
+        "quantize.Int8Linear.pack = slow\n"
+        "model = GPT(get_config('tiny', n_layer=6)).eval()\n"
+        "q = quantize.start_packing(quantize.quantize_int8(model, pack=False), min_bytes=0)\n"
+        "layers = [m for m in q.modules() if isinstance(m, quantize.Int8Linear)]\n"
+        "print(generate(q, torch.zeros(1, 1, dtype=torch.long), 2, temperature=0).shape[1])\n"
+        "atexit.register(lambda: print(len(done), len(layers), done == layers[:len(done)]))\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    shape, line = run.stdout.splitlines()
+    packed, total, in_order = line.split()
+    assert shape == "3" and total == "25" and 1 <= int(packed) < 25 and in_order == "True"
 
 
 def test_greedy_generation_runs_and_stops_at_eos(trained):

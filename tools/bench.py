@@ -29,13 +29,16 @@ Design choices, up front:
   same code) and reported for HF (another implementation); the KV/HF target counts only with equal tokens.
   Each way runs at every --threads count, interleaved. At batch 1 the KV cache also runs on bfloat16 and
   float16 copies of the weights: speed against float32, and how many leading tokens stay float32's.
-  On a CPU the KV cache also runs on quantize.py's int8 copy (eager), beside its own "int8 matmuls alone"
+  On a CPU the KV cache also runs on quantize.py's int8 copy (eager, as sample.py gets it, packing done
+  before timing), and on both its kernels forced: the plain rows (torch._int_mm: what runs until the
+  packing thread is done; all a model under quantize.PACK_MIN_BYTES runs) and oneDNN's packed weights; beside "int8 matmuls alone"
   (the int8 ceiling) and the bytes of weights a token reads in each; beside them, the read bandwidth (a
   float32 sum over bandwidth_mb, timed in the same rounds), and the fraction of it each decodes at: weight
   bytes a step reads x steps/s / bandwidth, both in the process's CPU seconds (a shared machine's other
   jobs take wall time from both, unevenly). The load section adds a child that quantizes after loading
   and one that loads convert.py's int8 checkpoint of the same weights; every child decodes load_tokens
-  greedy tokens (end to end time), peak RSS against the float32 checkpoint's size.
+  greedy tokens (end to end time), peak RSS against the float32 checkpoint's size, and its CPU seconds (all
+  threads: the int8 paths pack on a second one while decoding).
   Paper preset: --sample_preset=paper --no-recompute (recomputing 470M parameters per context token is slow).
 - Data preparation: prepare_data.prepare on `prep_copies` concatenated copies of a corpus, with one
   worker (no pool) and with all cores. How much `cores` processes can give on this machine at all is
@@ -247,7 +250,10 @@ def bench_sample(cfg, device, tmp, threads):
     vocab = model.config.vocab_size
     hf = hf_twin(model, tmp, device)
     low = {name: copy.deepcopy(model).to(getattr(torch, name)) for name in cfg.precisions.split(",") if name}
-    int8 = Q.quantize_int8(model) if cfg.int8 and device.type == "cpu" else None
+    int8 = Q.wait_packed(Q.quantize_int8(model)) if cfg.int8 and device.type == "cpu" else None  # as sample.py gets it
+    if int8 is not None:  # both kernels whatever the size: torch._int_mm on the plain rows, and packed for oneDNN
+        plain = Q.quantize_int8(model, pack=False)
+        packed = Q.wait_packed(Q.start_packing(Q.quantize_int8(model, pack=False), min_bytes=0))
     big = torch.ones(cfg.bandwidth_mb * 2**20 // 4) if device.type == "cpu" else None  # read bandwidth: summed
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
@@ -265,6 +271,8 @@ def bench_sample(cfg, device, tmp, threads):
         if int8 is not None:
             ways["int8"] = lambda: M.generate(int8, prompt, cfg.new_tokens, temperature=0)
             ways["int8_matmuls_alone"] = lambda: matmuls_alone(int8, B, cfg.new_tokens)
+            ways["int8_plain"] = lambda: M.generate(plain, prompt, cfg.new_tokens, temperature=0)
+            ways["int8_packed"] = lambda: M.generate(packed, prompt, cfg.new_tokens, temperature=0)
         if B == 1:
             ways.update({name: (lambda m=m: M.generate(m, prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
         outs, times, first = {}, {(t, k): [] for t in threads for k in ways}, {}
@@ -292,6 +300,7 @@ def bench_sample(cfg, device, tmp, threads):
         for t in threads:
             out = outs[t]
             assert "recompute" not in out or torch.equal(out["recompute"], out["kv_cache"]), "KV-cache and recompute greedy tokens differ"
+            assert "int8" not in out or torch.equal(out["int8_packed"], out["int8_plain"]), "packed and plain int8 greedy tokens differ"
             row = {"threads": t, "batch": B, **{k: B * cfg.new_tokens / statistics.median(times[t, k]) for k in ways},
                    "same_tokens_hf": bool(torch.equal(out["hf_generate"], out["kv_cache"]))}
             if "kv_compiled" in out:
@@ -314,12 +323,13 @@ def bench_sample(cfg, device, tmp, threads):
     torch.set_num_threads(threads[0])
     return {"preset": cfg.sample_preset, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens, "rows": rows,
             "bandwidth_mb": cfg.bandwidth_mb,
-            "weight_bytes": weight_bytes(model), "int8_weight_bytes": int8 and weight_bytes(int8)}
+            "weight_bytes": weight_bytes(model), "int8_weight_bytes": int8 and weight_bytes(int8),
+            "int8_packed": int8 is not None and "_packing" in int8.__dict__}
 
 
 # ----------------------------------------------------------------------------- loading
 LOAD_CHILD = """
-import sys, time
+import os, sys, time
 t0 = time.perf_counter()
 import torch
 from checkpoint import check_finite, load_checkpoint
@@ -345,13 +355,14 @@ for _ in tokens_out:
 last = time.perf_counter()
 # this process's own peak RSS (VmHWM: kB; ru_maxrss would carry the parent's high-water mark over exec)
 peak = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
-print(first, last - t1, last - t0, peak)
+cpu = sum(os.times()[:2])  # every thread's CPU seconds (int8: the packing thread's too), imports included
+print(first, last - t1, last - t0, peak, cpu)
 """
 
 
 def run_load_child(path, way, tokens, threads):
     """(seconds from reading the file to the first generated token, to the last of `tokens`, seconds
-    since the interpreter started running the child's code, peak RSS in bytes) of a fresh process."""
+    since the interpreter started running the child's code, peak RSS in bytes, CPU seconds) of a fresh process."""
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where checkpoint.py and model.py are
@@ -359,8 +370,7 @@ def run_load_child(path, way, tokens, threads):
                          stdout=subprocess.PIPE, text=True)
     if run.returncode:
         raise RuntimeError(f"the {way} loading child failed (exit {run.returncode})")
-    first, last, total, peak = map(float, run.stdout.split())
-    return first, last, total, peak
+    return tuple(map(float, run.stdout.split()))
 
 
 def bench_load(cfg, tmp):
@@ -385,7 +395,8 @@ def bench_load(cfg, tmp):
     for p in set(paths.values()):
         os.remove(p)
     rows = {way: {"first_token_s": statistics.median(r[0] for r in rs), "last_token_s": statistics.median(r[1] for r in rs),
-                  "process_s": statistics.median(r[2] for r in rs), "peak_rss": max(r[3] for r in rs)} for way, rs in runs.items()}
+                  "process_s": statistics.median(r[2] for r in rs), "peak_rss": max(r[3] for r in rs),
+                  "cpu_s": statistics.median(r[4] for r in rs)} for way, rs in runs.items()}
     return {"preset": cfg.load_preset, "ckpt_bytes": size, "int8_ckpt_bytes": int8_size or None, "repeats": cfg.load_repeats,
             "tokens": cfg.load_tokens, "ways": rows}
 
@@ -554,13 +565,18 @@ def table(res) -> str:
         i8 = [r for r in sa["rows"] if "int8" in r]
         if i8:
             lines += ["", f"int8 weights (quantize.py, eager): a token reads {sa['weight_bytes'] / 1e6:,.0f} MB of weights in float32, "
-                      f"{sa['int8_weight_bytes'] / 1e6:,.0f} MB in int8 (with scales); int8 matmuls alone: the int8 ceiling; "
+                      f"{sa['int8_weight_bytes'] / 1e6:,.0f} MB in int8 (with scales); int8 KV: quantize_int8 as sample.py runs it "
+                      f"({'packed' if sa['int8_packed'] else 'plain rows: under quantize.PACK_MIN_BYTES'}); plain: torch._int_mm on the "
+                      "plain rows (what a layer runs until the packing thread reaches it), packed: oneDNN's, both forced, the same "
+                      "tokens; int8 matmuls alone: the int8 ceiling; "
                       f"read: a float32 sum over {sa['bandwidth_mb']:,} MB; of read: weight bytes a step reads x steps/s / read, "
                       "both in this process's CPU seconds (other jobs' time left out)",
-                      "| threads | batch | float32 KV | int8 KV | int8 / float32 | int8 / HF | int8 matmuls alone | "
+                      "| threads | batch | float32 KV | int8 KV | int8 plain, packed | int8 / float32 | int8 / HF | int8 matmuls alone | "
                       "int8 ceiling / HF | read GB/s (wall, CPU) | float32 of read | int8 of read | leading tokens equal to float32 |",
-                      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-            lines += [f"| {r['threads']} | {r['batch']} | {rate(r['kv_cache'])} | {rate(r['int8'])} | {r['int8'] / r['kv_cache']:.2f}x | "
+                      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            lines += [f"| {r['threads']} | {r['batch']} | {rate(r['kv_cache'])} | {rate(r['int8'])} | {rate(r['int8_plain'])}, "
+                      f"{rate(r['int8_packed'])} | "
+                      f"{r['int8'] / r['kv_cache']:.2f}x | "
                       f"{r['int8'] / r['hf_generate']:.2f}x | {rate(r['int8_matmuls_alone'])} | "
                       f"{r['int8_matmuls_alone'] / r['hf_generate']:.2f}x | {fmt(r.get('bandwidth') and r['bandwidth'] / 1e9, '.1f')}, "
                       f"{fmt(r.get('bandwidth_cpu') and r['bandwidth_cpu'] / 1e9, '.1f')} | "
@@ -579,12 +595,13 @@ def table(res) -> str:
         lines += [f"loading: preset {lo['preset']}, checkpoint {lo['ckpt_bytes'] / 1e9:.2f} GB{int8_file}, a fresh process per load "
                   f"(median of {lo['repeats']}); first and last of {lo['tokens']} greedy tokens: from reading the file, after imports; "
                   "whole process: from the child's first line, imports included",
-                  f"| path | first token s | token {lo['tokens']} s | whole process s | peak RSS GB | peak RSS / float32 checkpoint |",
-                  "|---|---:|---:|---:|---:|---:|"]
+                  f"| path | first token s | token {lo['tokens']} s | whole process s | CPU s (all threads) | peak RSS GB | "
+                  "peak RSS / float32 checkpoint |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         names = {"old": "old: random init + load_state_dict copy", "new": "load_checkpoint (meta build + mmap + assign) + check_finite",
                  "int8": "load_checkpoint + quantize_int8", "int8_ckpt": "int8 checkpoint (tools.convert native2int8)"}
         for way, r in lo["ways"].items():
-            lines.append(f"| {names[way]} | {r['first_token_s']:.2f} | {r['last_token_s']:.2f} | {r['process_s']:.2f} | "
+            lines.append(f"| {names[way]} | {r['first_token_s']:.2f} | {r['last_token_s']:.2f} | {r['process_s']:.2f} | {r['cpu_s']:.2f} | "
                          f"{r['peak_rss'] / 1e9:.2f} | {r['peak_rss'] / lo['ckpt_bytes']:.2f}x |")
         lines.append("")
     if pr:
