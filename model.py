@@ -338,8 +338,9 @@ class AffineCodeInput(nn.Module):
         self.register_buffer("lift", lift_index(n_embd, bits, layout), persistent=False)
 
     def code(self, idx):
-        c = binary_code(idx, self.bits)  # (B, T, K)
-        # c @ A^T counts the ones each output bit XORs together (exact in float up to 2^24); mod 2 is XOR
+        c = binary_code(idx, self.bits).to(self.A.dtype)  # (B, T, K), in the model's dtype (bfloat16 too)
+        # c @ A^T counts the ones each output bit XORs together (at most K + 1 = 17: exact even in bfloat16,
+        # whose integers are exact to 256); mod 2 is XOR
         return (c @ self.A.T + self.b) % 2
 
     def forward(self, idx):

@@ -172,6 +172,16 @@ def test_affine_code_is_injective_on_all_ids():
     assert not torch.equal(codes, c)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_affine_code_is_exact_in_half_precision(dtype):
+    """A model cast to bfloat16 or float16 (sample.py --dtype) recodes every id as float32 does."""
+    embed = AffineCodeInput(PAPER_V, PAPER_K, seed=1)
+    ids = torch.arange(PAPER_V)[None]
+    assert torch.equal(embed.to(dtype)(ids).float(), AffineCodeInput(PAPER_V, PAPER_K, seed=1)(ids))
+    logits, _ = tiny(input="affine").to(dtype)(torch.randint(0, 512, (2, 8)))
+    assert logits.dtype == dtype and logits.isfinite().all()
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_affine_matrix_is_invertible_over_gf2(seed):
     A = AffineCodeInput(PAPER_V, 64, seed=seed).A
