@@ -242,7 +242,8 @@ def start_packing(model, file=None, min_bytes=PACK_MIN_BYTES):
     plain rows (bit-identical, slower), so the first token need not wait the ~2 CPU-seconds packing takes.
     With `file`, the int8 checkpoint the rows are mapped from, each layer's file pages are dropped once it
     is packed. The thread stops between layers once the main thread has ended (a short run exits without
-    packing the rest); wait_packed waits for it."""
+    packing the rest); wait_packed waits for it. Until then leave the model's tensors be: Module.to, say,
+    would write back the plain rows it read over a layer just packed (its numbers the same, slower)."""
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     if sum(m.out_features * m.in_features for m in layers) < min_bytes:
         return model

@@ -191,7 +191,9 @@ def main(argv=None):
     if is_int8(ckpt):  # int8 weights: what --quantize int8 cannot do, this cannot either
         check_quantize("int8", device, getattr(torch, cfg.dtype), cfg.compile)
     check_finite(model.state_dict(), cfg.ckpt, "sample from")  # a diverged model would print "!!!!!!" greedily
-    model = model.to(getattr(torch, cfg.dtype)).eval()
+    if not is_int8(ckpt):  # int8 layers are float32 between their matmuls, and a thread may be packing them now:
+        model = model.to(getattr(torch, cfg.dtype))  # Module.to would write back each rows tensor it read
+    model = model.eval()
     if cfg.quantize and not is_int8(ckpt):  # an int8 checkpoint is int8 already
         model = quantize_int8(model)
     codec = load_text_codec(ckpt, cfg.ckpt)

@@ -333,6 +333,22 @@ def test_int8_checkpoint_samples_the_tokens_of_quantize_int8(trained, int8_ckpt,
         assert text == codec.decode(new[: new.index(codec.eos_token_id)] if codec.eos_token_id in new else new) + "\n"
 
 
+def test_sample_never_casts_an_int8_model_its_thread_may_be_packing(int8_ckpt, monkeypatch, capsys):
+    """Module.to reads every buffer and writes it back: over a layer the packing thread has just packed it
+    would put the plain rows back. sample.py casts a float checkpoint's model only."""
+    from model import GPT
+
+    to = GPT.to
+
+    def checked(model, *args, **kwargs):
+        assert not any(isinstance(m, Int8Linear) for m in model.modules()), "an int8 model cast"
+        return to(model, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "to", checked)
+    assert sample.main(["--ckpt", int8_ckpt, "--prompt", "", "--temperature", "0", "--max_new_tokens", "5"]) == 0
+    assert capsys.readouterr().out
+
+
 def test_int8_model_reads_its_tensors_from_the_file_and_releases_packed_rows(int8_ckpt):
     """Loading maps the file: the LayerNorms and code table are the file's own bytes, not copies; dropping
     the packed rows' pages leaves their bytes readable (faulted in again from the file); anonymous memory
