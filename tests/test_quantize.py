@@ -349,6 +349,26 @@ def test_sample_never_casts_an_int8_model_its_thread_may_be_packing(int8_ckpt, m
     assert capsys.readouterr().out
 
 
+def test_packing_an_int8_checkpoint_drops_each_layers_file_pages(trained, int8_ckpt, monkeypatch):
+    """Each layer's rows, once packed, go to drop_pages with the file's mappings (and once more at the end:
+    a forward may have paged some back in); rounded rows of --quantize int8 are never handed to it."""
+    import quantize
+
+    file = os.path.join(int8_ckpt, "ckpt.pt")
+    model, _ = load_checkpoint(int8_ckpt, int8=True)  # tiny: under PACK_MIN_BYTES, nothing packed yet
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    rows = [m.weight for m in layers]
+    dropped = []
+    monkeypatch.setattr(quantize, "drop_pages", lambda t, mapped: dropped.append((t, mapped)))
+    wait_packed(start_packing(model, file, min_bytes=0))
+    assert all(m.weight.is_mkldnn for m in layers)
+    assert [id(t) for t, _ in dropped] == [id(t) for t in rows] * 2  # the very tensors, in forward order
+    assert all(mapped == file_mappings(file) and any(lo <= t.data_ptr() < hi for lo, hi in mapped) for t, mapped in dropped)
+    dropped.clear()
+    wait_packed(start_packing(quantize_int8(trained[0], pack=False), min_bytes=0))
+    assert dropped == []
+
+
 def test_int8_model_reads_its_tensors_from_the_file_and_releases_packed_rows(int8_ckpt):
     """Loading maps the file: the LayerNorms and code table are the file's own bytes, not copies; dropping
     the packed rows' pages leaves their bytes readable (faulted in again from the file); anonymous memory
