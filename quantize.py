@@ -64,8 +64,6 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", q)
         self.register_buffer("scale", scale)
         self.register_buffer("zero", torch.zeros(self.out_features, dtype=torch.long))  # symmetric: no offsets
-        self.register_buffer("x_zero", torch.tensor(0))
-        self.register_buffer("one", torch.tensor(1.0))
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     @classmethod
@@ -87,8 +85,8 @@ class Int8Linear(nn.Module):
         xq = torch.div(x2, x_scale).round_().to(torch.int8)
         w = self.weight  # read once: the packing thread may swap it
         if w.is_mkldnn:  # the kernel takes one activation scale: give it 1 and apply the rows' scales to its output
-            y = torch.ops.onednn.qlinear_pointwise.tensor(xq, self.one, self.x_zero, w, self.scale, self.zero,
-                                                          None, 1.0, 0, torch.float32, "none", [], "")
+            y = torch.ops.onednn.qlinear_pointwise.default(xq, 1.0, 0, w, self.scale, self.zero,
+                                                           None, 1.0, 0, torch.float32, "none", [], "")
         else:  # not packed yet: the same int32 sums and float32 products
             y = torch._int_mm(xq, w.t()).float().mul_(self.scale)
         y = y.mul_(x_scale).view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
