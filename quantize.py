@@ -230,7 +230,7 @@ def drop_pages(t, mapped):
 # A model whose int8 weights are smaller stays on its plain rows: they sit in the CPU's caches, where
 # oneDNN's cost per call outweighs its quicker inner loop. Measured (docs/performance.md), tokens/s
 # packed / plain at 1 and 2 threads: small preset (14 MB) 1.03x and 0.82x; 6 x 512 (23 MB) 1.25x and
-# 0.98x; 12 x 768 (91 MB) 1.28x and 1.16x; paper (474 MB) 1.46x and 1.23x.
+# 0.98x; 12 x 768 (91 MB) 1.28x and 1.16x; paper (474 MB) 1.46-1.63x and 1.23-1.39x.
 PACK_MIN_BYTES = 16 * 2**20
 
 
