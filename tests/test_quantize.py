@@ -113,13 +113,18 @@ def test_float_model_and_code_table_are_untouched(trained):
     assert q.lm_head.weight.dtype == torch.int8 is not model.lm_head.weight.dtype
 
 
+def packed_copy(model, min_bytes):
+    """quantize_int8's copy of `model`, packed whole if its int8 weights reach min_bytes (0: whatever its size)."""
+    return wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=min_bytes))
+
+
 def test_packed_plain_and_half_packed_layers_give_the_same_numbers(trained):
     """A layer multiplies its plain rows (torch._int_mm) until the packing thread swaps in oneDNN's packed
     form; both give the same float32 outputs bit for bit, so logits and tokens never depend on how far
     packing has got: none, half the layers, all of them."""
     model, _, x, _ = trained
     plain = quantize_int8(model, pack=False)
-    packed = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=0))  # tiny: packed only if asked
+    packed = packed_copy(model, 0)  # tiny: packed only if asked
     half = quantize_int8(model, pack=False)
     layers = [m for m in half.modules() if isinstance(m, Int8Linear)]
     for layer in layers[::2]:
@@ -156,9 +161,9 @@ def test_only_a_model_past_the_cache_sizes_is_packed(trained):
     n = sum(m.weight.numel() for m in q.modules() if isinstance(m, Int8Linear))
     assert n < PACK_MIN_BYTES and "_packing" not in q.__dict__
     assert not any(m.weight.is_mkldnn for m in q.modules() if isinstance(m, Int8Linear))
-    q = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=n))
+    q = packed_copy(model, n)
     assert all(m.weight.is_mkldnn for m in q.modules() if isinstance(m, Int8Linear))
-    q = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=n + 1))
+    q = packed_copy(model, n + 1)
     assert not any(m.weight.is_mkldnn for m in q.modules() if isinstance(m, Int8Linear))
 
 
@@ -170,7 +175,7 @@ def test_a_failed_packing_is_named_and_the_plain_rows_serve(trained, monkeypatch
         raise RuntimeError("could not create a primitive descriptor\nmore")
 
     monkeypatch.setattr(Int8Linear, "pack", fail)
-    q = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=0))
+    q = packed_copy(model, 0)
     assert capfd.readouterr().err == ("int8: packing failed (could not create a primitive descriptor); the plain int8 "
                                       "rows serve instead (the same tokens, slower)\n")
     with torch.no_grad():
@@ -365,7 +370,7 @@ def test_packing_an_int8_checkpoint_drops_each_layers_file_pages(trained, int8_c
     assert [id(t) for t, _ in dropped] == [id(t) for t in rows] * 2  # the very tensors, in forward order
     assert all(mapped == file_mappings(file) and any(lo <= t.data_ptr() < hi for lo, hi in mapped) for t, mapped in dropped)
     dropped.clear()
-    wait_packed(start_packing(quantize_int8(trained[0], pack=False), min_bytes=0))
+    packed_copy(trained[0], 0)
     assert dropped == []
 
 

@@ -30,8 +30,9 @@ Design choices, up front:
   Each way runs at every --threads count, interleaved. At batch 1 the KV cache also runs on bfloat16 and
   float16 copies of the weights: speed against float32, and how many leading tokens stay float32's.
   On a CPU the KV cache also runs on quantize.py's int8 copy (eager, as sample.py gets it, packing done
-  before timing), and on both its kernels forced: the plain rows (torch._int_mm: what runs until the
-  packing thread is done; all a model under quantize.PACK_MIN_BYTES runs) and oneDNN's packed weights; beside "int8 matmuls alone"
+  before timing), and on the kernel that copy does not run, forced: the plain rows (torch._int_mm: what runs
+  until the packing thread is done; all a model under quantize.PACK_MIN_BYTES runs) or oneDNN's packed
+  weights; beside them "int8 matmuls alone"
   (the int8 ceiling) and the bytes of weights a token reads in each; beside them, the read bandwidth (a
   float32 sum over bandwidth_mb, timed in the same rounds), and the fraction of it each decodes at: weight
   bytes a step reads x steps/s / bandwidth, both in the process's CPU seconds (a shared machine's other
@@ -251,9 +252,10 @@ def bench_sample(cfg, device, tmp, threads):
     hf = hf_twin(model, tmp, device)
     low = {name: copy.deepcopy(model).to(getattr(torch, name)) for name in cfg.precisions.split(",") if name}
     int8 = Q.wait_packed(Q.quantize_int8(model)) if cfg.int8 and device.type == "cpu" else None  # as sample.py gets it
-    if int8 is not None:  # both kernels whatever the size: torch._int_mm on the plain rows, and packed for oneDNN
-        plain = Q.quantize_int8(model, pack=False)
-        packed = Q.wait_packed(Q.start_packing(Q.quantize_int8(model, pack=False), min_bytes=0))
+    if int8 is not None:  # and the kernel it does not run, forced: the plain rows (torch._int_mm) or oneDNN's packed
+        int8_packed = "_packing" in int8.__dict__
+        kind, other = ("int8_plain", Q.quantize_int8(model, pack=False)) if int8_packed else \
+            ("int8_packed", Q.wait_packed(Q.start_packing(Q.quantize_int8(model, pack=False), min_bytes=0)))
     big = torch.ones(cfg.bandwidth_mb * 2**20 // 4) if device.type == "cpu" else None  # read bandwidth: summed
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
@@ -271,8 +273,7 @@ def bench_sample(cfg, device, tmp, threads):
         if int8 is not None:
             ways["int8"] = lambda: M.generate(int8, prompt, cfg.new_tokens, temperature=0)
             ways["int8_matmuls_alone"] = lambda: matmuls_alone(int8, B, cfg.new_tokens)
-            ways["int8_plain"] = lambda: M.generate(plain, prompt, cfg.new_tokens, temperature=0)
-            ways["int8_packed"] = lambda: M.generate(packed, prompt, cfg.new_tokens, temperature=0)
+            ways[kind] = lambda: M.generate(other, prompt, cfg.new_tokens, temperature=0)
         if B == 1:
             ways.update({name: (lambda m=m: M.generate(m, prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
         outs, times, first = {}, {(t, k): [] for t in threads for k in ways}, {}
@@ -300,7 +301,7 @@ def bench_sample(cfg, device, tmp, threads):
         for t in threads:
             out = outs[t]
             assert "recompute" not in out or torch.equal(out["recompute"], out["kv_cache"]), "KV-cache and recompute greedy tokens differ"
-            assert "int8" not in out or torch.equal(out["int8_packed"], out["int8_plain"]), "packed and plain int8 greedy tokens differ"
+            assert "int8" not in out or torch.equal(out["int8"], out[kind]), "packed and plain int8 greedy tokens differ"
             row = {"threads": t, "batch": B, **{k: B * cfg.new_tokens / statistics.median(times[t, k]) for k in ways},
                    "same_tokens_hf": bool(torch.equal(out["hf_generate"], out["kv_cache"]))}
             if "kv_compiled" in out:
@@ -308,6 +309,7 @@ def bench_sample(cfg, device, tmp, threads):
                 row["compiled_first_call_s"] = first[B, "kv_compiled"]
             row["agree"] = {name: leading_agreement(out[name], out["kv_cache"], cfg.prompt_len) for name in low if name in out}
             if "int8" in out:
+                row["int8_packed" if int8_packed else "int8_plain"] = row["int8"]  # the same model: timed once
                 row["int8_agree"] = leading_agreement(out["int8"], out["kv_cache"], cfg.prompt_len)
             if reads[t]:  # bytes/s; each decoding step reads every weight once for all B sequences
                 row["bandwidth"] = big.numel() * 4 / statistics.median(reads[t])
@@ -324,7 +326,7 @@ def bench_sample(cfg, device, tmp, threads):
     return {"preset": cfg.sample_preset, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens, "rows": rows,
             "bandwidth_mb": cfg.bandwidth_mb,
             "weight_bytes": weight_bytes(model), "int8_weight_bytes": int8 and weight_bytes(int8),
-            "int8_packed": int8 is not None and "_packing" in int8.__dict__}
+            "int8_packed": int8 is not None and int8_packed}
 
 
 # ----------------------------------------------------------------------------- loading
@@ -567,7 +569,7 @@ def table(res) -> str:
             lines += ["", f"int8 weights (quantize.py, eager): a token reads {sa['weight_bytes'] / 1e6:,.0f} MB of weights in float32, "
                       f"{sa['int8_weight_bytes'] / 1e6:,.0f} MB in int8 (with scales); int8 KV: quantize_int8 as sample.py runs it "
                       f"({'packed' if sa['int8_packed'] else 'plain rows: under quantize.PACK_MIN_BYTES'}); plain: torch._int_mm on the "
-                      "plain rows (what a layer runs until the packing thread reaches it), packed: oneDNN's, both forced, the same "
+                      "plain rows (what a layer runs until the packing thread reaches it), packed: oneDNN's (the one it does not run forced), the same "
                       "tokens; int8 matmuls alone: the int8 ceiling; "
                       f"read: a float32 sum over {sa['bandwidth_mb']:,} MB; of read: weight bytes a step reads x steps/s / read, "
                       "both in this process's CPU seconds (other jobs' time left out)",
