@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from checkpoint import atomic_torch_save, check_buildable, check_finite, checkpoint_dict, load_weights, read_checkpoint, rng_state, set_rng_state
 from common import (LOCK_NAME, available_memory, config_parser, one_line, parse_settings, peak_flops, pick_device, run_main,
                     setting, writer_lock)
-from model import GPT, GPTConfig, constant_input_ids, get_config, memory_bytes
+from model import PRESETS, GPT, GPTConfig, constant_input_ids, get_config, memory_bytes
 from prepare_data import ShardError, load_meta, prepare_command, read_shard
 from tokenizer import all_ones_id, reserved_note, tiktoken_entry
 
@@ -263,6 +263,10 @@ def set_up(cfg, rank, world, device, distributed, out_lock):
     check_training_fits(cfg, mcfg, world, device)  # a billion layers or sequences: refused, not built until OOM
     if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
         print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
+    preset_pad = PRESETS.get(cfg.preset, {}).get("pad_token_id")
+    if ckpt is None and preset_pad is not None and mcfg.pad_token_id is None and rank == 0:
+        print(f"note: preset {cfg.preset}'s pad_token_id {preset_pad} (the released tokenizer's <pad>) is a token "
+              f"of this data's tokenizer: every id keeps its own code (pad_token_id none)")
     train_split = Split(cfg.data_dir, meta, "train", mcfg.block_size, mcfg.vocab_size)
     val_split = Split(cfg.data_dir, meta, "val", mcfg.block_size, mcfg.vocab_size)
     claim_out_dir(cfg, out_lock if rank == 0 else None, ckpt_stamp)  # one writer per out_dir; nothing replaced silently
@@ -717,6 +721,15 @@ def model_config(cfg, meta, ckpt, path):
     override that clashes with a checkpoint is an error (dropout may differ)."""
     asked = {k: getattr(cfg, k) for k in MODEL_FIELDS if getattr(cfg, k) is not None}
     if ckpt is None:
+        # The rule above model.BinaryCodeInput: an all-zeros <pad> row must be an id text cannot produce. A
+        # tiktoken vocabulary has no <pad>: every id below the data's vocab_size is a token or end-of-text.
+        pad = asked.get("pad_token_id", PRESETS.get(cfg.preset, {}).get("pad_token_id"))
+        if pad is not None and 0 <= pad < meta["vocab_size"]:
+            if "pad_token_id" in asked:
+                raise ValueError(f"--pad_token_id {pad} is a token of the data's tokenizer ({meta['encoding']}, "
+                                 f"{meta['vocab_size']:,} ids): its code row would be all zeros, so that token would "
+                                 "enter the model as a constant vector (docs/zero-code.md); leave --pad_token_id unset")
+            asked["pad_token_id"] = None  # the preset's <pad> is the released tokenizer's (note in train())
         try:
             return get_config(cfg.preset, **{"vocab_size": meta["vocab_size"], **asked})
         except ValueError as e:  # e.g. the paper preset's pad_token_id 57344 with a smaller vocabulary

@@ -23,7 +23,7 @@ import prepare_data
 import train
 from common import LOCK_NAME, run_main
 from checkpoint import load_checkpoint
-from model import GPT
+from model import GPT, canonical_code
 from prepare_data import ShardError, prepare, write_shard
 from tokenizer import get_tokenizer
 
@@ -699,6 +699,24 @@ def test_preset_that_does_not_fit_the_data_says_why(data_dir, tmp_path):
     # the paper preset's <pad> id 57344 does not exist in a 512-token vocabulary taken from meta.json
     msg = expect_error(config(data_dir, tmp_path, preset="paper", block_size=None), "pad_token_id 57344")
     assert str(data_dir / "meta.json") in msg
+
+
+def test_no_pad_row_on_a_token_the_data_can_produce(data_dir, tmp_path, monkeypatch, capsys):
+    """An all-zeros <pad> row on an id the data's tokenizer produces would feed that token in as a constant
+    vector (the rule above model.BinaryCodeInput). A tiktoken vocabulary has no <pad>, so a preset's <pad>
+    (the paper preset's 57344, the released tokenizer's) is dropped with a note, an explicit one is refused,
+    and one past the data's ids (a model vocabulary larger than the data's) stays."""
+    meta = json.loads((data_dir / "meta.json").read_text())
+    paper = config(data_dir, tmp_path, preset="paper", block_size=None)
+    assert train.model_config(paper, {**meta, "vocab_size": 65536}, None, "x").pad_token_id is None
+    assert train.model_config(replace(paper, vocab_size=65536), meta, None, "x").pad_token_id == 57344  # past id 511
+    expect_error(config(data_dir, tmp_path, pad_token_id=5), "--pad_token_id 5 is a token of the data's tokenizer")
+    monkeypatch.setitem(train.PRESETS, "tiny", {**train.PRESETS["tiny"], "pad_token_id": 5})
+    train.train(config(data_dir, tmp_path, max_steps=1, eval_interval=1))
+    assert "preset tiny's pad_token_id 5 (the released tokenizer's <pad>) is a token of this data's tokenizer" in capsys.readouterr().out
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["model_config"]["pad_token_id"] is None
+    assert torch.equal(ckpt["model"]["embed.weight"], canonical_code(512))
 
 
 @pytest.mark.parametrize("reserve_zero", [False, True])
