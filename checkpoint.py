@@ -136,9 +136,10 @@ def model_from_weights(config, state_dict, source):
     return model
 
 
-def load_checkpoint(path, device="cpu", int8=False):
+def load_checkpoint(path, device="cpu", int8=False, pack=True):
     """Read a checkpoint and build its model on `device`: returns (model, ckpt). int8=True also takes an int8
-    checkpoint (python -m tools.convert native2int8): its model has quantize.py's int8 layers (CPU only)."""
+    checkpoint (python -m tools.convert native2int8): its model has quantize.py's int8 layers (CPU only),
+    packed for oneDNN on a thread of their own unless pack=False (a model that will run compiled)."""
     ckpt = read_checkpoint(path, device, int8)
     try:
         config = GPTConfig(**ckpt["model_config"])
@@ -148,7 +149,7 @@ def load_checkpoint(path, device="cpu", int8=False):
         check_quantize("int8", device)
         file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
         state_dict, rows = split_int8(ckpt, file)
-        return pack_int8(model_from_weights(config, state_dict, file), rows, file), ckpt
+        return pack_int8(model_from_weights(config, state_dict, file), rows, file, pack), ckpt
     return model_from_weights(config, ckpt["model"], path).to(device), ckpt
 
 

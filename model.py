@@ -522,9 +522,11 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
 
 def compiled_step(model):
     """model's forward under torch.compile, made once and kept outside the module tree (so it is
-    neither a submodule nor in the state dict)."""
+    neither a submodule nor in the state dict); with the inductor options the model carries, if any
+    (quantize.py's int8 models do)."""
     if "_compiled" not in model.__dict__:
-        model.__dict__["_compiled"] = torch.compile(model, fullgraph=True, dynamic=False)
+        options = model.__dict__.get("_compile_options")
+        model.__dict__["_compiled"] = torch.compile(model, fullgraph=True, dynamic=False, options=options)
     return model.__dict__["_compiled"]
 
 

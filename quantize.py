@@ -19,6 +19,11 @@ Design choices, up front:
   its plain rows with torch._int_mm: the same int32 sums, the same float32 result bit for bit, so the
   tokens never depend on how far packing has got. docs/performance.md gives the measurements that chose
   both (over torchao, quantize_dynamic, the weight-only _weight_int8pack_mm and packing before the first token).
+- Compiled (sample.py --compile): no int8 activations and no oneDNN. The weights alone are int8, the
+  product a float32 sum over each int8 row that inductor writes into the decode step's own loops
+  (Int8Linear.weight_only, the section at the end): on the paper preset about 1.6x the eager int8 rate
+  once compiled (about a minute, once per model), so for long outputs. Its tokens may differ from the
+  eager int8 model's (activations not rounded).
 - What stays float: the code table (a gather, not a matmul, and already 0/1), LayerNorms, biases,
   attention over the KV cache. The float model is left as it was: the copy shares those tensors.
 """
@@ -52,6 +57,9 @@ def int8_rows(w):
     return q, scale
 
 
+WEIGHT_ONLY_SPLIT = 8  # row blocks of the compiled product (Int8Linear.weight_only)
+
+
 class Int8Linear(nn.Module):
     """nn.Linear with int8 weights (one scale per output row) and on-the-fly int8 activations: made from an
     nn.Linear (Int8Linear.of), or from the rows and scales an int8 checkpoint holds. `weight` is the plain
@@ -65,6 +73,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)
         self.register_buffer("zero", torch.zeros(self.out_features, dtype=torch.long))  # symmetric: no offsets
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.packed = False  # set once pack() has swapped the rows (torch.compile reads, and guards on, a flag)
 
     @classmethod
     def of(cls, linear: nn.Linear):
@@ -75,9 +84,12 @@ class Int8Linear(nn.Module):
         rows = self.weight
         if not rows.is_mkldnn:
             self.weight = torch.ops.onednn.qlinear_prepack(rows, [1, self.in_features])
+            self.packed = True
         return rows
 
     def forward(self, x):
+        if torch.compiler.is_compiling():  # a compiled step (sample.py --compile): the kernels inductor writes
+            return self.weight_only(x)
         x2 = x.reshape(-1, self.in_features)  # (..., K) -> (rows, K)
         # each row (token) its own scale, max |x| / 127, in place after abs (abs + amax: 4x quicker than
         # vector_norm(inf) on a 4,096-wide row)
@@ -92,11 +104,24 @@ class Int8Linear(nn.Module):
         y = y.mul_(x_scale).view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
         return y if self.bias is None else y + self.bias
 
+    def weight_only(self, x):
+        """The product under torch.compile: the weights alone int8, x stays float32, y = (x . q[n]) * scale[n].
+        Written as a sum over K so that inductor reads each int8 row once, widening it in registers; in
+        WEIGHT_ONLY_SPLIT blocks of rows, which inductor turns into loops that read that many rows at a
+        time: one stream of int8 rows reads 5 GB/s on one thread, 8 read 8-10 (docs/performance.md)."""
+        if self.packed:
+            raise ValueError("an int8 model compiles on its plain rows: quantize_int8(model, pack=False), or an int8 "
+                             "checkpoint loaded with pack=False")
+        x3 = x.reshape(-1, 1, self.in_features)  # (..., K) -> (rows, 1, K): broadcast against (N/S, K) blocks
+        y = torch.cat([(x3 * q.float()).sum(-1) for q in self.weight.chunk(WEIGHT_ONLY_SPLIT)], -1) * self.scale
+        y = y.view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
+        return y if self.bias is None else y + self.bias
+
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
-def check_quantize(scheme, device, dtype=torch.float32, compile=False):
+def check_quantize(scheme, device, dtype=torch.float32):
     """Nothing, or a clear refusal of a --quantize this build, device or combination of flags cannot do."""
     if scheme is None:
         return
@@ -109,14 +134,13 @@ def check_quantize(scheme, device, dtype=torch.float32, compile=False):
         raise ValueError("int8 weights: needs a PyTorch build with oneDNN (the x86 builds from PyPI have it)")
     if dtype != torch.float32:
         raise ValueError("int8 weights compute in float32 between their matmuls: leave --dtype at float32")
-    if compile:  # torch 2.13's inductor fails on the oneDNN int8 op called this way
-        raise ValueError("int8 weights run eagerly: drop --compile (torch.compile fails on their oneDNN int8 op)")
 
 
 def quantize_int8(model, pack=True):
     """A copy of `model` (float32, on the CPU) whose nn.Linear layers are Int8Linear; every other tensor is
     shared with `model` (the copy's code table is the very same buffer), and `model` is not modified.
-    pack=False leaves the layers on their plain rows (torch._int_mm: the same numbers, slower)."""
+    pack=False leaves the layers on their plain rows (torch._int_mm: the same numbers, slower), as a model
+    that will run compiled needs them (Int8Linear.weight_only)."""
     p = next(model.parameters())
     check_quantize("int8", p.device, p.dtype)
     shared = {id(t): t for t in model.state_dict(keep_vars=True).values()}
@@ -128,7 +152,7 @@ def quantize_int8(model, pack=True):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear.of(child))
-    return start_packing(q) if pack else q
+    return start_packing(compiles_weight_only(q)) if pack else compiles_weight_only(q)
 
 
 # ----------------------------------------------------------------------------- the int8 checkpoint
@@ -185,10 +209,10 @@ def split_int8(ckpt, file):
     return sd, rows
 
 
-def pack_int8(model, rows, file):
+def pack_int8(model, rows, file, pack=True):
     """`model` (built by checkpoint.load_checkpoint, its int8 weights meta stand-ins) with an Int8Linear holding
     each layer's int8 rows from `rows` (the file's own memory, not copied), packed on a background thread
-    that drops each layer's file pages once packed (start_packing)."""
+    that drops each layer's file pages once packed (start_packing); pack=False: left on the rows."""
     own = dict(model.named_modules())
     linear = [n for n, m in own.items() if isinstance(m, nn.Linear)]
     if sorted(rows) != sorted(linear):  # a linear layer left out would have read its int8 rows as floats
@@ -197,7 +221,7 @@ def pack_int8(model, rows, file):
     for name, (q, scale) in rows.items():
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, Int8Linear(q, scale, own[name].bias))
-    return start_packing(model, file)
+    return start_packing(compiles_weight_only(model), file) if pack else compiles_weight_only(model)
 
 
 def file_mappings(file):
@@ -286,4 +310,33 @@ def wait_packed(model):
     """`model` once its packing thread (start_packing) is done: a steady speed from the first token on."""
     if "_packing" in model.__dict__:
         model.__dict__["_packing"].join()
+    return model
+
+
+# ----------------------------------------------------------------------------- compiled: weight-only int8
+# Under torch.compile (sample.py --compile, model.stream(compile=True)) an Int8Linear computes weight_only:
+# no int8 activations, no oneDNN; inductor writes the decode step's loops, each reading int8 rows and
+# multiplying in float32. The one setting it needs: realize every intermediate (realize_opcount_threshold
+# 1), or inductor recomputes a LayerNorm or GELU inside every output row's loop. Paper preset, one
+# thread: 17.5 tokens/s without, 20.8 with (eager int8: 12.8). Tokens may differ from the eager model's
+# (float activations here, int8 there); tools/quantize_quality.py measures both.
+COMPILE_OPTIONS = {"realize_opcount_threshold": 1}
+
+
+def weight_only_copy(model):
+    """A float32 copy of `model` whose nn.Linear weights are their int8 rounding, q * scale: the numbers a
+    compiled int8 model multiplies by (Int8Linear.weight_only), for measuring them eagerly
+    (tools/quantize_quality.py; tests hold the two equal to float32 summation order)."""
+    twin = copy.deepcopy(model)
+    twin.__dict__.pop("_compiled", None)
+    for m in twin.modules():
+        if isinstance(m, nn.Linear):
+            q, scale = int8_rows(m.weight)
+            m.weight = nn.Parameter(q.float() * scale[:, None], requires_grad=False)
+    return twin
+
+
+def compiles_weight_only(model):
+    """`model`, marked for model.compiled_step to compile with COMPILE_OPTIONS."""
+    model.__dict__["_compile_options"] = COMPILE_OPTIONS  # not a submodule, not in the state dict
     return model

@@ -52,7 +52,7 @@ class SampleConfig:
     device: str = setting("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     dtype: str = setting("float32", "weights and activations", choices=["float32", "bfloat16", "float16"])
     compile: bool = setting(False, "torch.compile the one-token decoding step: tens of seconds once, then faster "
-                                   "tokens (long outputs)")
+                                   "tokens (long outputs); int8 weights then multiply float activations (quantize.py)")
     quantize: str | None = setting(None, "int8: the linear layers' weights in int8 (CPU): a quarter of the bytes per "
                                          "token, faster decoding (quantize.py)", choices=QUANTIZE)
 
@@ -185,17 +185,18 @@ def main(argv=None):
     check_settings(cfg)
     prompt = read_prompt_file(cfg.prompt_file) if cfg.prompt_file is not None else cfg.prompt
     device = pick_device(cfg.device)
-    check_quantize(cfg.quantize, device, getattr(torch, cfg.dtype), cfg.compile)  # before reading the checkpoint
+    check_quantize(cfg.quantize, device, getattr(torch, cfg.dtype))  # before reading the checkpoint
     torch.manual_seed(cfg.seed)
-    model, ckpt = load_checkpoint(cfg.ckpt, device, int8=True)  # an int8 checkpoint (python -m tools.convert native2int8) too
+    # an int8 checkpoint (python -m tools.convert native2int8) too; compiled, its layers stay on their rows
+    model, ckpt = load_checkpoint(cfg.ckpt, device, int8=True, pack=not cfg.compile)
     if is_int8(ckpt):  # int8 weights: what --quantize int8 cannot do, this cannot either
-        check_quantize("int8", device, getattr(torch, cfg.dtype), cfg.compile)
+        check_quantize("int8", device, getattr(torch, cfg.dtype))
     check_finite(model.state_dict(), cfg.ckpt, "sample from")  # a diverged model would print "!!!!!!" greedily
     if not is_int8(ckpt):  # int8 layers are float32 between their matmuls, and a thread may be packing them now:
         model = model.to(getattr(torch, cfg.dtype))  # Module.to would write back each rows tensor it read
     model = model.eval()
     if cfg.quantize and not is_int8(ckpt):  # an int8 checkpoint is int8 already
-        model = quantize_int8(model)
+        model = quantize_int8(model, pack=not cfg.compile)
     codec = load_text_codec(ckpt, cfg.ckpt)
     if not (cfg.prompt_file is not None or prompt):
         prompt = default_prompt(ckpt)

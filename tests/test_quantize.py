@@ -15,10 +15,10 @@ import torch.nn.functional as F
 import sample
 import train
 from checkpoint import load_checkpoint
-from model import canonical_code, generate
+from model import KVCache, canonical_code, compiled_step, generate
 from prepare_data import load_meta
 from quantize import (PACK_MIN_BYTES, SCHEME, Int8Linear, check_quantize, drop_pages, file_mappings, int8_rows, quantize_int8, start_packing,
-                      wait_packed)
+                      wait_packed, weight_only_copy)
 from tools import convert
 from tools.quantize_quality import main as quantize_main
 
@@ -236,11 +236,56 @@ def test_sample_cli_prints_what_the_quantized_model_generates(trained, capsys):
     assert out == codec.decode(new) + "\n"
 
 
+# ----------------------------------------------------------------------------- compiled: weight-only int8
+def test_compiled_int8_step_computes_the_weight_only_product(trained):
+    """Under torch.compile an int8 model multiplies float32 activations by its int8 rows (weight_only): each
+    step's logits are those of float layers holding q * scale, to float32 summation order, and not those of
+    the eager int8 model, whose activations are rounded to int8 (farther off by orders of magnitude)."""
+    model, _, x, _ = trained
+    q = quantize_int8(model, pack=False)
+    twin, step = weight_only_copy(model), compiled_step(q)
+    assert all(torch.equal(twin.get_submodule(n).weight, m.weight.float() * m.scale[:, None])
+               for n, m in q.named_modules() if isinstance(m, Int8Linear))
+    caches = [KVCache(model.config, 2, 8, "cpu", torch.float32) for _ in range(3)]
+    with torch.inference_mode():
+        for t in range(6):
+            idx = x[:2, t : t + 1]
+            got, want, eager = step(idx, cache=caches[0])[0], twin(idx, cache=caches[1])[0], q(idx, cache=caches[2])[0]
+            assert (got - want).abs().max() < 1e-4 < (eager - want).abs().max()
+
+
+def test_sample_compile_runs_an_int8_model_on_its_rows(trained, int8_ckpt, capsys, monkeypatch):
+    """sample.py --compile on an int8 checkpoint, and with --quantize int8: no packing thread (the compiled
+    step reads the plain rows), and the text is what the compiled int8 model generates."""
+    model, folder, _, _ = trained
+    import quantize
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("packing started for a compiled model")
+
+    monkeypatch.setattr(quantize, "start_packing", refuse)
+    args = ["--prompt", "", "--temperature", "0", "--max_new_tokens", "12", "--device", "cpu", "--compile"]
+    texts = []
+    for extra in (["--ckpt", int8_ckpt], ["--ckpt", folder, "--quantize", "int8"]):
+        assert sample.main(args + extra) == 0
+        texts.append(capsys.readouterr().out)
+    codec = sample.load_text_codec(torch.load(os.path.join(folder, "ckpt.pt"), weights_only=True), folder)
+    new = generate(quantize_int8(model, pack=False), torch.tensor([[codec.eos_token_id]]), 12, temperature=0,
+                   eos_token_id=codec.eos_token_id, compile=True)[0, 1:].tolist()
+    assert texts[0] == texts[1] == codec.decode(new[: new.index(codec.eos_token_id)] if codec.eos_token_id in new else new) + "\n"
+
+
+def test_a_packed_int8_model_is_not_compiled(trained):
+    model, _, x, _ = trained
+    q = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=0))
+    with pytest.raises(Exception, match="an int8 model compiles on its plain rows"):
+        generate(q, x[:1, :3], 2, temperature=0, compile=True)
+
+
 @pytest.mark.parametrize("kw, message", [
     (dict(scheme="int4"), "unknown --quantize 'int4'"),
     (dict(device="cuda"), "CPU path"),
     (dict(dtype=torch.bfloat16), "leave --dtype at float32"),
-    (dict(compile=True), "drop --compile"),
 ])
 def test_what_int8_cannot_do_is_refused_clearly(kw, message):
     args = {"scheme": "int8", "device": "cpu", **kw}
@@ -255,28 +300,32 @@ def test_a_build_without_onednn_is_refused(monkeypatch):
 
 
 def test_quality_cli_reports_both_losses_and_the_greedy_agreement(trained, tiny_data, capsys):
-    """`python -m tools.quantize_quality`: its figures are the ones computed here independently, over every window at once."""
+    """`python -m tools.quantize_quality`: its figures are the ones computed here independently, over every
+    window at once, for the eager int8 model and the weight-only product of the compiled one."""
     model, folder, _, _ = trained
     assert quantize_main(["--ckpt", folder, "--data_dir", tiny_data, "--new_tokens", "30", "--prompt_tokens", "5",
                           "--batch_size", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6
     val = train.Split(tiny_data, load_meta(tiny_data), "val", 32, model.config.vocab_size)
     x, y = val.batch(np.arange(val.n), torch.device("cpu"))
-    q = quantize_int8(model)
-    with torch.no_grad():
-        f, i = model(x, y)[1].item(), q(x, y)[1].item()
-    assert lines[0].startswith(f"validation loss over {val.n:,} windows: float32 {f:.5f}, int8 {i:.5f} (")
     prompt = torch.from_numpy(val.shards[0][:5].astype(np.int64))[None]
-    a, b = (generate(m, prompt, 30, temperature=0)[0, 5:] for m in (model, q))
-    same = (a == b).tolist()
-    leading = same.index(False) if False in same else 30
-    assert lines[1] == (f"greedy, 30 tokens after the validation split's first 5: the first {leading} identical, "
-                        f"{sum(same)} / 30 positions equal")
-    with torch.no_grad():
-        next_same = (model(x)[0].argmax(-1) == q(x)[0].argmax(-1)).sum().item()
-    assert lines[2].startswith(f"next token (argmax) at every validation position, fed the same text: the same at "
-                               f"{next_same:,} of {x.numel():,} (")
-    assert next_same >= 0.95 * x.numel()  # int8 rounding moves few choices on a trained model
+    for out, (k, name, q) in zip((lines[:3], lines[3:]), (("int8", "int8", quantize_int8(model)),
+                                                         ("weight-only", "int8 weight-only (what --compile runs)",
+                                                          weight_only_copy(model)))):
+        with torch.no_grad():
+            f, i = model(x, y)[1].item(), q(x, y)[1].item()
+        assert out[0].startswith(f"{name}: validation loss over {val.n:,} windows: float32 {f:.5f}, {k} {i:.5f} (")
+        a, b = (generate(m, prompt, 30, temperature=0)[0, 5:] for m in (model, q))
+        same = (a == b).tolist()
+        leading = same.index(False) if False in same else 30
+        assert out[1] == (f"{name}: greedy, 30 tokens after the validation split's first 5: the first {leading} "
+                          f"identical to float32's, {sum(same)} / 30 positions equal")
+        with torch.no_grad():
+            next_same = (model(x)[0].argmax(-1) == q(x)[0].argmax(-1)).sum().item()
+        assert out[2].startswith(f"{name}: next token (argmax) at every validation position, fed the same text: "
+                                 f"float32's at {next_same:,} of {x.numel():,} (")
+        assert next_same >= 0.95 * x.numel()  # int8 rounding moves few choices on a trained model
 
 
 # ----------------------------------------------------------------------------- the int8 checkpoint (convert.py native2int8)
@@ -414,9 +463,8 @@ def test_int8_checkpoint_is_refused_where_it_cannot_be_used(trained, int8_ckpt, 
         with pytest.raises(ValueError) as e:
             run()
         assert str(e.value) == message
-    for flags, refusal in ((["--dtype", "bfloat16"], "leave --dtype at float32"), (["--compile"], "drop --compile")):
-        with pytest.raises(ValueError, match=refusal):
-            sample.main(["--ckpt", int8_ckpt, "--device", "cpu", "--max_new_tokens", "1"] + flags)
+    with pytest.raises(ValueError, match="leave --dtype at float32"):
+        sample.main(["--ckpt", int8_ckpt, "--device", "cpu", "--max_new_tokens", "1", "--dtype", "bfloat16"])
     assert not os.path.exists(tmp_path / "hf") and not os.path.exists(tmp_path / "again")
 
 

@@ -32,7 +32,8 @@ Design choices, up front:
   On a CPU the KV cache also runs on quantize.py's int8 copy (eager, as sample.py gets it, packing done
   before timing), and on the kernel that copy does not run, forced: the plain rows (torch._int_mm: what runs
   until the packing thread is done; all a model under quantize.PACK_MIN_BYTES runs) or oneDNN's packed
-  weights; beside them "int8 matmuls alone"
+  weights, and (--sample_compile) compiled: the weight-only product inductor writes (Int8Linear.weight_only,
+  what sample.py --compile runs on int8 weights); beside them "int8 matmuls alone"
   (the int8 ceiling) and the bytes of weights a token reads in each; beside them, the read bandwidth (a
   float32 sum over bandwidth_mb, timed in the same rounds), and the fraction of it each decodes at: weight
   bytes a step reads x steps/s / bandwidth, both in the process's CPU seconds (a shared machine's other
@@ -99,8 +100,8 @@ class BenchConfig:
     new_tokens: int = setting(64, "tokens generated")
     sample_batches: str = setting("1,8", "comma-separated batch sizes")
     recompute: bool = setting(True, "also time decoding that recomputes the whole context (slow on the paper preset)")
-    sample_compile: bool = setting(True, "also time the KV cache with its one-token step compiled (stream(compile=True)); "
-                                           "compiling happens in the untimed warm-up")
+    sample_compile: bool = setting(True, "also time the KV cache with its one-token step compiled (stream(compile=True)), "
+                                           "the int8 copy's too (CPU, --int8); compiling happens in the untimed warm-up")
     precisions: str = setting("bfloat16,float16", "comma-separated weight dtypes timed against float32 at batch 1 (KV cache)")
     int8: bool = setting(True, "also time quantize.py's int8 weights (KV cache, eager) and their matmuls alone (CPU)")
     bandwidth_mb: int = setting(512, "MB of float32 summed, at each thread count, to measure the read bandwidth that "
@@ -256,6 +257,8 @@ def bench_sample(cfg, device, tmp, threads):
         int8_packed = "_packing" in int8.__dict__
         kind, other = ("int8_plain", Q.quantize_int8(model, pack=False)) if int8_packed else \
             ("int8_packed", Q.wait_packed(Q.start_packing(Q.quantize_int8(model, pack=False), min_bytes=0)))
+    # and compiled: Int8Linear.weight_only, on the plain rows (sample.py --compile)
+    int8_compiled = Q.quantize_int8(model, pack=False) if int8 is not None and cfg.sample_compile else None
     big = torch.ones(cfg.bandwidth_mb * 2**20 // 4) if device.type == "cpu" else None  # read bandwidth: summed
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
@@ -274,10 +277,12 @@ def bench_sample(cfg, device, tmp, threads):
             ways["int8"] = lambda: M.generate(int8, prompt, cfg.new_tokens, temperature=0)
             ways["int8_matmuls_alone"] = lambda: matmuls_alone(int8, B, cfg.new_tokens)
             ways[kind] = lambda: M.generate(other, prompt, cfg.new_tokens, temperature=0)
+        if int8_compiled is not None:
+            ways["int8_compiled"] = lambda: M.generate(int8_compiled, prompt, cfg.new_tokens, temperature=0, compile=True)
         if B == 1:
             ways.update({name: (lambda m=m: M.generate(m, prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
         outs, times, first = {}, {(t, k): [] for t in threads for k in ways}, {}
-        reads, cpu = {t: [] for t in threads}, {(t, k): [] for t in threads for k in ("read", "kv_cache", "int8")}
+        reads, cpu = {t: [] for t in threads}, {(t, k): [] for t in threads for k in ("read", "kv_cache", "int8", "int8_compiled")}
         with torch.no_grad():
             for t in threads:  # warm-up (and compiling), and the tokens compared (a thread count may change float rounding)
                 torch.set_num_threads(t)
@@ -311,6 +316,9 @@ def bench_sample(cfg, device, tmp, threads):
             if "int8" in out:
                 row["int8_packed" if int8_packed else "int8_plain"] = row["int8"]  # the same model: timed once
                 row["int8_agree"] = leading_agreement(out["int8"], out["kv_cache"], cfg.prompt_len)
+            if "int8_compiled" in out:
+                row["int8_compiled_agree"] = leading_agreement(out["int8_compiled"], out["kv_cache"], cfg.prompt_len)
+                row["int8_compiled_first_call_s"] = first[B, "int8_compiled"]
             if reads[t]:  # bytes/s; each decoding step reads every weight once for all B sequences
                 row["bandwidth"] = big.numel() * 4 / statistics.median(reads[t])
                 # the fractions in CPU seconds (this process's), so that time other jobs took the core is in
@@ -321,6 +329,9 @@ def bench_sample(cfg, device, tmp, threads):
                 row["kv_fraction"] = weight_bytes(model) * cfg.new_tokens / row["cpu_s"]["kv_cache"] / row["bandwidth_cpu"]
                 if "int8" in out:
                     row["int8_fraction"] = weight_bytes(int8) * cfg.new_tokens / row["cpu_s"]["int8"] / row["bandwidth_cpu"]
+                if "int8_compiled" in out:
+                    row["int8_compiled_fraction"] = (weight_bytes(int8) * cfg.new_tokens / row["cpu_s"]["int8_compiled"]
+                                                     / row["bandwidth_cpu"])
             rows.append(row)
     torch.set_num_threads(threads[0])
     return {"preset": cfg.sample_preset, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens, "rows": rows,
@@ -503,6 +514,9 @@ def run(cfg: BenchConfig) -> dict:
             if "int8_fraction" in r and r["threads"] == 1:
                 target(f"int8 decoding: weight bytes read / one-thread read bandwidth, batch 1 ({sa['preset']})",
                        r["int8_fraction"], 0.75)
+            if "int8_compiled_fraction" in r and r["threads"] == 1:
+                target(f"int8 decoding, compiled step: weight bytes read / one-thread read bandwidth, batch 1 ({sa['preset']})",
+                       r["int8_compiled_fraction"], 0.75)
     if lo:
         old, new = lo["ways"]["old"], lo["ways"]["new"]
         target(f"time to first token, load_checkpoint / old path ({lo['preset']})", new["first_token_s"] / old["first_token_s"],
@@ -585,6 +599,18 @@ def table(res) -> str:
                       f"{fmt(r.get('kv_fraction') and 100 * r['kv_fraction'], '.0f')}% | "
                       f"{fmt(r.get('int8_fraction') and 100 * r['int8_fraction'], '.0f')}% | {r['int8_agree']} / {sa['new_tokens']} |"
                       for r in i8]
+        i8c = [r for r in sa["rows"] if "int8_compiled" in r]
+        if i8c:
+            lines += ["", "int8 compiled (sample.py --compile: Int8Linear.weight_only, weights alone int8), beside float32 compiled; "
+                      "of read: as above",
+                      "| threads | batch | float32 compiled | int8 compiled | int8 / float32, both compiled | int8 compiled / int8 eager "
+                      "| int8 compiled of read | leading tokens equal to float32 | first call s (compiling) |",
+                      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            lines += [f"| {r['threads']} | {r['batch']} | {rate(r.get('kv_compiled'))} | {rate(r['int8_compiled'])} | "
+                      f"{fmt(r.get('kv_compiled') and r['int8_compiled'] / r['kv_compiled'], '.2f')}x | "
+                      f"{r['int8_compiled'] / r['int8']:.2f}x | "
+                      f"{fmt(r.get('int8_compiled_fraction') and 100 * r['int8_compiled_fraction'], '.0f')}% | "
+                      f"{r['int8_compiled_agree']} / {sa['new_tokens']} | {r['int8_compiled_first_call_s']:.1f} |" for r in i8c]
         low = [(r, name, n) for r in sa["rows"] for name, n in r["agree"].items()]
         if low:
             lines += ["", "sampling precision: KV cache at batch 1, weights and activations in the dtype, greedy",

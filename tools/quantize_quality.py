@@ -5,7 +5,9 @@ was trained on (CPU).
     python -m tools.quantize_quality --ckpt out --data_dir data/shakespeare
 
 It prints the validation loss of both over every window of the validation split, how often the two pick the
-same next token at every validation position (fed the same text), and how many greedy tokens agree.
+same next token at every validation position (fed the same text), and how many greedy tokens agree; the same
+for the weight-only product a compiled int8 model computes (sample.py --compile), as float layers holding
+the int8 weights times their scales (quantize.weight_only_copy).
 """
 
 import os
@@ -22,7 +24,7 @@ from checkpoint import check_finite, load_checkpoint
 from common import config_parser, parse_settings, run_main, setting
 from model import generate
 from prepare_data import load_meta
-from quantize import quantize_int8
+from quantize import quantize_int8, weight_only_copy
 from train import Split, check_tokenizer
 
 
@@ -36,25 +38,26 @@ class QualityConfig:
 
 
 def quality(model, val, new_tokens, prompt_tokens, batch_size):
-    """float32 against int8 on one model, in one pass over every window of `val` (a train.Split): the mean
-    loss of each and how often the two pick the same next token (the argmax, fed the same text); then
-    `new_tokens` greedy tokens after its first `prompt_tokens` (free-running: after a first difference the
-    two texts part ways)."""
+    """float32 against int8 (eager: quantize_int8) and int8 weight-only (compiled: weight_only_copy) on one
+    model, in one pass over every window of `val` (a train.Split): the mean loss of each and how often each
+    picks float32's next token (the argmax, fed the same text); then `new_tokens` greedy tokens after its
+    first `prompt_tokens` (free-running: after a first difference the texts part ways)."""
     cpu = torch.device("cpu")
-    q = quantize_int8(model)
-    loss, same_next = [0.0, 0.0], 0
+    models = {"float32": model, "int8": quantize_int8(model), "weight-only": weight_only_copy(model)}
+    loss, same_next = dict.fromkeys(models, 0.0), dict.fromkeys(models, 0)
     with torch.no_grad():
         for start in range(0, val.n, batch_size):
             x, y = val.batch(np.arange(start, min(start + batch_size, val.n)), cpu)
-            (lf, f), (lq, i) = model(x, y), q(x, y)
-            loss = [loss[0] + f.item() * len(x), loss[1] + i.item() * len(x)]
-            same_next += (lf.argmax(-1) == lq.argmax(-1)).sum().item()
+            out = {k: m(x, y) for k, m in models.items()}
+            for k, (logits, l) in out.items():
+                loss[k] += l.item() * len(x)
+                same_next[k] += (logits.argmax(-1) == out["float32"][0].argmax(-1)).sum().item()
     prompt = torch.from_numpy(val.shards[0][:prompt_tokens].astype("int64"))[None]  # (1, prompt_tokens)
-    greedy = [generate(m, prompt, new_tokens, temperature=0)[0, prompt.shape[1]:].tolist() for m in (model, q)]
-    same = [a == b for a, b in zip(*greedy)]
-    return {"windows": val.n, "loss": [x / val.n for x in loss], "positions": val.n * val.block,
-            "same_next": same_next, "tokens": len(same), "equal": sum(same),
-            "leading": next((i for i, s in enumerate(same) if not s), len(same))}
+    greedy = {k: generate(m, prompt, new_tokens, temperature=0)[0, prompt.shape[1]:].tolist() for k, m in models.items()}
+    same = {k: [a == b for a, b in zip(greedy["float32"], g)] for k, g in greedy.items()}
+    return {"windows": val.n, "loss": {k: v / val.n for k, v in loss.items()}, "positions": val.n * val.block,
+            "same_next": same_next, "tokens": new_tokens, "equal": {k: sum(s) for k, s in same.items()},
+            "leading": {k: next((i for i, t in enumerate(s) if not t), len(s)) for k, s in same.items()}}
 
 
 def main(argv=None):
@@ -68,12 +71,14 @@ def main(argv=None):
     check_tokenizer(ckpt, meta, cfg.ckpt, cfg.data_dir)
     val = Split(cfg.data_dir, meta, "val", model.config.block_size, model.config.vocab_size)
     r = quality(model.eval(), val, cfg.new_tokens, cfg.prompt_tokens, cfg.batch_size)
-    f, i = r["loss"]
-    print(f"validation loss over {r['windows']:,} windows: float32 {f:.5f}, int8 {i:.5f} ({100 * (i / f - 1):+.3f}%)")
-    print(f"greedy, {r['tokens']} tokens after the validation split's first {cfg.prompt_tokens}: the first "
-          f"{r['leading']} identical, {r['equal']} / {r['tokens']} positions equal")
-    print(f"next token (argmax) at every validation position, fed the same text: the same at {r['same_next']:,} of "
-          f"{r['positions']:,} ({100 * r['same_next'] / r['positions']:.2f}%)")
+    f = r["loss"]["float32"]
+    for k, name in (("int8", "int8"), ("weight-only", "int8 weight-only (what --compile runs)")):
+        i = r["loss"][k]
+        print(f"{name}: validation loss over {r['windows']:,} windows: float32 {f:.5f}, {k} {i:.5f} ({100 * (i / f - 1):+.3f}%)")
+        print(f"{name}: greedy, {r['tokens']} tokens after the validation split's first {cfg.prompt_tokens}: the first "
+              f"{r['leading'][k]} identical to float32's, {r['equal'][k]} / {r['tokens']} positions equal")
+        print(f"{name}: next token (argmax) at every validation position, fed the same text: float32's at "
+              f"{r['same_next'][k]:,} of {r['positions']:,} ({100 * r['same_next'][k] / r['positions']:.2f}%)")
     return 0
 
 
