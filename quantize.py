@@ -21,8 +21,8 @@ Design choices, up front:
   both (over torchao, quantize_dynamic, the weight-only _weight_int8pack_mm and packing before the first token).
 - Compiled (sample.py --compile): no int8 activations and no oneDNN. The weights alone are int8, the
   product a float32 sum over each int8 row that inductor writes into the decode step's own loops
-  (Int8Linear.weight_only, the section at the end): on the paper preset about 1.6x the eager int8 rate
-  once compiled (about a minute, once per model), so for long outputs. Its tokens may differ from the
+  (Int8Linear.weight_only, the section at the end): on the paper preset 1.4-1.5x the eager int8 rate
+  once compiled (about a minute per prompt-plus-length shape), so for long outputs. Its tokens may differ from the
   eager int8 model's (activations not rounded).
 - What stays float: the code table (a gather, not a matmul, and already 0/1), LayerNorms, biases,
   attention over the KV cache. The float model is left as it was: the copy shares those tensors.
@@ -107,8 +107,9 @@ class Int8Linear(nn.Module):
     def weight_only(self, x):
         """The product under torch.compile: the weights alone int8, x stays float32, y = (x . q[n]) * scale[n].
         Written as a sum over K so that inductor reads each int8 row once, widening it in registers; in
-        WEIGHT_ONLY_SPLIT blocks of rows, which inductor turns into loops that read that many rows at a
-        time: one stream of int8 rows reads 5 GB/s on one thread, 8 read 8-10 (docs/performance.md)."""
+        WEIGHT_ONLY_SPLIT blocks of rows, which inductor fuses into one loop that reads a row of each
+        block side by side: one stream of int8 rows reads 5 GB/s on one thread, 8 read 8-10
+        (docs/performance.md)."""
         if self.packed:
             raise ValueError("an int8 model compiles on its plain rows: quantize_int8(model, pack=False), or an int8 "
                              "checkpoint loaded with pack=False")
@@ -316,9 +317,10 @@ def wait_packed(model):
 # ----------------------------------------------------------------------------- compiled: weight-only int8
 # Under torch.compile (sample.py --compile, model.stream(compile=True)) an Int8Linear computes weight_only:
 # no int8 activations, no oneDNN; inductor writes the decode step's loops, each reading int8 rows and
-# multiplying in float32. The one setting it needs: realize every intermediate (realize_opcount_threshold
-# 1), or inductor recomputes a LayerNorm or GELU inside every output row's loop. Paper preset, one
-# thread: 17.5 tokens/s without, 20.8 with (eager int8: 12.8). Tokens may differ from the eager model's
+# multiplying in float32. The one setting it needs: store an intermediate of more than one op rather than
+# inline it into its readers (realize_opcount_threshold 1), or inductor recomputes a LayerNorm or GELU
+# inside every output row's loop. Paper preset, one thread (scratch): 17.5 tokens/s without, 20.8 with
+# (eager int8: 12.8). Tokens may differ from the eager model's
 # (float activations here, int8 there); tools/quantize_quality.py measures both.
 COMPILE_OPTIONS = {"realize_opcount_threshold": 1}
 
