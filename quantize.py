@@ -109,12 +109,17 @@ class Int8Linear(nn.Module):
         Written as a sum over K so that inductor reads each int8 row once, widening it in registers; in
         WEIGHT_ONLY_SPLIT blocks of rows, which inductor fuses into one loop that reads a row of each
         block side by side: one stream of int8 rows reads 5 GB/s on one thread, 8 read 8-10
-        (docs/performance.md)."""
+        (docs/performance.md). That is for one row of x (batch-1 decoding); for several, the int8 weights
+        widened to float32 and a matmul (the same numbers, no quicker than float32 weights)."""
         if self.packed:
             raise ValueError("an int8 model compiles on its plain rows: quantize_int8(model, pack=False), or an int8 "
                              "checkpoint loaded with pack=False")
-        x3 = x.reshape(-1, 1, self.in_features)  # (..., K) -> (rows, 1, K): broadcast against (N/S, K) blocks
-        y = torch.cat([(x3 * q.float()).sum(-1) for q in self.weight.chunk(WEIGHT_ONLY_SPLIT)], -1) * self.scale
+        x2 = x.reshape(-1, self.in_features)  # (..., K) -> (rows, K)
+        if len(x2) == 1:  # (1, 1, K) x (N/S, K) blocks -> (1, N/S) each
+            y = torch.cat([(x2[:, None, :] * q.float()).sum(-1) for q in self.weight.chunk(WEIGHT_ONLY_SPLIT)], -1)
+        else:  # several sequences: the reduction would read every row once per sequence; a matmul reads it once
+            y = torch.mm(x2, self.weight.float().t())
+        y = y * self.scale
         y = y.view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
         return y if self.bias is None else y + self.bias
 

@@ -246,12 +246,13 @@ def test_compiled_int8_step_computes_the_weight_only_product(trained):
     twin, step = weight_only_copy(model), compiled_step(q)
     assert all(torch.equal(twin.get_submodule(n).weight, m.weight.float() * m.scale[:, None])
                for n, m in q.named_modules() if isinstance(m, Int8Linear))
-    caches = [KVCache(model.config, 2, 8, "cpu", torch.float32) for _ in range(3)]
-    with torch.inference_mode():
-        for t in range(6):
-            idx = x[:2, t : t + 1]
-            got, want, eager = step(idx, cache=caches[0])[0], twin(idx, cache=caches[1])[0], q(idx, cache=caches[2])[0]
-            assert (got - want).abs().max() < 1e-4 < (eager - want).abs().max()
+    for B in (1, 2):  # one sequence (the 8-block reduction), several (a matmul)
+        caches = [KVCache(model.config, B, 8, "cpu", torch.float32) for _ in range(3)]
+        with torch.inference_mode():
+            for t in range(6):
+                idx = x[:B, t : t + 1]
+                got, want, eager = step(idx, cache=caches[0])[0], twin(idx, cache=caches[1])[0], q(idx, cache=caches[2])[0]
+                assert (got - want).abs().max() < 1e-4 < (eager - want).abs().max()
 
 
 def test_sample_compile_runs_an_int8_model_on_its_rows(trained, int8_ckpt, capsys, monkeypatch):
