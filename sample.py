@@ -7,6 +7,7 @@ Sample text from a checkpoint, streamed as it is produced (KV-cache decoding via
     python sample.py --ckpt out/run --prompt_file p.txt --num_samples 3 --top_p 0.9 --seed 1
     python sample.py --ckpt out/fixmin --quantize int8   # int8 weights: quicker on a CPU (quantize.py)
     python sample.py --ckpt out/fixmin-int8              # an int8 checkpoint (python -m tools.convert native2int8): ~0.4x the memory
+    python sample.py --ckpt out/fixmin-int8 --compile --max_new_tokens 2000   # long outputs: a compiled int8 step
 
 Without a prompt, a checkpoint trained here starts a new document: from the end-of-text token, which
 ends every document of its prepared data. A converted release continues its model card's prompt,
