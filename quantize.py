@@ -22,8 +22,8 @@ Design choices, up front:
 - Compiled (sample.py --compile): no int8 activations and no oneDNN. The weights alone are int8, the
   product a float32 sum over each int8 row that inductor writes into the decode step's own loops
   (Int8Linear.weight_only, the section at the end): on the paper preset 1.4-1.5x the eager int8 rate
-  once compiled (about a minute per prompt-plus-length shape), so for long outputs. Its tokens may differ from the
-  eager int8 model's (activations not rounded).
+  once compiled (about a minute per prompt-plus-length shape), so for long outputs. Its tokens may
+  differ from the eager int8 model's (activations not rounded).
 - What stays float: the code table (a gather, not a matmul, and already 0/1), LayerNorms, biases,
   attention over the KV cache. The float model is left as it was: the copy shares those tensors.
 """
@@ -158,7 +158,8 @@ def quantize_int8(model, pack=True):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear.of(child))
-    return start_packing(compiles_weight_only(q)) if pack else compiles_weight_only(q)
+    compiles_weight_only(q)
+    return start_packing(q) if pack else q
 
 
 # ----------------------------------------------------------------------------- the int8 checkpoint
@@ -227,7 +228,8 @@ def pack_int8(model, rows, file, pack=True):
     for name, (q, scale) in rows.items():
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, Int8Linear(q, scale, own[name].bias))
-    return start_packing(compiles_weight_only(model), file) if pack else compiles_weight_only(model)
+    compiles_weight_only(model)
+    return start_packing(model, file) if pack else model
 
 
 def file_mappings(file):
@@ -325,8 +327,8 @@ def wait_packed(model):
 # multiplying in float32. The one setting it needs: store an intermediate of more than one op rather than
 # inline it into its readers (realize_opcount_threshold 1), or inductor recomputes a LayerNorm or GELU
 # inside every output row's loop. Paper preset, one thread (scratch): 17.5 tokens/s without, 20.8 with
-# (eager int8: 12.8). Tokens may differ from the eager model's
-# (float activations here, int8 there); tools/quantize_quality.py measures both.
+# (eager int8: 12.8). Tokens may differ from the eager model's (float activations here, int8 there);
+# tools/quantize_quality.py measures both.
 COMPILE_OPTIONS = {"realize_opcount_threshold": 1}
 
 
@@ -344,6 +346,5 @@ def weight_only_copy(model):
 
 
 def compiles_weight_only(model):
-    """`model`, marked for model.compiled_step to compile with COMPILE_OPTIONS."""
+    """Mark `model` for model.compiled_step to compile with COMPILE_OPTIONS."""
     model.__dict__["_compile_options"] = COMPILE_OPTIONS  # not a submodule, not in the state dict
-    return model

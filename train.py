@@ -257,16 +257,12 @@ def set_up(cfg, rank, world, device, distributed, out_lock):
     if ckpt is not None:
         check_finite(ckpt["model"], source, "train from")  # names the tensor, as sample.py does
         check_tokenizer(ckpt, meta, source, cfg.data_dir)
-    mcfg = model_config(cfg, meta, ckpt, source)
+    mcfg = model_config(cfg, meta, ckpt, source, note=print if rank == 0 else lambda text: None)
     if ckpt is not None:
         check_buildable(mcfg, ckpt["model"], source)  # a model_config of another writer may ask for a billion blocks
     check_training_fits(cfg, mcfg, world, device)  # a billion layers or sequences: refused, not built until OOM
     if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
         print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
-    preset_pad = PRESETS.get(cfg.preset, {}).get("pad_token_id")
-    if ckpt is None and preset_pad is not None and mcfg.pad_token_id is None and rank == 0:
-        print(f"note: preset {cfg.preset}'s pad_token_id {preset_pad} (the released tokenizer's <pad>) is a token "
-              f"of this data's tokenizer: every id keeps its own code (pad_token_id none)")
     train_split = Split(cfg.data_dir, meta, "train", mcfg.block_size, mcfg.vocab_size)
     val_split = Split(cfg.data_dir, meta, "val", mcfg.block_size, mcfg.vocab_size)
     claim_out_dir(cfg, out_lock if rank == 0 else None, ckpt_stamp)  # one writer per out_dir; nothing replaced silently
@@ -715,7 +711,7 @@ def check_window_starts(split, meta, model, data_dir):
           f"constant vector: a deep model diverges on them (docs/zero-code.md){fix}", file=sys.stderr)
 
 
-def model_config(cfg, meta, ckpt, path):
+def model_config(cfg, meta, ckpt, path, note=print):
     """The model's shape, lowest to highest precedence: the preset (vocab_size from the data's meta.json),
     the checkpoint's model_config (--resume or --init_from), explicit overrides (--n_layer=...). An
     override that clashes with a checkpoint is an error (dropout may differ)."""
@@ -729,7 +725,9 @@ def model_config(cfg, meta, ckpt, path):
                 raise ValueError(f"--pad_token_id {pad} is a token of the data's tokenizer ({meta['encoding']}, "
                                  f"{meta['vocab_size']:,} ids): its code row would be all zeros, so that token would "
                                  "enter the model as a constant vector (docs/zero-code.md); leave --pad_token_id unset")
-            asked["pad_token_id"] = None  # the preset's <pad> is the released tokenizer's (note in train())
+            note(f"note: preset {cfg.preset}'s pad_token_id {pad} (the released tokenizer's <pad>) is a token of "
+                 "this data's tokenizer: every id keeps its own code (pad_token_id none)")
+            asked["pad_token_id"] = None
         try:
             return get_config(cfg.preset, **{"vocab_size": meta["vocab_size"], **asked})
         except ValueError as e:  # e.g. the paper preset's pad_token_id 57344 with a smaller vocabulary
