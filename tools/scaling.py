@@ -160,24 +160,24 @@ _stop = None  # in a worker: the sweep's "stop" event, set on Ctrl-C, so queued 
 
 def _run(job):
     """One run; None when it was stopped (Ctrl-C: train saved it), so the sweep can say so."""
-    point, variant, seed, args = job
+    name, run, variant, seed = job
     if _stop is not None and _stop.is_set():
         return None
     try:
-        return point[0], compare.run_one(run_args(args, point), load_meta(args.data), variant, seed)
+        return name, compare.run_one(run, load_meta(run.data), variant, seed)
     except SystemExit as e:
         print(e)
         return None
 
 
-def run_all(args, jobs):
-    """Runs every job (in --jobs worker processes when > 1); returns {point name: [run records]}."""
-    work = [(point, variant, seed, args) for point, variant, seed in jobs]
+def run_all(work, jobs):
+    """Runs every (point name, compare.run_one settings, input, seed) of `work`, in `jobs` worker processes
+    when > 1; returns {point name: [run records]}."""
     done = []
-    if args.jobs > 1:
+    if jobs > 1:
         ctx = get_context("spawn")
-        stop, threads = ctx.Event(), max(1, torch.get_num_threads() // args.jobs)
-        with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads, stop)) as pool:
+        stop, threads = ctx.Event(), max(1, torch.get_num_threads() // jobs)
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads, stop)) as pool:
             futures = [pool.submit(_run, w) for w in work]
             try:
                 done = [f.result() for f in futures]
@@ -456,7 +456,7 @@ def main(argv=None):
         for point, variant, seed in jobs:  # before any training: every run to be reused was trained as asked now
             compare.check_settings(compare.run_config(run_args(args, point), variant, seed))
         print(f"{len(jobs)} runs: " + ", ".join(f"{p[0]} {v} s{s}" for p, v, s in jobs), flush=True)
-        every = run_all(args, jobs)
+        every = run_all([(p[0], run_args(args, p), v, s) for p, v, s in jobs], args.jobs)
         runs_by_point, failed = finished(every)
 
         rows = size_rows(runs_by_point, meta)
