@@ -47,7 +47,7 @@ from model import GPT, code_bits, get_config
 from tools import compare, scaling
 
 PAPER = {"share": 67_108_864 / 536_937_472, "tokens_per_param": 17e9 / 469_828_608, "gap_pct": 2.36 / 2.44 - 1,
-         "spread_pct": 0.048}
+         "spread_pct": 0.048, "binary_trainable": 469_828_608}
 
 
 @dataclass
@@ -100,7 +100,8 @@ def points(args):
     text = os.path.splitext(os.path.basename(args.corpus[0]))[0] if len(args.corpus) == 1 else "mix"
     point = lambda role, t, c, v, l, d, s, extra=(): dict(role=role, text=t, corpus=c, vocab=v, L=l, D=d,  # noqa: E731
                                                          steps=s, variants=("learned", "binary") + tuple(extra))
-    out = [point("axis", text, args.corpus, v, L, D, s, ("affine",) if v in affine else ()) for v, s in zip(vocabs, steps)]
+    out = [point("axis", text, args.corpus, v, L, D, s, ("affine",) if v in affine else ())
+           for v, s in zip(vocabs, steps)]
     if args.short_steps:
         out.append(point("short", text, args.corpus, vocabs[0], L, D, args.short_steps))
     if args.depth_point:
@@ -108,7 +109,8 @@ def points(args):
         if not v.isdigit():
             raise ValueError(f"--depth_point must look like 1024:1x128, got {args.depth_point!r}")
         (dl, dd), = scaling.parse_sizes(size, "--depth_point")
-        out.append(point("depth", text, args.corpus, int(v), dl, dd, steps[vocabs.index(int(v))] if int(v) in vocabs else steps[0]))
+        at = steps[vocabs.index(int(v))] if int(v) in vocabs else steps[0]
+        out.append(point("depth", text, args.corpus, int(v), dl, dd, at))
     if args.second:
         second = os.path.splitext(os.path.basename(args.second))[0]
         out.append(point("second", second, [args.second], args.second_vocab, L, D, args.second_steps))
@@ -139,8 +141,9 @@ def counts(p, args):
     n = {}
     for variant in ("learned", "binary"):
         with torch.device("meta"):
-            n[variant] = GPT(get_config("small", vocab_size=p["vocab"], n_layer=p["L"], n_head=args.n_head, n_embd=p["D"],
-                                        block_size=args.block_size, input=variant)).num_params()["trainable"]
+            cfg = get_config("small", vocab_size=p["vocab"], n_layer=p["L"], n_head=args.n_head, n_embd=p["D"],
+                             block_size=args.block_size, input=variant)
+            n[variant] = GPT(cfg).num_params()["trainable"]
     return n["learned"], n["binary"], p["vocab"] * p["D"] / n["learned"]
 
 
@@ -268,13 +271,33 @@ def curve_table(rows, fractions=(1 / 8, 1 / 4, 1 / 2, 1)):
                      "—" if not fit else f"{100 * (math.exp(fit['at_paper']) - 1):+.1f}% "
                                          f"({100 * (math.exp(fit['at_paper_range'][0]) - 1):+.1f} to "
                                          f"{100 * (math.exp(fit['at_paper_range'][1]) - 1):+.1f})"])
-    header = [("point (table share)", "l"), ("seeds", "r")] + [(f"at {f:g} of the run: T: gap", "r") for f in fractions] + [
-        ("b in gap ~ T^-b (16-84%)", "r"), (f"gap at the paper's T = {PAPER['tokens_per_param']:.0f}", "r")]
+    header = [("point (table share)", "l"), ("seeds", "r")]
+    header += [(f"at {f:g} of the run: T: gap", "r") for f in fractions]
+    header += [("b in gap ~ T^-b (16-84%)", "r"), (f"gap at the paper's T = {PAPER['tokens_per_param']:.0f}", "r")]
     return compare.markdown_table(header, body)
 
 
+def at_tokens(r, T):
+    """The mean gap (perplexity ratio - 1) of a row's curve at T tokens per parameter, interpolated;
+    None past its end."""
+    ts = [t / r["binary_trainable"] for t, _ in r["curve"]]
+    if len(ts) < 2 or not ts[0] <= T <= ts[-1]:
+        return None
+    return float(np.interp(T, ts, [statistics.mean(g) for _, g in r["curve"]]))
+
+
+def side_by_side(a, b):
+    """The two rows' mean gaps at the larger T both reach: (T, gap a, gap b), or None."""
+    if not a["curve"] or not b["curve"]:
+        return None
+    T = min(a["curve"][-1][0] / a["binary_trainable"], b["curve"][-1][0] / b["binary_trainable"])
+    ga, gb = at_tokens(a, T), at_tokens(b, T)
+    return None if ga is None or gb is None else (T, ga, gb)
+
+
 def reading(rows):
-    """Sentences computed from the rows: each point's verdicts, the gap against share, the short-run check."""
+    """Sentences computed from the rows: each point's verdicts, the gap against share (V moved, then depth
+    moved), the mid-run check, the second text, and what the fits predict at the paper's tokens per parameter."""
     out = []
     binary = [r for r in rows if r["input"] == "binary" and r["seeds"]]
     for r in binary:
@@ -284,18 +307,23 @@ def reading(rows):
                    f"{yes_no(r['inside_paper'])} the paper's 4.8%.")
     axis = sorted((r for r in binary if r["role"] == "axis"), key=lambda r: r["share"])
     # the gap against share at one tokens-per-parameter every axis point reaches (interpolated on its curve)
-    common = min((max(t for t, _ in r["curve"]) / r["binary_trainable"] for r in axis if r["curve"]), default=0)
-    at = []
-    for r in axis:
-        ts = [t / r["binary_trainable"] for t, _ in r["curve"]]
-        if len(ts) > 1 and ts[0] <= common:
-            at.append((r["share"], float(np.interp(common, ts, [statistics.mean(g) for _, g in r["curve"]]))))
+    common = min((r["curve"][-1][0] / r["binary_trainable"] for r in axis if r["curve"]), default=0)
+    at = [(r["share"], g) for r in axis if (g := at_tokens(r, common)) is not None]
     if len(at) >= 2:
         slope, icpt = np.polyfit([s for s, _ in at], [g for _, g in at], 1)
-        out.append(f"Against share, at T = {common:.2f} tokens per parameter (reached by every V): "
+        out.append(f"Against share (V moved), at T = {common:.2f} tokens per parameter (reached by every V): "
                    + ", ".join(f"{100 * s:.1f}% -> {100 * g:+.1f}%" for s, g in at)
                    + f"; a line through them: {slope:+.2f} points of gap per point of share, "
-                     f"{100 * (icpt + slope * PAPER['share']):+.1f}% at the paper's share ({100 * PAPER['share']:.1f}%).")
+                     f"{100 * (icpt + slope * PAPER['share']):+.1f}% at the paper's share "
+                     f"({100 * PAPER['share']:.1f}%).")
+    for depth in (r for r in binary if r["role"] == "depth"):
+        same = [r for r in axis if r["vocab"] == depth["vocab"] and r["text"] == depth["text"]]
+        if same and (sbs := side_by_side(same[0], depth)):
+            T, ga, gb = sbs
+            out.append(f"Share moved at fixed V={depth['vocab']:,} (same width, same code) by depth, at T = {T:.2f}: "
+                       f"{same[0]['size']} (share {100 * same[0]['share']:.1f}%) {100 * ga:+.1f}%, {depth['size']} "
+                       f"(share {100 * depth['share']:.1f}%) {100 * gb:+.1f}%: the larger share has the "
+                       f"{'larger' if (gb > ga) == (depth['share'] > same[0]['share']) else 'smaller'} gap.")
     short = [r for r in binary if r["role"] == "short"]
     long = [r for r in axis if short and r["vocab"] == short[0]["vocab"]]
     if short and long and short[0]["curve"] and long[0]["curve"]:
@@ -304,6 +332,24 @@ def reading(rows):
         out.append(f"Mid-run vs trained to that length (V={short['vocab']:,}): at {t / short['binary_trainable']:.2f} "
                    f"tokens/param the long run's evaluation reads {ms(pct, '+.1f', 100)}%, the run that ends there "
                    f"{ms(short['curve'][-1][1], '+.1f', 100)}% (same evaluation batches).")
+    for second in (r for r in binary if r["role"] == "second"):
+        same = [r for r in axis if r["vocab"] == second["vocab"] and r["size"] == second["size"]]
+        if same and (sbs := side_by_side(same[0], second)):
+            T, ga, gb = sbs
+            out.append(f"Second text, V={second['vocab']:,} {second['size']} at T = {T:.2f}: {same[0]['text']} "
+                       f"{100 * ga:+.1f}%, {second['text']} {100 * gb:+.1f}% ({second['epochs']:.1f} epochs of it).")
+    if axis:
+        near = min(axis, key=lambda r: abs(r["share"] - PAPER["share"]))
+        if fit := near["fit"]:
+            pct = lambda g: 100 * (math.exp(g) - 1)  # noqa: E731
+            lo, hi = (pct(g) for g in fit["at_paper_range"])
+            out.append(f"At the paper's regime (share {100 * PAPER['share']:.1f}%, "
+                       f"T = {PAPER['tokens_per_param']:.0f}): our nearest point (V={near['vocab']:,}, share "
+                       f"{100 * near['share']:.1f}%) ends at T = {near['tokens_per_param']:.2f}; its fit gap ~ "
+                       f"T^-{fit['b']:.2f} predicts {pct(fit['at_paper']):+.1f}% there (16-84% over seeds {lo:+.1f} "
+                       f"to {hi:+.1f}; an extrapolation {PAPER['tokens_per_param'] / near['tokens_per_param']:.0f}x "
+                       f"past the data, at a model {PAPER['binary_trainable'] / near['binary_trainable']:.0f}x "
+                       f"smaller than the paper's).")
     return "\n".join(out)
 
 
@@ -363,8 +409,9 @@ def main(argv=None):
         header = (f"{args.batch_size} x {args.block_size} tokens a step, lr {args.lr}, {args.n_head} heads, "
                   f"{args.seeds} seeds, {args.encoding} cut to each V; evaluations along the runs on "
                   f"{args.eval_batches} validation batches, the final columns on the whole validation split")
-        report = (f"{header}\n\n{end_table(rows)}\n\nAlong training (T = tokens per binary parameter; gap in perplexity):"
-                  f"\n\n{curve_table(rows)}\n\n{reading(rows)}\n"
+        report = (f"{header}\n\n{end_table(rows)}\n\n"
+                  f"Along training (T = tokens per binary parameter; gap in perplexity):\n\n{curve_table(rows)}\n\n"
+                  f"{reading(rows)}\n"
                   + "".join(f"\nDiverged, left out: {r['point']} {d}" for r in rows for d in r["diverged"]))
         png = plot(rows, os.path.join(args.out, "share.png"))
         compare.write_results(args.out, report, {"rows": rows, "runs": records}, png)
@@ -372,4 +419,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, outlive_stdout=True))  # a study outlives a closed stdout (`| head`): its files are the record
+    # a study outlives a closed stdout (`| head`): its files are the record
+    sys.exit(run_main(main, outlive_stdout=True))
