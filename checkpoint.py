@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from common import DISK_FULL, atomic_open, available_memory, disk_full, file_problem, one_line
-from model import GPT, GPTConfig, memory_bytes
+from decode import memory_bytes
+from model import GPT, GPTConfig
 from quantize import check_quantize, pack_int8, split_int8
 
 

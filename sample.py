@@ -1,5 +1,5 @@
 """
-Sample text from a checkpoint, streamed as it is produced (KV-cache decoding via model.stream).
+Sample text from a checkpoint, streamed as it is produced (KV-cache decoding via decode.stream).
 
     python sample.py                                     # out/ckpt.pt, what `python train.py` just trained
     python sample.py --ckpt out/run --prompt "ROMEO:"    # continue a prompt
@@ -30,7 +30,8 @@ import torch
 
 from checkpoint import check_finite, load_checkpoint
 from common import available_memory, config_parser, parse_settings, pick_device, run_main, setting
-from model import constant_input_ids, memory_bytes, stream
+from decode import memory_bytes, stream
+from model import constant_input_ids
 from quantize import QUANTIZE, check_quantize, is_int8, quantize_int8
 from tokenizer import load_text_codec
 
@@ -159,7 +160,7 @@ def drawable(codec, vocab_size, device):
 
 
 def check_cache_fits(model, positions, device):
-    """Refuse up front a generation whose KV cache and rotary tables (model.memory_bytes) cannot fit in the
+    """Refuse up front a generation whose KV cache and rotary tables (decode.memory_bytes) cannot fit in the
     device's free memory, naming the numbers, instead of failing in the allocator."""
     p = next(model.parameters())
     need, free = memory_bytes(model.config, 1, positions, p.dtype), available_memory(device)

@@ -15,16 +15,15 @@ from model import (
     BinaryCodeInput,
     GPTConfig,
     apply_rotary,
-    check_ids,
     code_bits,
     constant_input_ids,
-    generate,
     get_config,
     gf2_rank,
     lift_index,
     rotary_cos_sin,
     rotate,
 )
+from decode import check_ids, generate
 
 PAPER_V, PAPER_K, PAPER_PAD = 65536, 16, 57344
 
@@ -484,7 +483,7 @@ def test_kv_cache_matches_recomputing_the_sequence(variant):
         seq = torch.cat([seq, naive_step_logits(model, seq).argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(cached, seq)
     # and the logits, step by step, to float tolerance
-    from model import KVCache
+    from decode import KVCache
 
     cache = KVCache(model.config, 3, cached.shape[1], "cpu", torch.float32)
     step_logits = model(prompt, cache=cache)[0][:, -1]
@@ -505,7 +504,7 @@ def test_generation_continues_past_block_size():
 
 
 def test_kv_cache_holds_only_the_positions_a_generation_reaches():
-    from model import KVCache
+    from decode import KVCache
 
     config = tiny().config
     short = KVCache(config, 2, 7 + 3, "cpu", torch.float32)  # a 7-token prompt, 3 new tokens
@@ -518,7 +517,7 @@ def test_kv_cache_holds_only_the_positions_a_generation_reaches():
 def test_kv_cache_follows_the_model_dtype(dtype):
     """Half-precision weights: the cache (keys, values, rotary tables) is in that dtype too, and the
     cached greedy tokens are those of recomputing the sequence in that dtype."""
-    from model import KVCache
+    from decode import KVCache
 
     model = tiny().to(dtype)
     with torch.no_grad():
@@ -563,7 +562,7 @@ def test_greedy_and_seeded_sampling_are_deterministic():
 
 
 def test_top_k_and_top_p_restrict_the_support():
-    from model import sample_next
+    from decode import sample_next
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     gen = torch.Generator().manual_seed(0)

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 import sample
 import train
 from checkpoint import load_checkpoint
-from model import KVCache, canonical_code, compiled_step, generate
+from decode import KVCache, compiled_step, generate
+from model import canonical_code
 from prepare_data import load_meta
 from quantize import (PACK_MIN_BYTES, SCHEME, Int8Linear, check_quantize, drop_pages, file_mappings, int8_rows, quantize_int8, start_packing,
                       wait_packed, weight_only_copy)
@@ -190,7 +191,7 @@ def test_packing_stops_once_the_main_thread_ends(tmp_path):
         "import atexit, sys, time, torch\n"
         f"sys.path.insert(0, {os.getcwd()!r})\n"
         "import quantize\n"
-        "from model import GPT, generate, get_config\n"
+        "from decode import generate\nfrom model import GPT, get_config\n"
         "done = []\n"
         "pack = quantize.Int8Linear.pack\n"
         "def slow(layer):\n"

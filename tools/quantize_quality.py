@@ -22,7 +22,7 @@ if not __package__:  # run as `python tools/NAME.py`: import the root's files as
 
 from checkpoint import check_finite, load_checkpoint
 from common import config_parser, parse_settings, run_main, setting
-from model import generate
+from decode import generate
 from prepare_data import load_meta
 from quantize import quantize_int8, weight_only_copy
 from train import Split, check_tokenizer
