@@ -101,18 +101,18 @@ class BinaryCodeInput(nn.Module):
 # ----------------------------------------------------------------------------- the config
 @dataclass
 class GPTConfig:
-    vocab_size: int = 50304
-    block_size: int = 256
-    n_layer: int = 6
-    n_head: int = 6
-    n_embd: int = 384
+    vocab_size: int = 50304  # token ids [0, V); the code has K = ceil(log2 V) bits
+    block_size: int = 256  # context length (training sequence length)
+    n_layer: int = 6  # decoder blocks
+    n_head: int = 6  # attention heads
+    n_embd: int = 384  # model width
     input: str = "binary"  # binary | affine | learned
     layout: str = "tile"  # tile | interleave: how K code bits are lifted to n_embd dims
     affine_seed: int = 0  # draws A and b of the affine input
     pad_token_id: int | None = None  # its code row is all zeros (binary input), as in the release
-    rope_base: float = 10000.0
+    rope_base: float = 10000.0  # rotary base
     bias: bool = False  # biases in Linear and LayerNorm layers (never in the output head)
-    dropout: float = 0.0
+    dropout: float = 0.0  # dropout probability
 
     def __post_init__(self):
         check_config(self)  # a clear error for a shape that cannot work (the checks section at the end)
@@ -388,8 +388,6 @@ def constant_input_ids(model) -> list[int]:
 
 
 if __name__ == "__main__":  # python model.py --preset paper: the paper's parameter table, computed
-    import sys
-
     from common import config_parser, parse_settings, run_main, setting  # the command line only: the model is torch
 
     @dataclass
@@ -405,4 +403,4 @@ if __name__ == "__main__":  # python model.py --preset paper: the paper's parame
                 n = GPT(get_config(cfg.preset, input=variant)).num_params()
             print(f"| {variant} | {n['trainable']:,} | {n['input']:,} | {n['frozen']:,} |")
 
-    sys.exit(run_main(main))  # `| head` included: a reader that has had enough is no error
+    raise SystemExit(run_main(main))  # `| head` included: a reader that has had enough is no error

@@ -22,6 +22,7 @@ from quantize import (PACK_MIN_BYTES, SCHEME, Int8Linear, check_quantize, drop_p
                       wait_packed, weight_only_copy)
 from tools import convert
 from tools.quantize_quality import main as quantize_main
+from windows import Split
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def trained(tiny_data, tmp_path_factory):
                                   save_interval=0, device="cpu", seed=0))
     torch.set_num_threads(threads)
     model, _ = load_checkpoint(str(out))
-    val = train.Split(tiny_data, load_meta(tiny_data), "val", 32, model.config.vocab_size)
+    val = Split(tiny_data, load_meta(tiny_data), "val", 32, model.config.vocab_size)
     x, y = val.batch(np.arange(min(16, val.n)), torch.device("cpu"))
     return model.eval(), str(out), x, y
 
@@ -309,7 +310,7 @@ def test_quality_cli_reports_both_losses_and_the_greedy_agreement(trained, tiny_
                           "--batch_size", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 6
-    val = train.Split(tiny_data, load_meta(tiny_data), "val", 32, model.config.vocab_size)
+    val = Split(tiny_data, load_meta(tiny_data), "val", 32, model.config.vocab_size)
     x, y = val.batch(np.arange(val.n), torch.device("cpu"))
     prompt = torch.from_numpy(val.shards[0][:5].astype(np.int64))[None]
     for out, (k, name, q) in zip((lines[:3], lines[3:]), (("int8", "int8", quantize_int8(model)),

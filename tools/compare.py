@@ -45,7 +45,8 @@ from common import (atomic_write, config_parser, parse_settings, pick_device, pr
 from model import GPT, PRESETS, GPTConfig, code_bits, get_config
 from prepare_data import load_meta, prepare
 from tokenizer import SMALL_VOCAB
-from train import Split, TrainConfig, train
+from train import TrainConfig, train
+from windows import Split
 
 VARIANTS = ("learned", "binary", "affine")
 

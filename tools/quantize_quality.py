@@ -25,7 +25,8 @@ from common import config_parser, parse_settings, run_main, setting
 from decode import generate
 from prepare_data import load_meta
 from quantize import quantize_int8, weight_only_copy
-from train import Split, check_tokenizer
+from preflight import check_tokenizer
+from windows import Split
 
 
 @dataclass
@@ -39,7 +40,7 @@ class QualityConfig:
 
 def quality(model, val, new_tokens, prompt_tokens, batch_size):
     """float32 against int8 (eager: quantize_int8) and int8 weight-only (compiled: weight_only_copy) on one
-    model, in one pass over every window of `val` (a train.Split): the mean loss of each and how often each
+    model, in one pass over every window of `val` (a windows.Split): the mean loss of each and how often each
     picks float32's next token (the argmax, fed the same text); then `new_tokens` greedy tokens after its
     first `prompt_tokens` (free-running: after a first difference the texts part ways)."""
     cpu = torch.device("cpu")
