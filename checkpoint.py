@@ -19,7 +19,6 @@ import torch
 from common import DISK_FULL, atomic_open, available_memory, disk_full, file_problem, one_line
 from decode import memory_bytes
 from model import GPT, GPTConfig
-from quantize import check_quantize, pack_int8, split_int8
 
 
 def checkpoint_dict(model, tokenizer, **extra):
@@ -146,7 +145,9 @@ def load_checkpoint(path, device="cpu", int8=False, pack=True):
         config = GPTConfig(**ckpt["model_config"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: its model_config does not fit GPTConfig ({e})") from None
-    if "quantization" in ckpt:
+    if is_int8(ckpt):
+        from quantize import check_quantize, pack_int8, split_int8  # int8 only: training never loads quantize.py
+
         check_quantize("int8", device)
         file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
         state_dict, rows = split_int8(ckpt, file)
@@ -171,3 +172,8 @@ def set_rng_state(state, device):
     random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
     name, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+
+
+def is_int8(ckpt):
+    """Whether a checkpoint dict is an int8 checkpoint (python -m tools.convert native2int8)."""
+    return "quantization" in ckpt

@@ -171,11 +171,6 @@ def quantize_int8(model, pack=True):
 SCHEME = "int8 rows: symmetric, one float32 scale per output row (name.weight_scale); int8 activations per token"
 
 
-def is_int8(ckpt):
-    """Whether a checkpoint dict is an int8 checkpoint (python -m tools.convert native2int8)."""
-    return "quantization" in ckpt
-
-
 def int8_checkpoint(model, ckpt, source):
     """The int8 checkpoint of `model` (float32, loaded from the checkpoint dict `ckpt`): its linear layers'
     int8 rows and scales, int8_rows of the very weights quantize_int8 rounds (so both sample the same

@@ -28,11 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
-from checkpoint import check_finite, load_checkpoint
+from checkpoint import check_finite, is_int8, load_checkpoint
 from common import available_memory, config_parser, parse_settings, pick_device, run_main, setting
 from decode import memory_bytes, stream
 from model import constant_input_ids
-from quantize import QUANTIZE, check_quantize, is_int8, quantize_int8
 from tokenizer import load_text_codec
 
 CARD_PROMPT = "Question: What is the capital of France?\nAnswer:"  # the released models' card
@@ -56,7 +55,7 @@ class SampleConfig:
     compile: bool = setting(False, "torch.compile the one-token decoding step: tens of seconds once, then faster "
                                    "tokens (long outputs); int8 weights then multiply float activations (quantize.py)")
     quantize: str | None = setting(None, "int8: the linear layers' weights in int8 (CPU): a quarter of the bytes per "
-                                         "token, faster decoding (quantize.py)", choices=QUANTIZE)
+                                         "token, faster decoding (quantize.py)", choices=["int8"])
 
 
 def default_prompt(ckpt):
@@ -100,8 +99,6 @@ def check_settings(cfg):
         raise ValueError("--max_new_tokens must be >= 0 and --num_samples >= 1")
     if cfg.top_k is not None and cfg.top_k < 0:
         raise ValueError(f"--top_k must be a count >= 1 (0 or none: no top-k cut), got {cfg.top_k}")
-    if cfg.top_k == 0:
-        cfg.top_k = None  # 0 means no top-k cut
     if cfg.prompt and cfg.prompt_file is not None:
         raise ValueError("--prompt and --prompt_file both give the prompt: pass one of them")
     if cfg.prompt_file == "" or cfg.ckpt == "":
@@ -187,11 +184,16 @@ def main(argv=None):
     check_settings(cfg)
     prompt = read_prompt_file(cfg.prompt_file) if cfg.prompt_file is not None else cfg.prompt
     device = pick_device(cfg.device)
-    check_quantize(cfg.quantize, device, getattr(torch, cfg.dtype))  # before reading the checkpoint
+    if cfg.quantize:
+        from quantize import check_quantize, quantize_int8  # int8 only: float sampling never loads quantize.py
+
+        check_quantize(cfg.quantize, device, getattr(torch, cfg.dtype))  # before reading the checkpoint
     torch.manual_seed(cfg.seed)
     # an int8 checkpoint (python -m tools.convert native2int8) too; compiled, its layers stay on their rows
     model, ckpt = load_checkpoint(cfg.ckpt, device, int8=True, pack=not cfg.compile)
     if is_int8(ckpt):  # int8 weights: what --quantize int8 cannot do, this cannot either
+        from quantize import check_quantize
+
         check_quantize("int8", device, getattr(torch, cfg.dtype))
     check_finite(model.state_dict(), cfg.ckpt, "sample from")  # a diverged model would print "!!!!!!" greedily
     if not is_int8(ckpt):  # int8 layers are float32 between their matmuls, and a thread may be packing them now:
@@ -210,7 +212,8 @@ def main(argv=None):
     for n in range(cfg.num_samples):
         sys.stdout.write(prompt)
         sys.stdout.flush()
-        for piece in sample_stream(model, codec, ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, generator,
+        top_k = cfg.top_k or None  # 0: no top-k cut
+        for piece in sample_stream(model, codec, ids, cfg.max_new_tokens, cfg.temperature, top_k, cfg.top_p, generator,
                                    cfg.compile):
             sys.stdout.write(piece)
             sys.stdout.flush()
