@@ -34,6 +34,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tokenizer import SMALL_VOCAB
+
 
 # ----------------------------------------------------------------------------- the idea: a fixed binary code
 def code_bits(vocab_size: int) -> int:
@@ -125,11 +127,9 @@ class GPTConfig:
 PRESETS = {  # GPTConfig fields by name; the rest keep their defaults
     # the released checkpoints' shape: 32 x 1024, 32 heads, context 1024, V = 65,536, <pad> = 57,344
     "paper": dict(vocab_size=65536, block_size=1024, n_layer=32, n_head=32, n_embd=1024, pad_token_id=57344),
-    # the Shakespeare quickstart on a laptop CPU: GPT-2's tokenizer cut to 8,192 tokens (K = 13), tokenizer.SMALL_VOCAB
-    # (model.py imports torch alone; tests/test_layout.py holds the two equal)
-    "small": dict(vocab_size=8192, block_size=256, n_layer=6, n_head=6, n_embd=384),
-    # for tests: a few milliseconds a step
-    "tiny": dict(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32),
+    # the Shakespeare quickstart on a laptop CPU: GPT-2's tokenizer cut to 8,192 tokens (K = 13)
+    "small": dict(vocab_size=SMALL_VOCAB, block_size=256, n_layer=6, n_head=6, n_embd=384),
+    "tiny": dict(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32),  # for tests: milliseconds a step
 }
 
 

@@ -8,9 +8,8 @@ Train the binary-code GPT of model.py on token shards written by prepare_data.py
         --eval_interval=250 --eval_steps=20 --save_interval=250                # GPUs: DDP, GPU-sized settings
 
 Every setting is a field of TrainConfig (`python train.py --help`); `train(cfg)` and `main(argv)` are importable.
-It reads as a run goes: settings, data, model and optimizer, the loop, evaluation, saving, the log. Its safety is
-one call away: launch.py (processes, precision), preflight.py (checks before the first step), run_dir.py (one
-writer per out_dir, exact resume), stopping.py (signals, the divergence rule).
+It reads as a run goes (settings, data, model and optimizer, the loop, evaluation, saving); its safety is a call away:
+launch.py (processes), preflight.py (checks), run_dir.py (out_dir, exact resume), stopping.py (signals, divergence).
 """
 
 import json
