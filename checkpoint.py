@@ -117,12 +117,13 @@ def check_buildable(config, state_dict, source):
     the allocator."""
     blocks = len({k.split(".")[1] for k in state_dict if k.startswith("blocks.")})
     if blocks != config.n_layer:
-        raise ValueError(f"{source}: its model_config says n_layer {config.n_layer:,}, but its weights hold {blocks} blocks")
+        raise ValueError(f"{source}: its model_config says n_layer {config.n_layer:,}, but its weights hold {blocks} "
+                         "blocks")
     need, free = memory_bytes(config), available_memory(torch.device("cpu"))
     if free is not None and need > free:
-        raise ValueError(f"{source}: its model_config (block_size {config.block_size:,}, vocab_size {config.vocab_size:,}, "
-                         f"n_embd {config.n_embd:,}) needs {need / 2**30:,.1f} GiB of tables besides its weights; "
-                         f"{free / 2**30:,.1f} GiB is free")
+        raise ValueError(f"{source}: its model_config (block_size {config.block_size:,}, vocab_size "
+                         f"{config.vocab_size:,}, n_embd {config.n_embd:,}) needs {need / 2**30:,.1f} GiB of tables "
+                         f"besides its weights; {free / 2**30:,.1f} GiB is free")
 
 
 def model_from_weights(config, state_dict, source):

@@ -77,7 +77,8 @@ def file_problem(path):
 
 def atomic_write(path, data):
     """Write bytes or str to `path` atomically (see atomic_open)."""
-    with atomic_open(path, "wb" if isinstance(data, bytes) else "w", **({} if isinstance(data, bytes) else {"encoding": "utf-8"})) as f:
+    text = {} if isinstance(data, bytes) else {"encoding": "utf-8"}
+    with atomic_open(path, "w" if text else "wb", **text) as f:
         f.write(data)
 
 
@@ -321,9 +322,11 @@ def _add_fields(p, cls):
         parse = extra.pop("type", parse)
         help = f.metadata.get("help", "")
         if f.metadata.get("positional"):
-            p.add_argument(f.name, type=parse, help=help, **({} if default is MISSING else {"default": default}), **extra)
+            given = {} if default is MISSING else {"default": default}
+            p.add_argument(f.name, type=parse, help=help, **given, **extra)
         elif kind is bool:
-            how = dict(action="store_const", const=True) if switches else dict(nargs="?", const=True, type=parse, metavar="BOOL")
+            how = (dict(action="store_const", const=True) if switches
+                   else dict(nargs="?", const=True, type=parse, metavar="BOOL"))
             off = f"; --no-{f.name} turns it off" if default is not False else ""
             p.add_argument(f"--{f.name}", default=default, help=help + off, **how)
             p.add_argument(f"--no-{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
@@ -351,10 +354,10 @@ def one_line(text, limit=200):
 
 
 def run_main(main, argv=None, outlive_stdout=False):
-    """Run a script's main(argv) and return its exit code (0 unless main returns an int). The project's expected errors (bad input, missing or
-    corrupt files, a full disk, a diverged run: ValueError, OSError, FloatingPointError) print one
-    `error:` line and exit 1; Ctrl-C exits 130 quietly. Anything else is a bug and keeps its traceback.
-    Set TRACEBACK=1 (or true, yes, on) to see the traceback of an expected error too.
+    """Run a script's main(argv) and return its exit code (0 unless main returns an int). The project's expected
+    errors (bad input, missing or corrupt files, a full disk, a diverged run: ValueError, OSError,
+    FloatingPointError) print one `error:` line and exit 1; Ctrl-C exits 130 quietly. Anything else is a bug and
+    keeps its traceback. Set TRACEBACK=1 (or true, yes, on) to see the traceback of an expected error too.
     A reader of stdout that has had enough (`| head`) is no error: the script ends quietly with exit 0, or,
     with outlive_stdout (a training run: its files are the record), goes on without it (OutlivingStream)."""
     if outlive_stdout:

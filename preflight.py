@@ -57,8 +57,8 @@ def check_settings(cfg):
             raise ValueError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
     for name in ("lr", "min_lr", "weight_decay", "grad_clip"):  # finite in float32, where AdamW uses them
         if not (0 <= getattr(cfg, name) <= torch.finfo(torch.float32).max):
-            raise ValueError(f"{name} must be a finite number >= 0{' (0: no clipping)' if name == 'grad_clip' else ''}, "
-                             f"got {getattr(cfg, name)}")
+            off = " (0: no clipping)" if name == "grad_clip" else ""
+            raise ValueError(f"{name} must be a finite number >= 0{off}, got {getattr(cfg, name)}")
     for name in ("beta1", "beta2"):
         if not 0 <= getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
@@ -91,13 +91,13 @@ def check_training_fits(cfg, mcfg, world, device):
     if free is not None and need > free:
         raise ValueError(f"this run needs at least {need / 2**30:,.1f} GiB ({params:,} parameters with their gradients "
                          f"and AdamW state, and logits of {cfg.batch_size:,} x {mcfg.block_size:,} tokens over "
-                         f"{mcfg.vocab_size:,}), but {free / 2**30:,.1f} GiB is free on {device}: train a smaller model "
-                         "or batch")
+                         f"{mcfg.vocab_size:,}), but {free / 2**30:,.1f} GiB is free on {device}: train a smaller "
+                         "model or batch")
     ids, free = 8 * cfg.eval_steps * cfg.batch_size * world, available_memory(torch.device("cpu"))
     if free is not None and ids > free:
-        raise ValueError(f"eval_steps {cfg.eval_steps:,} x batch_size {cfg.batch_size:,} x {world} process(es) validation "
-                         f"windows need {ids / 2**30:,.1f} GiB for their ids alone, but {free / 2**30:,.1f} GiB is free: "
-                         "evaluate fewer batches")
+        raise ValueError(f"eval_steps {cfg.eval_steps:,} x batch_size {cfg.batch_size:,} x {world} process(es) "
+                         f"validation windows need {ids / 2**30:,.1f} GiB for their ids alone, but "
+                         f"{free / 2**30:,.1f} GiB is free: evaluate fewer batches")
 
 
 def check_tokenizer(ckpt, meta, source, data_dir):
@@ -105,7 +105,8 @@ def check_tokenizer(ckpt, meta, source, data_dir):
     prepared here is tiktoken's, so a converted release (its tokenizer a tokenizer.json) is refused."""
     theirs, meta_path = ckpt.get("tokenizer"), os.path.join(data_dir, "meta.json")
     if theirs is None:
-        print(f"note: {source} names no tokenizer: its token ids are taken to mean what {meta_path} says", file=sys.stderr)
+        print(f"note: {source} names no tokenizer: its token ids are taken to mean what {meta_path} says",
+              file=sys.stderr)
         return
     if not isinstance(theirs, dict) or theirs.get("kind") not in ("tiktoken", "hf"):
         raise ValueError(f"{source}: unknown tokenizer entry {one_line(repr(theirs), 80)}")
@@ -116,8 +117,10 @@ def check_tokenizer(ckpt, meta, source, data_dir):
                          "on it here")
     theirs, ours = tiktoken_entry(theirs), tiktoken_entry(meta)  # an old entry's missing keys: the ids it had
     if theirs != ours:
-        flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + "".join(  # a reservation that
-            f" --no-{k}" for k in ("reserve_zero", "reserve_ones") if not theirs[k] and tiktoken_entry({**theirs, k: True})[k])  # moves something
+        moves = [k for k in ("reserve_zero", "reserve_ones")
+                 if not theirs[k] and tiktoken_entry({**theirs, k: True})[k]]
+        flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + "".join(  # a reservation
+            f" --no-{k}" for k in moves)  # that would move something
         raise ValueError(f"{source}: trained on {theirs['encoding']} tokens at vocab_size {theirs['vocab_size']}"
                          f"{reserved_note(theirs)}, but {os.path.join(data_dir, 'meta.json')} "
                          f"says {ours['encoding']} at vocab_size {ours['vocab_size']}{reserved_note(ours)}: "

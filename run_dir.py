@@ -58,7 +58,8 @@ def check_out_dir(cfg):
             raise ValueError(f"{path} holds the log of an earlier run, which saved no checkpoint: keep it by choosing "
                              "another out_dir, or replace it with --overwrite")
         if os.path.exists(path):
-            raise ValueError(f"{path} exists: continue that run with --resume, or start afresh and replace it with --overwrite")
+            raise ValueError(f"{path} exists: continue that run with --resume, or start afresh and replace it with "
+                             "--overwrite")
 
 
 def open_outputs(cfg):
@@ -71,7 +72,7 @@ def open_outputs(cfg):
     return open(os.path.join(cfg.out_dir, "log.jsonl"), "a" if cfg.resume else "w")
 
 
-# ----------------------------------------------------------------------------- resume: exactly where the checkpoint stopped
+# ----------------------------------------------------------------------------- resume: where the checkpoint stopped
 def restore(run, state, ckpt, source):
     """Continue where the checkpoint stopped: optimizer, step, data position, evaluations, RNG streams (each
     rank its own, when the number of processes is the same)."""
@@ -103,9 +104,11 @@ def check_training_state(ckpt, source):
         ("'step' is not a whole number >= 0", type(ckpt["step"]) is int and ckpt["step"] >= 0),
         ("'data' has no whole-number 'position' >= 0",
          isinstance(data, dict) and type(data.get("position")) is int and data["position"] >= 0),
-        ("'optimizer' is not an optimizer state dict", isinstance(optimizer, dict) and {"state", "param_groups"} <= optimizer.keys()),
-        ("'rng' is not a list of RNG states (torch, cuda, python, numpy) per process", isinstance(rng, list) and rng and all(
-            isinstance(r, dict) and {"torch", "cuda", "python", "numpy"} <= r.keys() for r in rng)),
+        ("'optimizer' is not an optimizer state dict",
+         isinstance(optimizer, dict) and {"state", "param_groups"} <= optimizer.keys()),
+        ("'rng' is not a list of RNG states (torch, cuda, python, numpy) per process",
+         isinstance(rng, list) and rng and all(
+             isinstance(r, dict) and {"torch", "cuda", "python", "numpy"} <= r.keys() for r in rng)),
         ("'eval_step' is not a whole number", type(ckpt.get("eval_step")) in (int, type(None))),
         ("'val_loss' or 'best_val_loss' is not a number",
          isinstance(ckpt.get("val_loss"), number_or_none) and isinstance(ckpt.get("best_val_loss"), number_or_none)),
@@ -135,6 +138,6 @@ def check_same_data(run, ckpt, source):
               "reading", file=sys.stderr)
     elif saved is not None and saved != run.data_id:
         raise ValueError(f"{source} was reading other data than {run.cfg.data_dir} now holds (fingerprint {saved}, now "
-                         f"{run.data_id}: meta.json or the shards changed): its saved position would index other windows. "
-                         "Resume on the data it was reading, or start from its weights with --init_from")
+                         f"{run.data_id}: meta.json or the shards changed): its saved position would index other "
+                         "windows. Resume on the data it was reading, or start from its weights with --init_from")
 

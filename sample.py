@@ -6,7 +6,7 @@ Sample text from a checkpoint, streamed as it is produced (KV-cache decoding via
     python sample.py --ckpt out/fixmin --temperature 0 --max_new_tokens 3   # a converted release: the card's prompt
     python sample.py --ckpt out/run --prompt_file p.txt --num_samples 3 --top_p 0.9 --seed 1
     python sample.py --ckpt out/fixmin --quantize int8   # int8 weights: quicker on a CPU (quantize.py)
-    python sample.py --ckpt out/fixmin-int8              # an int8 checkpoint (python -m tools.convert native2int8): ~0.4x the memory
+    python sample.py --ckpt out/fixmin-int8              # an int8 checkpoint (tools.convert native2int8): 0.4x memory
     python sample.py --ckpt out/fixmin-int8 --compile --max_new_tokens 2000   # long outputs: a compiled int8 step
 
 Without a prompt, a checkpoint trained here starts a new document: from the end-of-text token, which
@@ -16,8 +16,8 @@ ends every document of its prepared data. A converted release continues its mode
 The tokenizer comes from the checkpoint: a tiktoken encoding by name (native runs) or a tokenizer.json
 beside the checkpoint (converted releases; needs the `tokenizers` package). Generation stops at the
 tokenizer's end-of-text token (<|endoftext|>, </s>), and never draws an id the tokenizer cannot decode
-(a vocabulary padded past it, as --vocab_size=65536 on GPT-2's 50,257 tokens). A prompt longer than the context keeps its last
-block_size tokens (with a notice on stderr).
+(a vocabulary padded past it, as --vocab_size=65536 on GPT-2's 50,257 tokens). A prompt longer than the context
+keeps its last block_size tokens (with a notice on stderr).
 """
 
 import math
@@ -46,7 +46,8 @@ class SampleConfig:
     prompt_file: str | None = setting(None, "read the prompt from this UTF-8 file instead of --prompt")
     num_samples: int = setting(1, "how many continuations")
     max_new_tokens: int = setting(100, "tokens per continuation (fewer if end-of-text comes)")
-    temperature: float = setting(0.8, "softmax temperature; 0 = greedy (so is one below 1.2e-38, too small to divide by)")
+    temperature: float = setting(0.8, "softmax temperature; 0 = greedy (so is one below 1.2e-38, too small to "
+                                      "divide by)")
     top_k: int | None = setting(None, "sample only among the k most likely tokens")
     top_p: float | None = setting(None, "nucleus sampling: the smallest set with this much probability")
     seed: int = setting(1337, "random seed")
@@ -163,7 +164,8 @@ def check_cache_fits(model, positions, device):
     need, free = memory_bytes(model.config, 1, positions, p.dtype), available_memory(device)
     if free is not None and need > free:
         raise ValueError(f"prompt + --max_new_tokens = {positions:,} positions need {need / 2**30:,.1f} GiB for the KV "
-                         f"cache and rotary tables, but {free / 2**30:,.1f} GiB is free on {device}: ask for fewer tokens")
+                         f"cache and rotary tables, but {free / 2**30:,.1f} GiB is free on {device}: ask for fewer "
+                         "tokens")
 
 
 def check_start(model, codec, ids):

@@ -30,7 +30,8 @@ class GracefulStop:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = True
-        print(f"\n{signal.Signals(signum).name}: finishing this step, saving, then exiting", file=sys.stderr, flush=True)
+        print(f"\n{signal.Signals(signum).name}: finishing this step, saving, then exiting", file=sys.stderr,
+              flush=True)
 
     def __exit__(self, *exc):
         for s, h in self.old.items():
