@@ -153,8 +153,8 @@ def check_settings(cfg):
             if diff := [k for k in asked if was.get(k) != asked[k]]:
                 raise ValueError(f"{cfg.out_dir} was trained with {', '.join(f'{k}={was.get(k)}' for k in diff)}, "
                                  f"but this command asks for {', '.join(f'{k}={asked[k]}' for k in diff)}: its results "
-                                 "would be reported under settings it never used; use another --out (or remove that folder to "
-                                 "train it again)")
+                                 "would be reported under settings it never used; use another --out (or remove that "
+                                 "folder to train it again)")
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError):
         raise ValueError(f"{log} is not a log train.py wrote (its start records are unreadable): cannot tell the "
                          "settings of that run; use another --out") from None
