@@ -219,8 +219,6 @@ def lr_at(step, cfg):
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
 
 
-
-
 def train(cfg: TrainConfig) -> dict:
     """Train as cfg says; returns a summary (steps, tokens, first/final/best val loss, ...)."""
     rank, world, device, distributed = start_processes(cfg)
