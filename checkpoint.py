@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from common import DISK_FULL, atomic_open, available_memory, disk_full, file_problem, one_line
-from model import GPT, GPTConfig, memory_bytes
-from quantize import check_quantize, pack_int8, split_int8
+from decode import memory_bytes
+from model import GPT, GPTConfig
 
 
 def checkpoint_dict(model, tokenizer, **extra):
@@ -117,12 +117,13 @@ def check_buildable(config, state_dict, source):
     the allocator."""
     blocks = len({k.split(".")[1] for k in state_dict if k.startswith("blocks.")})
     if blocks != config.n_layer:
-        raise ValueError(f"{source}: its model_config says n_layer {config.n_layer:,}, but its weights hold {blocks} blocks")
+        raise ValueError(f"{source}: its model_config says n_layer {config.n_layer:,}, but its weights hold {blocks} "
+                         "blocks")
     need, free = memory_bytes(config), available_memory(torch.device("cpu"))
     if free is not None and need > free:
-        raise ValueError(f"{source}: its model_config (block_size {config.block_size:,}, vocab_size {config.vocab_size:,}, "
-                         f"n_embd {config.n_embd:,}) needs {need / 2**30:,.1f} GiB of tables besides its weights; "
-                         f"{free / 2**30:,.1f} GiB is free")
+        raise ValueError(f"{source}: its model_config (block_size {config.block_size:,}, vocab_size "
+                         f"{config.vocab_size:,}, n_embd {config.n_embd:,}) needs {need / 2**30:,.1f} GiB of tables "
+                         f"besides its weights; {free / 2**30:,.1f} GiB is free")
 
 
 def model_from_weights(config, state_dict, source):
@@ -145,7 +146,9 @@ def load_checkpoint(path, device="cpu", int8=False, pack=True):
         config = GPTConfig(**ckpt["model_config"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: its model_config does not fit GPTConfig ({e})") from None
-    if "quantization" in ckpt:
+    if is_int8(ckpt):
+        from quantize import check_quantize, pack_int8, split_int8  # int8 only: training never loads quantize.py
+
         check_quantize("int8", device)
         file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
         state_dict, rows = split_int8(ckpt, file)
@@ -170,3 +173,8 @@ def set_rng_state(state, device):
     random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
     name, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+
+
+def is_int8(ckpt):
+    """Whether a checkpoint dict is an int8 checkpoint (python -m tools.convert native2int8)."""
+    return "quantization" in ckpt

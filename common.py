@@ -5,6 +5,7 @@ generated from a dataclass, and a `main` wrapper that turns the project's expect
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import os
 import re
@@ -76,7 +77,8 @@ def file_problem(path):
 
 def atomic_write(path, data):
     """Write bytes or str to `path` atomically (see atomic_open)."""
-    with atomic_open(path, "wb" if isinstance(data, bytes) else "w", **({} if isinstance(data, bytes) else {"encoding": "utf-8"})) as f:
+    text = {} if isinstance(data, bytes) else {"encoding": "utf-8"}
+    with atomic_open(path, "w" if text else "wb", **text) as f:
         f.write(data)
 
 
@@ -249,6 +251,18 @@ def resolve_presets(cfg, *switches):
     return cfg
 
 
+def with_overrides(cls, source, after, help):
+    """Dataclass `cls` with an optional override of each field of dataclass `source` inserted after field `after`:
+    `name: T | None = None` with --help text help(name), so `source` stays the one home of those settings."""
+    new = [(f.name, f.type | None, setting(None, help(f.name))) for f in fields(source)]
+    own = [(f.name, f.type, f) for f in fields(cls)]
+    at = [f.name for f in fields(cls)].index(after) + 1
+    namespace = {k: v for k, v in vars(cls).items() if isinstance(v, property)}
+    out = dataclasses.make_dataclass(cls.__name__, own[:at] + new + own[at:], namespace=namespace)
+    out.__module__, out.__qualname__, out.__doc__ = cls.__module__, cls.__qualname__, cls.__doc__
+    return out
+
+
 def config_parser(cls, description, epilog=None):
     """An argparse parser for dataclass `cls`: one --name option per field, help from setting().
 
@@ -308,9 +322,11 @@ def _add_fields(p, cls):
         parse = extra.pop("type", parse)
         help = f.metadata.get("help", "")
         if f.metadata.get("positional"):
-            p.add_argument(f.name, type=parse, help=help, **({} if default is MISSING else {"default": default}), **extra)
+            given = {} if default is MISSING else {"default": default}
+            p.add_argument(f.name, type=parse, help=help, **given, **extra)
         elif kind is bool:
-            how = dict(action="store_const", const=True) if switches else dict(nargs="?", const=True, type=parse, metavar="BOOL")
+            how = (dict(action="store_const", const=True) if switches
+                   else dict(nargs="?", const=True, type=parse, metavar="BOOL"))
             off = f"; --no-{f.name} turns it off" if default is not False else ""
             p.add_argument(f"--{f.name}", default=default, help=help + off, **how)
             p.add_argument(f"--no-{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
@@ -338,10 +354,10 @@ def one_line(text, limit=200):
 
 
 def run_main(main, argv=None, outlive_stdout=False):
-    """Run a script's main(argv) and return its exit code (0 unless main returns an int). The project's expected errors (bad input, missing or
-    corrupt files, a full disk, a diverged run: ValueError, OSError, FloatingPointError) print one
-    `error:` line and exit 1; Ctrl-C exits 130 quietly. Anything else is a bug and keeps its traceback.
-    Set TRACEBACK=1 (or true, yes, on) to see the traceback of an expected error too.
+    """Run a script's main(argv) and return its exit code (0 unless main returns an int). The project's expected
+    errors (bad input, missing or corrupt files, a full disk, a diverged run: ValueError, OSError,
+    FloatingPointError) print one `error:` line and exit 1; Ctrl-C exits 130 quietly. Anything else is a bug and
+    keeps its traceback. Set TRACEBACK=1 (or true, yes, on) to see the traceback of an expected error too.
     A reader of stdout that has had enough (`| head`) is no error: the script ends quietly with exit 0, or,
     with outlive_stdout (a training run: its files are the record), goes on without it (OutlivingStream)."""
     if outlive_stdout:

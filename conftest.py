@@ -19,6 +19,7 @@ def tiny_data(tmp_path_factory):
     if SHAKESPEARE.is_file():
         text.write_text(SHAKESPEARE.read_text()[:20_000])
     else:
-        text.write_text("\n".join(f"line {i}: the quick brown fox {i % 7} jumps over {i % 11} dogs" for i in range(500)))
+        lines = (f"line {i}: the quick brown fox {i % 7} jumps over {i % 11} dogs" for i in range(500))
+        text.write_text("\n".join(lines))
     prepare([str(text)], str(folder / "data"), vocab_size=512, workers=1, progress=False)
     return str(folder / "data")

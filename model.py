@@ -23,8 +23,8 @@ Design choices, up front:
   are a gather, so no parameters and no matmul.
 - Decoder: pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention) through
   F.scaled_dot_product_attention, GELU MLP (4x), final LayerNorm, untied bias-free output head.
-- Read top to bottom: the code, the config, the decoder, GPT. Then, apart: the affine input, the config
-  checks, and fast decoding (KV cache, sampling, generate), each in a labelled section at the end.
+- Read top to bottom: the code, the config, the decoder, GPT. Then, apart: the affine input and the config
+  checks, each in a labelled section at the end. Fast decoding (KV cache, sampling, generate): decode.py.
 """
 
 import math
@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from tokenizer import SMALL_VOCAB
 
 
 # ----------------------------------------------------------------------------- the idea: a fixed binary code
@@ -101,18 +103,18 @@ class BinaryCodeInput(nn.Module):
 # ----------------------------------------------------------------------------- the config
 @dataclass
 class GPTConfig:
-    vocab_size: int = 50304
-    block_size: int = 256
-    n_layer: int = 6
-    n_head: int = 6
-    n_embd: int = 384
+    vocab_size: int = 50304  # token ids [0, V); the code has K = ceil(log2 V) bits
+    block_size: int = 256  # context length (training sequence length)
+    n_layer: int = 6  # decoder blocks
+    n_head: int = 6  # attention heads
+    n_embd: int = 384  # model width
     input: str = "binary"  # binary | affine | learned
     layout: str = "tile"  # tile | interleave: how K code bits are lifted to n_embd dims
     affine_seed: int = 0  # draws A and b of the affine input
     pad_token_id: int | None = None  # its code row is all zeros (binary input), as in the release
-    rope_base: float = 10000.0
+    rope_base: float = 10000.0  # rotary base
     bias: bool = False  # biases in Linear and LayerNorm layers (never in the output head)
-    dropout: float = 0.0
+    dropout: float = 0.0  # dropout probability
 
     def __post_init__(self):
         check_config(self)  # a clear error for a shape that cannot work (the checks section at the end)
@@ -125,11 +127,9 @@ class GPTConfig:
 PRESETS = {  # GPTConfig fields by name; the rest keep their defaults
     # the released checkpoints' shape: 32 x 1024, 32 heads, context 1024, V = 65,536, <pad> = 57,344
     "paper": dict(vocab_size=65536, block_size=1024, n_layer=32, n_head=32, n_embd=1024, pad_token_id=57344),
-    # the Shakespeare quickstart on a laptop CPU: GPT-2's tokenizer cut to 8,192 tokens (K = 13), tokenizer.SMALL_VOCAB
-    # (model.py imports torch alone; tests/test_layout.py holds the two equal)
-    "small": dict(vocab_size=8192, block_size=256, n_layer=6, n_head=6, n_embd=384),
-    # for tests: a few milliseconds a step
-    "tiny": dict(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32),
+    # the Shakespeare quickstart on a laptop CPU: GPT-2's tokenizer cut to 8,192 tokens (K = 13)
+    "small": dict(vocab_size=SMALL_VOCAB, block_size=256, n_layer=6, n_head=6, n_embd=384),
+    "tiny": dict(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32),  # for tests: milliseconds a step
 }
 
 
@@ -181,7 +181,7 @@ class CausalSelfAttention(nn.Module):
         qk = apply_rotary(qkv[:2], cos, sin)  # q and k rotated in one go: fewer ops per decoded token
         q, k, v = qk[0], qk[1], qkv[2]
         mask = None
-        if cache is not None:  # decoding: attend to the cached keys and values too (KVCache, at the end)
+        if cache is not None:  # decoding: attend to the cached keys and values too (decode.KVCache)
             k, v, mask = cache.update(layer, k, v)
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=T > 1)
@@ -227,7 +227,8 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # on the CPU even inside a meta-device context: non-persistent, so no checkpoint brings them
-        cos, sin = rotary_cos_sin(torch.arange(config.block_size, device="cpu"), config.n_embd // config.n_head, config.rope_base)
+        positions, head_dim = torch.arange(config.block_size, device="cpu"), config.n_embd // config.n_head
+        cos, sin = rotary_cos_sin(positions, head_dim, config.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if self.lm_head.weight.is_meta:  # shapes only, or weights that follow: nothing to draw
@@ -240,7 +241,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits, loss). With a cache (generation), only the last position's
         logits are computed, shape (B, 1, V); otherwise (B, T, V). Ids are not checked here (two host
-        syncs a step): train.py checks its shards, stream()/generate() a prompt, check_ids anything else."""
+        syncs a step): train.py checks its shards, decode.stream() a prompt, decode.check_ids anything else."""
         T, V = idx.shape[1], self.config.vocab_size
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -386,172 +387,20 @@ def constant_input_ids(model) -> list[int]:
     return (codes == codes[:, :1]).all(-1).nonzero().flatten().tolist()
 
 
-# ----------------------------------------------------------------------------- fast decoding
-# generate(model, idx, n) runs the prompt through the model once, then one token at a time. Each step
-# attends to the keys and values of every token before it, kept in a KVCache sized to the generation
-# (prompt + new tokens, at most block_size slots, a ring once full, so decoding goes on past
-# block_size as a sliding window). Keys are cached already rotated at their absolute positions, and
-# rotary attention depends only on the distance between positions. The one-token step has fixed
-# shapes, so torch.compile can compile it once (compile=True).
-def check_ids(idx, vocab_size):
-    """A clear error for ids outside [0, V) where they enter (a bad id would fail deep inside an index
-    op, on a GPU as a device assert, or with the affine input silently alias another token)."""
-    if idx.numel() == 0:
-        raise ValueError("no token ids: a prompt needs at least one token")
-    lo, hi = idx.min().item(), idx.max().item()
-    if lo < 0 or hi >= vocab_size:
-        raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
-
-
-class KVCache:
-    """Keys and values of every layer for one generation: `size` slots per layer, a ring once full.
-
-    size = the positions the generation reaches (prompt + new tokens), at most block_size: memory for
-    what is generated, not for the whole context (a 3-token sample holds prompt + 3 slots, not 1,024).
-    Past block_size the ring slides: the newest token overwrites the oldest. One token's step reads
-    no Python-side state: its position, its slot and the mask of written slots are tensors and every
-    shape is fixed, so torch.compile compiles the step once (stream(compile=True))."""
-
-    def __init__(self, config, batch_size, positions, device, dtype):
-        head_dim = config.n_embd // config.n_head
-        self.size = min(positions, config.block_size)
-        shape = (batch_size, config.n_head, self.size, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.written = torch.zeros(1, self.size, dtype=torch.bool, device=device)  # (1 query, size) mask: slots in use
-        self.pos = torch.zeros(1, dtype=torch.long, device=device)  # tokens seen so far
-        self.slot = None  # where the current token goes: pos % size, set by advance()
-        # rotary angles of every position this generation reaches (past block_size too)
-        cos, sin = rotary_cos_sin(torch.arange(positions), head_dim, config.rope_base)
-        self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
-
-    def advance(self, T):
-        """Start a forward pass over T new tokens: mark their slots, count them as seen, return their rotary
-        cos/sin."""
-        if T > 1:  # the prompt: slots 0 .. T-1, attending causally to itself
-            if self.written.any():
-                raise ValueError("the KV cache takes a multi-token chunk only at the start")
-            self.written[:, :T] = True
-            self.pos += T  # in place: a compiled step sees the same tensor every time
-            return self.cos[:T], self.sin[:T]
-        self.slot = self.pos % self.size
-        self.written.index_fill_(1, self.slot, True)
-        cos, sin = self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
-        self.pos += 1
-        return cos, sin
-
-    def update(self, layer, k, v):
-        """Store k, v (B, H, T, D) of the newest T tokens. Returns the keys, values and mask to attend
-        to: a prompt, itself (causal, no mask); one token, every slot, masked to the written ones."""
-        if k.shape[2] > 1:
-            self.k[layer].narrow(2, 0, k.shape[2]).copy_(k)
-            self.v[layer].narrow(2, 0, k.shape[2]).copy_(v)
-            return k, v, None
-        self.k[layer].index_copy_(2, self.slot, k)
-        self.v[layer].index_copy_(2, self.slot, v)
-        return self.k[layer], self.v[layer], self.written  # the mask broadcasts over (B, H, 1, size)
-
-
-def memory_bytes(config, batch_size=0, positions=0, dtype=torch.float32):
-    """An upper bound on the memory GPT(config) takes besides its weights, built even on the meta device
-    (rotary tables of block_size positions, made from float64 angles; the code table; the lift), and with
-    batch_size > 0, a KVCache reaching `positions` (keys and values, its rotary tables of every position):
-    so a size that cannot fit is refused up front, with the number, not by the allocator."""
-    head_dim, item = config.n_embd // config.n_head, torch.empty((), dtype=dtype).element_size()
-    total = 32 * config.block_size * head_dim + 4 * config.vocab_size * config.code_bits + 8 * config.n_embd
-    if batch_size:
-        total += 2 * config.n_layer * batch_size * config.n_embd * min(positions, config.block_size) * item
-        total += 32 * positions * head_dim
-    return total
-
-
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None, allowed=None):
-    """(B, V) logits -> (B, 1) token ids: greedy at temperature 0, else top-k / nucleus sampling. `allowed`
-    (V bools): the ids that may be drawn (a vocabulary padded past its tokenizer: the rest mean no text).
-    A temperature below the dtype's smallest normal number (1.2e-38 in float32) cannot be divided by: greedy."""
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed, -float("inf"))
-    if temperature < torch.finfo(logits.dtype).tiny:
-        return logits.argmax(dim=-1, keepdim=True)
-    # the max first, and a temperature of at most the dtype's largest number: the logits then reach -inf or 0,
-    # never +inf or NaN (inf - inf, -inf / inf), at any temperature
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / min(temperature, torch.finfo(logits.dtype).max)
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, -float("inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # drop a token once the tokens ranked above it already reach top_p (the first always stays)
-        drop = (cum - sorted_logits.softmax(dim=-1)) >= top_p
-        drop[:, 0] = False  # even where top_p rounds to 0 in the logits' dtype
-        logits = logits.masked_fill(drop.scatter(1, order, drop), -float("inf"))
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator)
-
-
-@torch.inference_mode()  # cheaper per op than no_grad: no version counters, no view tracking
-def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
-           compile=False, allowed=None):
-    """Yield the next token of every sequence, (B, 1), one step at a time, with a KV cache.
-
-    temperature 0 is greedy. A prompt longer than block_size is cropped to its last block_size
-    tokens. Past block_size the cache slides: each new token sees the block_size tokens before
-    it (their keys were computed in their own windows, as in any sliding-window KV cache).
-    Once a sequence emits eos_token_id it keeps emitting it; all done ends the stream.
-    compile=True runs the one-token step through torch.compile (once per model and cache
-    shape: worth it for long generations, not for a few tokens). allowed: see sample_next.
-    """
-    check_ids(idx, model.config.vocab_size)
-    idx = idx[:, -model.config.block_size :]
-    p = next(model.parameters())
-    cache = KVCache(model.config, idx.shape[0], idx.shape[1] + max_new_tokens, p.device, p.dtype)
-    step = compiled_step(model) if compile else model
-    done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-    for i in range(max_new_tokens):
-        logits, _ = (model if i == 0 else step)(idx, cache=cache)  # the prompt runs eagerly
-        nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator, allowed)
-        if eos_token_id is not None:
-            nxt = torch.where(done[:, None], eos_token_id, nxt)
-            done |= nxt[:, 0] == eos_token_id
-        yield nxt
-        if eos_token_id is not None and done.all():
-            return
-        idx = nxt
-
-
-def compiled_step(model):
-    """model's forward under torch.compile, made once and kept outside the module tree (so it is
-    neither a submodule nor in the state dict); with the inductor options the model carries, if any
-    (quantize.py's int8 models do)."""
-    if "_compiled" not in model.__dict__:
-        options = model.__dict__.get("_compile_options")
-        model.__dict__["_compiled"] = torch.compile(model, fullgraph=True, dynamic=False, options=options)
-    return model.__dict__["_compiled"]
-
-
-def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
-             compile=False):
-    """idx (B, T) -> (B, T + new): the prompt followed by what stream() yields."""
-    new = list(stream(model, idx, max_new_tokens, temperature, top_k, top_p, eos_token_id, generator, compile))
-    return torch.cat([idx, *new], dim=1)
-
-
 if __name__ == "__main__":  # python model.py --preset paper: the paper's parameter table, computed
-    import sys
-
-    from common import config_parser, parse_settings, run_main, setting  # the command line only: the model needs torch alone
+    from common import config_parser, parse_settings, run_main, setting  # the command line only: the model is torch
 
     @dataclass
     class TableConfig:
         preset: str = setting("paper", "model preset", choices=list(PRESETS))
 
     def main(argv=None):
-        cfg = parse_settings(config_parser(TableConfig, "Print the parameter accounting of a preset's three input variants."), argv)
+        about = "Print the parameter accounting of a preset's three input variants."
+        cfg = parse_settings(config_parser(TableConfig, about), argv)
         print("| input | trainable params | input-interface params | frozen stored values |\n|---|---:|---:|---:|")
         for variant in ("learned", "binary", "affine"):
             with torch.device("meta"):  # shapes only: the paper preset costs no memory
                 n = GPT(get_config(cfg.preset, input=variant)).num_params()
             print(f"| {variant} | {n['trainable']:,} | {n['input']:,} | {n['frozen']:,} |")
 
-    sys.exit(run_main(main))  # `| head` included: a reader that has had enough is no error
+    raise SystemExit(run_main(main))  # `| head` included: a reader that has had enough is no error

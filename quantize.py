@@ -28,7 +28,6 @@ Design choices, up front:
   attention over the KV cache. The float model is left as it was: the copy shares those tensors.
 """
 
-import copy
 import ctypes
 import mmap
 import os
@@ -37,6 +36,8 @@ import threading
 
 import torch
 import torch.nn as nn
+
+from decode import copy_model
 
 
 QUANTIZE = ("int8",)  # the choices of --quantize
@@ -151,9 +152,7 @@ def quantize_int8(model, pack=True):
     check_quantize("int8", p.device, p.dtype)
     shared = {id(t): t for t in model.state_dict(keep_vars=True).values()}
     shared.update({id(t): t for t in model.buffers()})  # non-persistent ones too (lift, rotary tables)
-    shared.update({id(v): v for k, v in model.__dict__.items() if k == "_compiled"})  # a compiled step is not copied
-    q = copy.deepcopy(model, memo=shared)  # the module tree anew, tensors shared
-    q.__dict__.pop("_compiled", None)  # the float model's compiled step would call the float layers
+    q = copy_model(model, memo=shared)  # the module tree anew, tensors shared
     for parent in list(q.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
@@ -170,11 +169,6 @@ def quantize_int8(model, pack=True):
 # the packing thread then packs them and (Linux) drops each layer's file pages once packed, so peak memory
 # is about the int8 weights once.
 SCHEME = "int8 rows: symmetric, one float32 scale per output row (name.weight_scale); int8 activations per token"
-
-
-def is_int8(ckpt):
-    """Whether a checkpoint dict is an int8 checkpoint (python -m tools.convert native2int8)."""
-    return "quantization" in ckpt
 
 
 def int8_checkpoint(model, ckpt, source):
@@ -322,7 +316,7 @@ def wait_packed(model):
 
 
 # ----------------------------------------------------------------------------- compiled: weight-only int8
-# Under torch.compile (sample.py --compile, model.stream(compile=True)) an Int8Linear computes weight_only:
+# Under torch.compile (sample.py --compile, decode.stream(compile=True)) an Int8Linear computes weight_only:
 # no int8 activations, no oneDNN; inductor writes the decode step's loops, each reading int8 rows and
 # multiplying in float32. The one setting it needs: store an intermediate of more than one op rather than
 # inline it into its readers (realize_opcount_threshold 1), or inductor recomputes a LayerNorm or GELU
@@ -336,8 +330,7 @@ def weight_only_copy(model):
     """A float32 copy of `model` whose nn.Linear weights are their int8 rounding, q * scale: the numbers a
     compiled int8 model multiplies by (Int8Linear.weight_only), for measuring them eagerly
     (tools/quantize_quality.py; tests hold the two equal to float32 summation order)."""
-    twin = copy.deepcopy(model)
-    twin.__dict__.pop("_compiled", None)
+    twin = copy_model(model)
     for m in twin.modules():
         if isinstance(m, nn.Linear):
             q, scale = int8_rows(m.weight)
@@ -346,5 +339,5 @@ def weight_only_copy(model):
 
 
 def compiles_weight_only(model):
-    """Mark `model` for model.compiled_step to compile with COMPILE_OPTIONS."""
-    model.__dict__["_compile_options"] = COMPILE_OPTIONS  # not a submodule, not in the state dict
+    """Mark `model` for decode.compiled_step to compile with COMPILE_OPTIONS."""
+    model.compile_options = COMPILE_OPTIONS  # a plain attribute: not a submodule, not in the state dict

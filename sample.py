@@ -1,12 +1,12 @@
 """
-Sample text from a checkpoint, streamed as it is produced (KV-cache decoding via model.stream).
+Sample text from a checkpoint, streamed as it is produced (KV-cache decoding via decode.stream).
 
     python sample.py                                     # out/ckpt.pt, what `python train.py` just trained
     python sample.py --ckpt out/run --prompt "ROMEO:"    # continue a prompt
     python sample.py --ckpt out/fixmin --temperature 0 --max_new_tokens 3   # a converted release: the card's prompt
     python sample.py --ckpt out/run --prompt_file p.txt --num_samples 3 --top_p 0.9 --seed 1
     python sample.py --ckpt out/fixmin --quantize int8   # int8 weights: quicker on a CPU (quantize.py)
-    python sample.py --ckpt out/fixmin-int8              # an int8 checkpoint (python -m tools.convert native2int8): ~0.4x the memory
+    python sample.py --ckpt out/fixmin-int8              # an int8 checkpoint (tools.convert native2int8): 0.4x memory
     python sample.py --ckpt out/fixmin-int8 --compile --max_new_tokens 2000   # long outputs: a compiled int8 step
 
 Without a prompt, a checkpoint trained here starts a new document: from the end-of-text token, which
@@ -16,8 +16,8 @@ ends every document of its prepared data. A converted release continues its mode
 The tokenizer comes from the checkpoint: a tiktoken encoding by name (native runs) or a tokenizer.json
 beside the checkpoint (converted releases; needs the `tokenizers` package). Generation stops at the
 tokenizer's end-of-text token (<|endoftext|>, </s>), and never draws an id the tokenizer cannot decode
-(a vocabulary padded past it, as --vocab_size=65536 on GPT-2's 50,257 tokens). A prompt longer than the context keeps its last
-block_size tokens (with a notice on stderr).
+(a vocabulary padded past it, as --vocab_size=65536 on GPT-2's 50,257 tokens). A prompt longer than the context
+keeps its last block_size tokens (with a notice on stderr).
 """
 
 import math
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
-from checkpoint import check_finite, load_checkpoint
+from checkpoint import check_finite, is_int8, load_checkpoint
 from common import available_memory, config_parser, parse_settings, pick_device, run_main, setting
-from model import constant_input_ids, memory_bytes, stream
-from quantize import QUANTIZE, check_quantize, is_int8, quantize_int8
+from decode import memory_bytes, stream
+from model import constant_input_ids
 from tokenizer import load_text_codec
 
 CARD_PROMPT = "Question: What is the capital of France?\nAnswer:"  # the released models' card
@@ -46,7 +46,8 @@ class SampleConfig:
     prompt_file: str | None = setting(None, "read the prompt from this UTF-8 file instead of --prompt")
     num_samples: int = setting(1, "how many continuations")
     max_new_tokens: int = setting(100, "tokens per continuation (fewer if end-of-text comes)")
-    temperature: float = setting(0.8, "softmax temperature; 0 = greedy (so is one below 1.2e-38, too small to divide by)")
+    temperature: float = setting(0.8, "softmax temperature; 0 = greedy (so is one below 1.2e-38, too small to "
+                                      "divide by)")
     top_k: int | None = setting(None, "sample only among the k most likely tokens")
     top_p: float | None = setting(None, "nucleus sampling: the smallest set with this much probability")
     seed: int = setting(1337, "random seed")
@@ -55,7 +56,7 @@ class SampleConfig:
     compile: bool = setting(False, "torch.compile the one-token decoding step: tens of seconds once, then faster "
                                    "tokens (long outputs); int8 weights then multiply float activations (quantize.py)")
     quantize: str | None = setting(None, "int8: the linear layers' weights in int8 (CPU): a quarter of the bytes per "
-                                         "token, faster decoding (quantize.py)", choices=QUANTIZE)
+                                         "token, faster decoding (quantize.py)", choices=["int8"])
 
 
 def default_prompt(ckpt):
@@ -99,8 +100,6 @@ def check_settings(cfg):
         raise ValueError("--max_new_tokens must be >= 0 and --num_samples >= 1")
     if cfg.top_k is not None and cfg.top_k < 0:
         raise ValueError(f"--top_k must be a count >= 1 (0 or none: no top-k cut), got {cfg.top_k}")
-    if cfg.top_k == 0:
-        cfg.top_k = None  # 0 means no top-k cut
     if cfg.prompt and cfg.prompt_file is not None:
         raise ValueError("--prompt and --prompt_file both give the prompt: pass one of them")
     if cfg.prompt_file == "" or cfg.ckpt == "":
@@ -159,13 +158,14 @@ def drawable(codec, vocab_size, device):
 
 
 def check_cache_fits(model, positions, device):
-    """Refuse up front a generation whose KV cache and rotary tables (model.memory_bytes) cannot fit in the
+    """Refuse up front a generation whose KV cache and rotary tables (decode.memory_bytes) cannot fit in the
     device's free memory, naming the numbers, instead of failing in the allocator."""
     p = next(model.parameters())
     need, free = memory_bytes(model.config, 1, positions, p.dtype), available_memory(device)
     if free is not None and need > free:
         raise ValueError(f"prompt + --max_new_tokens = {positions:,} positions need {need / 2**30:,.1f} GiB for the KV "
-                         f"cache and rotary tables, but {free / 2**30:,.1f} GiB is free on {device}: ask for fewer tokens")
+                         f"cache and rotary tables, but {free / 2**30:,.1f} GiB is free on {device}: ask for fewer "
+                         "tokens")
 
 
 def check_start(model, codec, ids):
@@ -186,11 +186,16 @@ def main(argv=None):
     check_settings(cfg)
     prompt = read_prompt_file(cfg.prompt_file) if cfg.prompt_file is not None else cfg.prompt
     device = pick_device(cfg.device)
-    check_quantize(cfg.quantize, device, getattr(torch, cfg.dtype))  # before reading the checkpoint
+    if cfg.quantize:
+        from quantize import check_quantize, quantize_int8  # int8 only: float sampling never loads quantize.py
+
+        check_quantize(cfg.quantize, device, getattr(torch, cfg.dtype))  # before reading the checkpoint
     torch.manual_seed(cfg.seed)
     # an int8 checkpoint (python -m tools.convert native2int8) too; compiled, its layers stay on their rows
     model, ckpt = load_checkpoint(cfg.ckpt, device, int8=True, pack=not cfg.compile)
     if is_int8(ckpt):  # int8 weights: what --quantize int8 cannot do, this cannot either
+        from quantize import check_quantize
+
         check_quantize("int8", device, getattr(torch, cfg.dtype))
     check_finite(model.state_dict(), cfg.ckpt, "sample from")  # a diverged model would print "!!!!!!" greedily
     if not is_int8(ckpt):  # int8 layers are float32 between their matmuls, and a thread may be packing them now:
@@ -209,7 +214,8 @@ def main(argv=None):
     for n in range(cfg.num_samples):
         sys.stdout.write(prompt)
         sys.stdout.flush()
-        for piece in sample_stream(model, codec, ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, generator,
+        top_k = cfg.top_k or None  # 0: no top-k cut
+        for piece in sample_stream(model, codec, ids, cfg.max_new_tokens, cfg.temperature, top_k, cfg.top_p, generator,
                                    cfg.compile):
             sys.stdout.write(piece)
             sys.stdout.flush()

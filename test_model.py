@@ -15,16 +15,15 @@ from model import (
     BinaryCodeInput,
     GPTConfig,
     apply_rotary,
-    check_ids,
     code_bits,
     constant_input_ids,
-    generate,
     get_config,
     gf2_rank,
     lift_index,
     rotary_cos_sin,
     rotate,
 )
+from decode import check_ids, generate
 
 PAPER_V, PAPER_K, PAPER_PAD = 65536, 16, 57344
 
@@ -57,7 +56,8 @@ def test_code_table_exact_on_all_rows():
     assert torch.equal(table, expected)
     for t in (0, 1, 2, 1234, 40000, 57343, 65535):
         assert table[t].int().tolist() == bits_by_string(t, PAPER_K)
-    assert table[PAPER_PAD].sum() == 0 and BinaryCodeInput(PAPER_V, 16).weight[PAPER_PAD].sum() == 3  # 57344 = 2^15+2^14+2^13
+    assert table[PAPER_PAD].sum() == 0
+    assert BinaryCodeInput(PAPER_V, 16).weight[PAPER_PAD].sum() == 3  # 57344 = 2^15+2^14+2^13
 
 
 def test_worked_example_of_the_docstring():
@@ -95,7 +95,8 @@ def test_every_accepted_config_gives_every_token_its_own_input(input, layout):
     for V in (2, 3, 100, 512, 513, 4096):
         for n_embd in (*range(2, 20, 2), 24, 32, 36, 40, 48, 64):
             try:
-                cfg = GPTConfig(vocab_size=V, n_embd=n_embd, n_head=1, n_layer=1, block_size=4, input=input, layout=layout)
+                cfg = GPTConfig(vocab_size=V, n_embd=n_embd, n_head=1, n_layer=1, block_size=4, input=input,
+                                layout=layout)
             except ValueError as e:
                 assert n_embd < code_bits(V) and "some tokens would share an input" in str(e)
                 continue
@@ -237,7 +238,8 @@ def test_an_affine_checkpoint_keeps_the_A_and_b_it_was_drawn_with(tmp_path):
 
 @pytest.mark.parametrize("config, want", [
     (dict(input="binary"), [0, 511]), (dict(input="binary", vocab_size=500), [0]),
-    (dict(input="binary", pad_token_id=7, layout="interleave"), [0, 7, 511]), (dict(input="affine", affine_seed=3), [0, 511]),
+    (dict(input="binary", pad_token_id=7, layout="interleave"), [0, 7, 511]),
+    (dict(input="affine", affine_seed=3), [0, 511]),
     (dict(input="binary", bias=True), []), (dict(input="affine", bias=True), []), (dict(input="learned"), [])])
 def test_constant_input_ids(config, want):
     """The ids a bias-free binary or affine model reads as a constant vector (as the decoder reads them:
@@ -351,7 +353,8 @@ def test_apply_rotary_is_the_plain_rotation_of_the_two_halves(dtype, atol):
     fast = apply_rotary(x, cos.to(dtype), sin.to(dtype))
     plain = rotate(x, cos[:, : D // 2].to(dtype), sin[:, D // 2 :].to(dtype))
     torch.testing.assert_close(fast, plain, rtol=0, atol=atol)
-    angles = torch.arange(T, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    inv_freq = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq
     x1, x2 = x.double().chunk(2, dim=-1)
     turned = torch.complex(x1, x2) * torch.polar(torch.ones_like(angles), angles)
     # to the rounding of the float32 tables
@@ -360,7 +363,8 @@ def test_apply_rotary_is_the_plain_rotation_of_the_two_halves(dtype, atol):
 
 def test_checkpoint_round_trip_with_weights_only(tmp_path):
     model = tiny(input="affine", layout="interleave")
-    torch.save(checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}), tmp_path / "ckpt.pt")
+    tokenizer = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}
+    torch.save(checkpoint_dict(model, tokenizer), tmp_path / "ckpt.pt")
     torch.load(tmp_path / "ckpt.pt", weights_only=True)
     loaded, ckpt = load_checkpoint(str(tmp_path))
     idx = torch.randint(0, 512, (2, 10))
@@ -431,7 +435,9 @@ def test_truncated_and_mismatched_checkpoints_are_refused_naming_the_file(tmp_pa
         load_checkpoint(str(tmp_path / "none.pt"))
     wide = {**state, "model_config": {**state["model_config"], "n_embd": 64}}
     torch.save(wide, path)
-    with pytest.raises(ValueError, match=rf"{path}: weights do not fit its model_config: blocks.0.ln_1.weight: \(32,\) in the file, \(64,\) in the model; .* \(and 10 more\)"):
+    expected = (rf"{path}: weights do not fit its model_config: blocks.0.ln_1.weight: \(32,\) in the file, \(64,\) in "
+                r"the model; .* \(and 10 more\)")
+    with pytest.raises(ValueError, match=expected):
         load_checkpoint(str(path))
     torch.save({**state, "model": {k: v for k, v in state["model"].items() if k != "ln_f.weight"}}, path)
     with pytest.raises(ValueError, match=rf"{path}: weights do not fit its model_config: missing ln_f.weight$"):
@@ -484,7 +490,7 @@ def test_kv_cache_matches_recomputing_the_sequence(variant):
         seq = torch.cat([seq, naive_step_logits(model, seq).argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(cached, seq)
     # and the logits, step by step, to float tolerance
-    from model import KVCache
+    from decode import KVCache
 
     cache = KVCache(model.config, 3, cached.shape[1], "cpu", torch.float32)
     step_logits = model(prompt, cache=cache)[0][:, -1]
@@ -505,7 +511,7 @@ def test_generation_continues_past_block_size():
 
 
 def test_kv_cache_holds_only_the_positions_a_generation_reaches():
-    from model import KVCache
+    from decode import KVCache
 
     config = tiny().config
     short = KVCache(config, 2, 7 + 3, "cpu", torch.float32)  # a 7-token prompt, 3 new tokens
@@ -518,7 +524,7 @@ def test_kv_cache_holds_only_the_positions_a_generation_reaches():
 def test_kv_cache_follows_the_model_dtype(dtype):
     """Half-precision weights: the cache (keys, values, rotary tables) is in that dtype too, and the
     cached greedy tokens are those of recomputing the sequence in that dtype."""
-    from model import KVCache
+    from decode import KVCache
 
     model = tiny().to(dtype)
     with torch.no_grad():
@@ -541,7 +547,8 @@ def test_compiled_step_gives_the_eager_tokens():
         model.lm_head.weight.mul_(50)  # peaked logits: no near-ties a fused kernel's rounding could flip
     prompt = torch.randint(0, 512, (2, 7))
     steps = 2 * model.config.block_size
-    assert torch.equal(generate(model, prompt, steps, temperature=0, compile=True), generate(model, prompt, steps, temperature=0))
+    compiled = generate(model, prompt, steps, temperature=0, compile=True)
+    assert torch.equal(compiled, generate(model, prompt, steps, temperature=0))
     # kept outside the module tree: the same modules and state dict keys as before compiling
     assert [n for n, _ in model.named_modules()] == [n for n, _ in tiny().named_modules()]
     assert model.state_dict().keys() == tiny().state_dict().keys()
@@ -563,7 +570,7 @@ def test_greedy_and_seeded_sampling_are_deterministic():
 
 
 def test_top_k_and_top_p_restrict_the_support():
-    from model import sample_next
+    from decode import sample_next
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     gen = torch.Generator().manual_seed(0)

@@ -78,7 +78,8 @@ def tiktoken_entry(meta: dict) -> dict:
 
 def reserved_note(entry: dict) -> str:
     """How a tiktoken entry's ids differ from its encoding's, for messages: ", ids 0 and 8191 reserved"."""
-    ids = (["0"] if entry["reserve_zero"] else []) + ([str(all_ones_id(entry["vocab_size"]))] if entry["reserve_ones"] else [])
+    ids = ["0"] if entry["reserve_zero"] else []
+    ids += [str(all_ones_id(entry["vocab_size"]))] if entry["reserve_ones"] else []
     return f", id{'s' * (len(ids) > 1)} {' and '.join(ids)} reserved" if ids else ""
 
 
@@ -163,7 +164,8 @@ class HFText:
             text = self.decode(ids)
             if i is not None and text.endswith("\ufffd"):
                 return ""
-            new = text[len(shown[0]):] if text.startswith(shown[0]) else text[len(os.path.commonprefix([text, shown[0]])):]
+            same = len(shown[0]) if text.startswith(shown[0]) else len(os.path.commonprefix([text, shown[0]]))
+            new = text[same:]
             shown[0] = text
             return new
 
@@ -179,8 +181,8 @@ def load_text_codec(ckpt, ckpt_path):
     if not isinstance(entry, dict):
         raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
     if entry.get("kind") == "tiktoken":
-        return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size"), bool(entry.get("reserve_zero")),
-                                          bool(entry.get("reserve_ones"))))
+        return TiktokenText(get_tokenizer(entry.get("encoding", "gpt2"), entry.get("vocab_size"),
+                                          bool(entry.get("reserve_zero")), bool(entry.get("reserve_ones"))))
     if entry.get("kind") == "hf":
         folder = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
         path = file_in(folder, entry.get("file", "tokenizer.json"), f"{ckpt_path}: the tokenizer entry")

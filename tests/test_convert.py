@@ -21,7 +21,8 @@ import torch
 
 from common import LOCK_NAME, run_main
 from checkpoint import checkpoint_dict, load_checkpoint
-from model import GPT, canonical_code, code_bits, generate, get_config
+from decode import generate
+from model import GPT, canonical_code, code_bits, get_config
 from tokenizer import get_tokenizer
 from test_sample import char_tokenizer
 from tools import convert

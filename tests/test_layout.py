@@ -1,6 +1,7 @@
-"""The layout README promises (issue 26): the root is the reading path, listed in README in the order its files
-depend on each other, so no file is used before it is read; tools sit in tools/ and no root file imports
-them; sampling pulls in no training code."""
+"""The layout README promises (issues 26, 33): README lists the three files a learner reads (model, train, sample),
+then the plumbing they import, then tools/, each table in the order its files depend on each other, so no file is
+used before it is read; no root file imports a tool; sampling pulls in no training code and training no int8 code;
+README stays a front door (<= 160 lines), and the reading path stays short (tools/lines.py)."""
 
 import ast
 import os
@@ -11,10 +12,20 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
 
 
-def reading_order():
-    """The root files README's reading table lists, in its order (rows `| \\`name.py\\` | ... |`)."""
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    return re.findall(r"^\| `(\w+)\.py` \|", readme, re.M)
+def readme():
+    return open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+
+
+def reading_tables():
+    """The files of each table README lists (rows `| `name.py` | ... |`), table by table, in its order."""
+    tables, rows = [], []
+    for line in readme().split("\n") + [""]:
+        found = re.match(r"^\| `([\w/]+)\.py` \|", line)
+        if found:
+            rows.append(found.group(1).replace("/", "."))
+        elif rows and not line.startswith("|"):
+            tables, rows = tables + [rows], []
+    return tables
 
 
 def imports(path):
@@ -29,12 +40,53 @@ def imports(path):
 
 
 def test_readme_lists_every_root_file_in_dependency_order():
-    order = reading_order()
+    learner, plumbing, tools = reading_tables()
+    assert learner == ["model", "train", "sample"]  # the three files a learner reads, first
     root = sorted(f[:-3] for f in os.listdir(ROOT) if f.endswith(".py") and f not in ("conftest.py", "test_model.py"))
-    assert sorted(order) == root  # a new file at the root takes its place in the reading order
-    for i, name in enumerate(order):
-        used = imports(os.path.join(ROOT, f"{name}.py")) & (set(root) | {"tools"})
-        assert used <= set(order[:i]), f"{name}.py imports {sorted(used - set(order[:i]))}, listed after it (or a tool)"
+    assert sorted(learner + plumbing) == root  # a new file at the root takes its place in a table
+    assert tools == sorted(tools, key=tools.index) and sorted(tools) == sorted(
+        f"tools.{f[:-3]}" for f in os.listdir(os.path.join(ROOT, "tools")) if f.endswith(".py") and f != "__init__.py")
+    for table in (learner, plumbing, tools):
+        for i, name in enumerate(table):
+            used = imports(os.path.join(ROOT, name.replace(".", os.sep) + ".py")) & set(table)
+            used |= {f"tools.{m}" for m in tools_imported(name) if f"tools.{m}" in table}
+            assert used <= set(table[:i]), f"{name}.py imports {sorted(used - set(table[:i]))}, listed after it"
+    for name in root:  # the root never imports a tool, and the plumbing never the training or sampling script
+        used = imports(os.path.join(ROOT, f"{name}.py"))
+        assert "tools" not in used and (name in learner or not used & {"train", "sample"}), name
+
+
+def tools_imported(name):
+    """The tools a tool imports as `from tools import x` or `import tools.x`."""
+    found = set()
+    if not name.startswith("tools."):
+        return found
+    for node in ast.walk(ast.parse(open(os.path.join(ROOT, name.replace(".", os.sep) + ".py"), encoding="utf-8").read())):
+        if isinstance(node, ast.ImportFrom) and node.module == "tools":
+            found.update(a.name for a in node.names)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found.update(n.split(".")[1] for n in names if n.startswith("tools."))
+    return found
+
+
+def test_readme_is_a_front_door():
+    """README <= 160 lines (findings go to docs/), and it lists the learner's three files before any other."""
+    lines = readme().split("\n")
+    assert len(readme().splitlines()) <= 160
+    first = next(i for i, line in enumerate(lines) if re.match(r"^\| `[\w/]+\.py` \|", line))
+    assert lines[first].startswith("| `model.py` |")
+
+
+def test_the_reading_path_is_short():
+    """model.py whole and train.py to its backward in at most 600 lines (nanoGPT: 635), train.py at most 450,
+    as tools/lines.py counts them."""
+    from tools import lines
+
+    n = lines.counts()
+    assert n["model.py + train.py to backward"] <= lines.TARGETS["model.py + train.py to backward"] == 600
+    assert n["train.py"] <= lines.TARGETS["train.py"] == 450
+    assert n["GPT.forward at model.py line"] < n["model.py"] and n["backward at train.py line"] < n["train.py"]
 
 
 def test_sampling_pulls_in_no_training_or_tool_code():
@@ -43,8 +95,17 @@ def test_sampling_pulls_in_no_training_or_tool_code():
     assert (r.returncode, r.stdout, r.stderr) == (0, "\n", "")
 
 
+def test_training_pulls_in_no_int8_code():
+    """quantize.py (madvise, /proc/self/maps, a packing thread) loads only when int8 is used: not for training, not
+    for reading a float checkpoint, not for sampling one."""
+    code = ("import sys, train, sample, checkpoint; print(' '.join(m for m in sys.modules if m == 'quantize'))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "\n", "")
+
+
 def test_the_small_preset_has_the_default_vocabulary():
-    """8,192 has one home, tokenizer.SMALL_VOCAB; model.py keeps a copy (it imports torch alone), held equal here."""
+    """8,192 has one home, tokenizer.SMALL_VOCAB: the small preset, prepare_data.py's default for shakespeare and the
+    studies' default read it (no other file writes the number as code)."""
     from model import PRESETS
     from prepare_data import DEFAULT_VOCAB
     from tokenizer import SMALL_VOCAB

@@ -15,12 +15,14 @@ import torch.nn.functional as F
 import sample
 import train
 from checkpoint import load_checkpoint
-from model import KVCache, canonical_code, compiled_step, generate
+from decode import KVCache, compiled_step, generate
+from model import canonical_code
 from prepare_data import load_meta
 from quantize import (PACK_MIN_BYTES, SCHEME, Int8Linear, check_quantize, drop_pages, file_mappings, int8_rows, quantize_int8, start_packing,
                       wait_packed, weight_only_copy)
 from tools import convert
 from tools.quantize_quality import main as quantize_main
+from windows import Split
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def trained(tiny_data, tmp_path_factory):
                                   save_interval=0, device="cpu", seed=0))
     torch.set_num_threads(threads)
     model, _ = load_checkpoint(str(out))
-    val = train.Split(tiny_data, load_meta(tiny_data), "val", 32, model.config.vocab_size)
+    val = Split(tiny_data, load_meta(tiny_data), "val", 32, model.config.vocab_size)
     x, y = val.batch(np.arange(min(16, val.n)), torch.device("cpu"))
     return model.eval(), str(out), x, y
 
@@ -190,7 +192,7 @@ def test_packing_stops_once_the_main_thread_ends(tmp_path):
         "import atexit, sys, time, torch\n"
         f"sys.path.insert(0, {os.getcwd()!r})\n"
         "import quantize\n"
-        "from model import GPT, generate, get_config\n"
+        "from decode import generate\nfrom model import GPT, get_config\n"
         "done = []\n"
         "pack = quantize.Int8Linear.pack\n"
         "def slow(layer):\n"
@@ -308,7 +310,7 @@ def test_quality_cli_reports_both_losses_and_the_greedy_agreement(trained, tiny_
                           "--batch_size", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 6
-    val = train.Split(tiny_data, load_meta(tiny_data), "val", 32, model.config.vocab_size)
+    val = Split(tiny_data, load_meta(tiny_data), "val", 32, model.config.vocab_size)
     x, y = val.batch(np.arange(val.n), torch.device("cpu"))
     prompt = torch.from_numpy(val.shards[0][:5].astype(np.int64))[None]
     for out, (k, name, q) in zip((lines[:3], lines[3:]), (("int8", "int8", quantize_int8(model)),

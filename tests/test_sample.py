@@ -11,7 +11,8 @@ import torch
 import sample
 from checkpoint import checkpoint_dict
 from common import run_main
-from model import GPT, generate, get_config, stream
+from decode import generate, stream
+from model import GPT, get_config
 from tokenizer import load_text_codec
 from tokenizer import TiktokenText
 from tools import convert

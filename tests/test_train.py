@@ -14,18 +14,21 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 import prepare_data
+import preflight
 import train
 from common import LOCK_NAME, run_main
 from checkpoint import load_checkpoint
 from model import GPT, canonical_code
 from prepare_data import ShardError, prepare, write_shard
 from tokenizer import get_tokenizer
+from windows import Split
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository's
 CORPUS = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -195,9 +198,11 @@ def test_two_gloo_processes_stopped_by_sigterm_equal_gradient_accumulation(data_
     v2 = train_log(tmp_path / "two", "eval")[-1]["val_loss"]
     model, _ = load_checkpoint(str(tmp_path / "two" / "ckpt.pt"))
     meta = train.load_meta(data_dir)
-    val = train.Split(str(data_dir), meta, "val", 32, 512)
+    val = Split(str(data_dir), meta, "val", 32, 512)
     cfg = config(data_dir, tmp_path, batch_size=4, eval_steps=4)  # 1 process, the same 16 windows
-    assert train.evaluate(model, val, cfg, 0, 1, torch.device("cpu"), train.nullcontext()) == pytest.approx(v2, abs=1e-6)
+    run = SimpleNamespace(model=model, val_split=val, cfg=cfg, rank=0, world=1, device=torch.device("cpu"),
+                          autocast=train.nullcontext())  # the parts of a train.Run that evaluate reads
+    assert train.evaluate(run) == pytest.approx(v2, abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -691,7 +696,7 @@ def test_lr_schedule():
     assert lrs[60] == pytest.approx(0.55) and lrs[110] == lrs[119] == 0.1
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
     cfg = train.TrainConfig(lr=5e-5)  # --lr alone: min_lr follows it (lr / 10), no contradiction with a fixed default
-    train.check_settings(cfg)
+    preflight.resolve_settings(cfg)
     assert cfg.min_lr == 5e-6
 
 
@@ -708,8 +713,8 @@ def test_no_pad_row_on_a_token_the_data_can_produce(data_dir, tmp_path, monkeypa
     and one past the data's ids (a model vocabulary larger than the data's) stays."""
     meta = json.loads((data_dir / "meta.json").read_text())
     paper = config(data_dir, tmp_path, preset="paper", block_size=None)
-    assert train.model_config(paper, {**meta, "vocab_size": 65536}, None, "x").pad_token_id is None
-    assert train.model_config(replace(paper, vocab_size=65536), meta, None, "x").pad_token_id == 57344  # past id 511
+    assert preflight.model_config(paper, {**meta, "vocab_size": 65536}, None, "x").pad_token_id is None
+    assert preflight.model_config(replace(paper, vocab_size=65536), meta, None, "x").pad_token_id == 57344  # past id 511
     expect_error(config(data_dir, tmp_path, pad_token_id=5), "--pad_token_id 5 is a token of the data's tokenizer")
     monkeypatch.setitem(train.PRESETS, "tiny", {**train.PRESETS["tiny"], "pad_token_id": 5})
     train.train(config(data_dir, tmp_path, max_steps=1, eval_interval=1))

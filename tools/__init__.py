@@ -11,4 +11,5 @@ regular package, so an installed package of the same name cannot shadow it.
     quantize_quality.py  what int8 weights (quantize.py) cost a trained model
     bench.py             measured speed of training, sampling, checkpoint loading and data preparation
     code_figure.py       README's figure of the code table and its two lifts (assets/code_lifts.png)
+    lines.py             the reading path's line counts, against the targets tests/test_layout.py keeps
 """

@@ -20,7 +20,7 @@ Design choices, up front:
   variant (each compiles afresh) with more timed steps advised (--steps=20).
 - Sampling: one model (random weights, 'small' preset; its output head is scaled up so greedy choices
   are not near-ties that float rounding could flip) decoded greedily four ways, interleaved: the KV
-  cache (model.generate(model, ...)), the same with its one-token step under torch.compile (compiled in the untimed
+  cache (decode.generate(model, ...)), the same with its one-token step under torch.compile (compiled in the untimed
   warm-up; the first call's time is reported), recomputing the whole context each step (the same
   forward without a cache), and transformers' generate(do_sample=False, use_cache=True) on convert.py's
   stock GPT-NeoX export of the same weights. Beside them, "matmuls alone": each token's nn.Linear
@@ -66,6 +66,7 @@ import torch
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import decode as D
 import model as M
 import prepare_data as P
 import quantize as Q
@@ -264,7 +265,7 @@ def bench_sample(cfg, device, tmp, threads):
     rows = []
     for B in (int(b) for b in cfg.sample_batches.split(",")):
         prompt = torch.randint(0, vocab, (B, cfg.prompt_len), generator=torch.Generator().manual_seed(B)).to(device)
-        ways = {"kv_cache": lambda: M.generate(model, prompt, cfg.new_tokens, temperature=0),
+        ways = {"kv_cache": lambda: D.generate(model, prompt, cfg.new_tokens, temperature=0),
                 "hf_generate": lambda: hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
                                                    use_cache=True, max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens,
                                                    pad_token_id=0)}
@@ -272,15 +273,15 @@ def bench_sample(cfg, device, tmp, threads):
             ways["recompute"] = lambda: recompute_generate(model, prompt, cfg.new_tokens)
         ways["matmuls_alone"] = lambda: matmuls_alone(model, B, cfg.new_tokens)
         if cfg.sample_compile:
-            ways["kv_compiled"] = lambda: M.generate(model, prompt, cfg.new_tokens, temperature=0, compile=True)
+            ways["kv_compiled"] = lambda: D.generate(model, prompt, cfg.new_tokens, temperature=0, compile=True)
         if int8 is not None:
-            ways["int8"] = lambda: M.generate(int8, prompt, cfg.new_tokens, temperature=0)
+            ways["int8"] = lambda: D.generate(int8, prompt, cfg.new_tokens, temperature=0)
             ways["int8_matmuls_alone"] = lambda: matmuls_alone(int8, B, cfg.new_tokens)
-            ways[kind] = lambda: M.generate(other, prompt, cfg.new_tokens, temperature=0)
+            ways[kind] = lambda: D.generate(other, prompt, cfg.new_tokens, temperature=0)
         if int8_compiled is not None:
-            ways["int8_compiled"] = lambda: M.generate(int8_compiled, prompt, cfg.new_tokens, temperature=0, compile=True)
+            ways["int8_compiled"] = lambda: D.generate(int8_compiled, prompt, cfg.new_tokens, temperature=0, compile=True)
         if B == 1:
-            ways.update({name: (lambda m=m: M.generate(m, prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
+            ways.update({name: (lambda m=m: D.generate(m, prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
         outs, times, first = {}, {(t, k): [] for t in threads for k in ways}, {}
         reads, cpu = {t: [] for t in threads}, {(t, k): [] for t in threads for k in ("read", "kv_cache", "int8", "int8_compiled")}
         with torch.no_grad():
@@ -346,7 +347,8 @@ import os, sys, time
 t0 = time.perf_counter()
 import torch
 from checkpoint import check_finite, load_checkpoint
-from model import GPT, GPTConfig, stream
+from decode import stream
+from model import GPT, GPTConfig
 from quantize import quantize_int8
 path, way, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
 torch.set_num_threads(int(sys.argv[4]))

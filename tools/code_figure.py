@@ -40,7 +40,8 @@ def panels(vocab_size, n_embd):
     output for ids 0 .. vocab_size-1 under each layout."""
     ids, bits = torch.arange(vocab_size), code_bits(vocab_size)
     out = {"code table (V x K)": (BinaryCodeInput(vocab_size, n_embd).weight, torch.arange(bits))}
-    for layout, rule in (("tile", "dim j carries bit j mod K"), ("interleave", "bit k fills n_embd/K neighbouring dims")):
+    rules = (("tile", "dim j carries bit j mod K"), ("interleave", "bit k fills n_embd/K neighbouring dims"))
+    for layout, rule in rules:
         with torch.no_grad():
             lifted = BinaryCodeInput(vocab_size, n_embd, layout)(ids[None])[0]
         out[f'"{layout}" lift to n_embd: {rule}'] = (lifted, lift_index(n_embd, bits, layout))
@@ -84,13 +85,14 @@ def draw(cfg):
         ax.add_patch(Rectangle((-0.5, cfg.token - 0.5), values.shape[1], 1, fill=False, edgecolor="black", linewidth=2))
     axes[0].set_ylabel("token id", fontsize=8)
     table = data["code table (V x K)"][0]
-    constant = (table == table[:, :1]).all(-1).nonzero().flatten().tolist()  # all zeros, all ones: LayerNorm zeroes them
+    constant = (table == table[:, :1]).all(-1).nonzero().flatten().tolist()  # all zeros, all ones: LayerNorm zeroes
     for t in constant:
         axes[0].get_yticklabels()[t].set_color("red")
     code = "".join(str(int(b)) for b in table[cfg.token].tolist())
     fig.suptitle(f"V = {cfg.vocab_size} tokens, K = {bits} bits, n_embd = {cfg.n_embd}: token {cfg.token}'s code, "
                  f"least significant bit first, is {code}; nothing here is learned\n(red: ids "
-                 f"{' and '.join(map(str, constant))}, whose input is a constant vector, are kept for bytes text never holds)",
+                 f"{' and '.join(map(str, constant))}, whose input is a constant vector, are kept for bytes text never "
+                 "holds)",
                  fontsize=10)
     fig.tight_layout()
     return fig, plt
@@ -102,7 +104,8 @@ def main(argv=None):
     if os.path.exists(cfg.out):
         with open(cfg.out, "rb") as f:
             if MARK.encode() not in f.read(4096):
-                raise ValueError(f"{cfg.out} exists and this tool did not write it: it is left alone; choose another --out")
+                raise ValueError(f"{cfg.out} exists and this tool did not write it: it is left alone; choose another "
+                                 "--out")
     fig, plt = draw(cfg)
     with atomic_open(cfg.out) as f:
         fig.savefig(f, format="png", dpi=110, bbox_inches="tight", metadata={"Software": MARK})

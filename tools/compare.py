@@ -45,7 +45,8 @@ from common import (atomic_write, config_parser, parse_settings, pick_device, pr
 from model import GPT, PRESETS, GPTConfig, code_bits, get_config
 from prepare_data import load_meta, prepare
 from tokenizer import SMALL_VOCAB
-from train import Split, TrainConfig, train
+from train import TrainConfig, train
+from windows import Split
 
 VARIANTS = ("learned", "binary", "affine")
 
@@ -123,8 +124,8 @@ def full_val_loss(out, data_dir, meta, batch_size, device):
 def run_config(args, variant, seed):
     """The TrainConfig of one (input, seed) run."""
     return TrainConfig(
-        data_dir=os.path.abspath(args.data), out_dir=run_dir(args.out, variant, seed), preset=args.preset, input=variant,
-        seed=seed, device=args.device, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+        data_dir=os.path.abspath(args.data), out_dir=run_dir(args.out, variant, seed), preset=args.preset,
+        input=variant, seed=seed, device=args.device, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
         block_size=args.block_size, batch_size=args.batch_size, max_steps=args.steps, lr=args.lr, min_lr=args.lr / 10,
         warmup_steps=max(1, args.steps // 20), eval_interval=max(1, args.steps // args.evals),
         eval_steps=args.eval_batches, log_interval=max(1, args.steps // 10), save_interval=max(1, args.steps // 4),
@@ -150,10 +151,10 @@ def check_settings(cfg):
         for was in starts:  # a setting added since that run is at its default there: it did what the default does
             was = {**asdict(TrainConfig()), **was, "data_dir": os.path.abspath(was["data_dir"])}
             if diff := [k for k in asked if was.get(k) != asked[k]]:
-                raise ValueError(f"{cfg.out_dir} was trained with {', '.join(f'{k}={was.get(k)}' for k in diff)}, but this "
-                                 f"command asks for {', '.join(f'{k}={asked[k]}' for k in diff)}: its results would be "
-                                 "reported under settings it never used; use another --out (or remove that folder to "
-                                 "train it again)")
+                raise ValueError(f"{cfg.out_dir} was trained with {', '.join(f'{k}={was.get(k)}' for k in diff)}, "
+                                 f"but this command asks for {', '.join(f'{k}={asked[k]}' for k in diff)}: its results "
+                                 "would be reported under settings it never used; use another --out (or remove that "
+                                 "folder to train it again)")
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError):
         raise ValueError(f"{log} is not a log train.py wrote (its start records are unreadable): cannot tell the "
                          "settings of that run; use another --out") from None
@@ -204,7 +205,8 @@ def run_one(args, meta, variant, seed):
 
 def diverged(runs):
     """Report lines for the runs that diverged (they are left out of every mean)."""
-    return "".join(f"\ndiverged, left out: {r['variant']} seed {r['seed']}: {r['diverged']}" for r in runs if "diverged" in r)
+    return "".join(f"\ndiverged, left out: {r['variant']} seed {r['seed']}: {r['diverged']}"
+                   for r in runs if "diverged" in r)
 
 
 def mean_std(xs):
@@ -250,7 +252,8 @@ def verdict(rows):
 
 def markdown_table(header, rows):
     """A Markdown table: header is [(title, align)] with align "l" or "r"; rows are lists of cell strings."""
-    lines = ["| " + " | ".join(t for t, _ in header) + " |", "|" + "|".join("---:" if a == "r" else "---" for _, a in header) + "|"]
+    lines = ["| " + " | ".join(t for t, _ in header) + " |",
+             "|" + "|".join("---:" if a == "r" else "---" for _, a in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
 
 
@@ -261,7 +264,8 @@ def pm(ms, fmt):
 
 def table(rows):
     header = [("input", "l"), ("seeds", "r"), ("trainable params", "r"), ("input-interface params", "r"),
-              ("frozen stored values", "r"), ("val loss", "r"), ("perplexity", "r"), ("bits/byte", "r"), ("tokens/s", "r")]
+              ("frozen stored values", "r"), ("val loss", "r"), ("perplexity", "r"), ("bits/byte", "r"),
+              ("tokens/s", "r")]
     return markdown_table(header, [[r["input"], str(r["seeds"]), f"{r['trainable']:,}", f"{r['input_params']:,}",
                                      f"{r['frozen']:,}", pm(r["val_loss"], ".4f"), pm(r["perplexity"], ".3f"),
                                      pm(r["bits_per_byte"], ".4f"), pm(r["tokens_per_s"], ",.0f")] for r in rows])
@@ -291,7 +295,8 @@ def plot(runs, path):
         tokens = [curves[0][i][0] for i in range(n)]
         losses = [[c[i][1] for c in curves] for i in range(n)]  # (points, seeds)
         line, = ax.plot(tokens, [statistics.mean(ls) for ls in losses], label=f"{variant} ({len(curves)} seeds)")
-        ax.fill_between(tokens, [min(ls) for ls in losses], [max(ls) for ls in losses], color=line.get_color(), alpha=0.2)
+        ax.fill_between(tokens, [min(ls) for ls in losses], [max(ls) for ls in losses], color=line.get_color(),
+                        alpha=0.2)
     ax.set_xlabel("training tokens seen")
     ax.set_ylabel("validation loss (nats/token)")
     ax.grid(alpha=0.3)
@@ -332,7 +337,8 @@ def prepared(args):
     own = args.data is None  # <out>/data: the study prepares it from --corpus, --encoding, ...
     args.data = args.data or os.path.join(args.out, "data")
     if not os.path.exists(os.path.join(args.data, "meta.json")):
-        ids = "" if args.reserve_zero and args.reserve_ones else f" (reserve_zero={args.reserve_zero}, reserve_ones={args.reserve_ones})"
+        ids = ("" if args.reserve_zero and args.reserve_ones
+               else f" (reserve_zero={args.reserve_zero}, reserve_ones={args.reserve_ones})")
         print(f"preparing {args.corpus} with {args.encoding} cut to {args.vocab_size} tokens{ids} into {args.data}")
         prepare(args.corpus, args.data, encoding=args.encoding, vocab_size=args.vocab_size,
                 reserve_zero=args.reserve_zero, reserve_ones=args.reserve_ones)
@@ -375,9 +381,9 @@ def main(argv=None):
         rows = summarize(runs, meta)
         cfg = get_config(args.preset, vocab_size=meta["vocab_size"], n_layer=args.n_layer, n_head=args.n_head,
                          n_embd=args.n_embd, block_size=args.block_size)
-        header = (f"{len(variants)} inputs x {args.seeds} seeds, {args.steps} steps of {args.batch_size} x {args.block_size} "
-                  f"tokens; {cfg.n_layer} layers x {cfg.n_embd}, {cfg.n_head} heads, vocab {cfg.vocab_size} "
-                  f"(K = {cfg.code_bits} bits); data {args.data} ({meta['encoding']}, "
+        header = (f"{len(variants)} inputs x {args.seeds} seeds, {args.steps} steps of {args.batch_size} x "
+                  f"{args.block_size} tokens; {cfg.n_layer} layers x {cfg.n_embd}, {cfg.n_head} heads, vocab "
+                  f"{cfg.vocab_size} (K = {cfg.code_bits} bits); data {args.data} ({meta['encoding']}, "
                   f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)")
         png = plot(runs, os.path.join(args.out, "val_loss.png")) if runs else None
         write_results(args.out, f"{header}\n\n{table(rows)}\n\n{verdict(rows)}{diverged(every)}\n",
@@ -386,4 +392,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, outlive_stdout=True))  # a study outlives a closed stdout (`| head`): its files are the record
+    sys.exit(run_main(main, outlive_stdout=True))  # a study outlives a closed stdout (`| head`): its files record it

@@ -22,10 +22,11 @@ if not __package__:  # run as `python tools/NAME.py`: import the root's files as
 
 from checkpoint import check_finite, load_checkpoint
 from common import config_parser, parse_settings, run_main, setting
-from model import generate
+from decode import generate
 from prepare_data import load_meta
 from quantize import quantize_int8, weight_only_copy
-from train import Split, check_tokenizer
+from preflight import check_tokenizer
+from windows import Split
 
 
 @dataclass
@@ -39,7 +40,7 @@ class QualityConfig:
 
 def quality(model, val, new_tokens, prompt_tokens, batch_size):
     """float32 against int8 (eager: quantize_int8) and int8 weight-only (compiled: weight_only_copy) on one
-    model, in one pass over every window of `val` (a train.Split): the mean loss of each and how often each
+    model, in one pass over every window of `val` (a windows.Split): the mean loss of each and how often each
     picks float32's next token (the argmax, fed the same text); then `new_tokens` greedy tokens after its
     first `prompt_tokens` (free-running: after a first difference the texts part ways)."""
     cpu = torch.device("cpu")
@@ -53,7 +54,8 @@ def quality(model, val, new_tokens, prompt_tokens, batch_size):
                 loss[k] += l.item() * len(x)
                 same_next[k] += (logits.argmax(-1) == out["float32"][0].argmax(-1)).sum().item()
     prompt = torch.from_numpy(val.shards[0][:prompt_tokens].astype("int64"))[None]  # (1, prompt_tokens)
-    greedy = {k: generate(m, prompt, new_tokens, temperature=0)[0, prompt.shape[1]:].tolist() for k, m in models.items()}
+    greedy = {k: generate(m, prompt, new_tokens, temperature=0)[0, prompt.shape[1]:].tolist()
+              for k, m in models.items()}
     same = {k: [a == b for a, b in zip(greedy["float32"], g)] for k, g in greedy.items()}
     return {"windows": val.n, "loss": {k: v / val.n for k, v in loss.items()}, "positions": val.n * val.block,
             "same_next": same_next, "tokens": new_tokens, "equal": {k: sum(s) for k, s in same.items()},
@@ -61,8 +63,9 @@ def quality(model, val, new_tokens, prompt_tokens, batch_size):
 
 
 def main(argv=None):
-    cfg = parse_settings(config_parser(QualityConfig, "What int8 weights cost a trained model: its validation loss "
-                                                      "in float32 and int8, and how many greedy tokens agree (CPU)."), argv)
+    about = ("What int8 weights cost a trained model: its validation loss in float32 and int8, and how many greedy "
+             "tokens agree (CPU).")
+    cfg = parse_settings(config_parser(QualityConfig, about), argv)
     if min(cfg.new_tokens, cfg.prompt_tokens, cfg.batch_size) < 1:
         raise ValueError("--new_tokens, --prompt_tokens and --batch_size must be at least 1")
     model, ckpt = load_checkpoint(cfg.ckpt, torch.device("cpu"))
@@ -74,7 +77,8 @@ def main(argv=None):
     f = r["loss"]["float32"]
     for k, name in (("int8", "int8"), ("weight-only", "int8 weight-only (what --compile runs)")):
         i = r["loss"][k]
-        print(f"{name}: validation loss over {r['windows']:,} windows: float32 {f:.5f}, {k} {i:.5f} ({100 * (i / f - 1):+.3f}%)")
+        print(f"{name}: validation loss over {r['windows']:,} windows: float32 {f:.5f}, {k} {i:.5f} "
+              f"({100 * (i / f - 1):+.3f}%)")
         print(f"{name}: greedy, {r['tokens']} tokens after the validation split's first {cfg.prompt_tokens}: the first "
               f"{r['leading'][k]} identical to float32's, {r['equal'][k]} / {r['tokens']} positions equal")
         print(f"{name}: next token (argmax) at every validation position, fed the same text: float32's at "

@@ -1,0 +1,188 @@
+"""
+The checks train.py runs before its first step, so that a run that cannot work is refused at once, with the
+numbers, and before it writes anything: the settings, the model's shape (preset, checkpoint, overrides), the
+checkpoint's tokenizer against the data's, whether the model and batch fit in memory, and the training windows
+that start on a token the model reads as a constant vector.
+"""
+
+import math
+import os
+import sys
+from dataclasses import fields, replace
+
+import numpy as np
+import torch
+
+from checkpoint import check_buildable, check_finite
+from common import available_memory, one_line
+from decode import memory_bytes
+from model import PRESETS, GPTConfig, constant_input_ids, get_config
+from prepare_data import prepare_command
+from tokenizer import all_ones_id, reserved_note, tiktoken_entry
+
+MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # train.TrainConfig overrides each; None keeps the preset's
+
+
+def checked_model_config(cfg, meta, ckpt, source, rank, world, device):
+    """The checkpoint to start from (if any) checked against the data, and the model's shape (model_config)
+    checked to build and fit -> its GPTConfig."""
+    if ckpt is not None:
+        check_finite(ckpt["model"], source, "train from")  # names the tensor, as sample.py does
+        check_tokenizer(ckpt, meta, source, cfg.data_dir)
+    mcfg = model_config(cfg, meta, ckpt, source, note=print if rank == 0 else lambda text: None)
+    if ckpt is not None:
+        check_buildable(mcfg, ckpt["model"], source)  # a model_config of another writer may ask for a billion blocks
+    check_training_fits(cfg, mcfg, world, device)  # a billion layers or sequences: refused, not built until OOM
+    if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
+        print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
+    return mcfg
+
+
+def resolve_settings(cfg):
+    """Fill in the settings whose default follows another: min_lr = lr / 10, so that --lr alone never contradicts
+    a fixed min_lr. -> cfg."""
+    if cfg.min_lr is None:
+        cfg.min_lr = cfg.lr / 10
+    return cfg
+
+
+# ----------------------------------------------------------------------------- checks on the settings
+def check_settings(cfg):
+    """Counts and rates in range: a value the run cannot use is refused, never read as 'off' or 'never'."""
+    for name in ("batch_size", "grad_accum", "eval_steps", "log_interval"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("max_steps", "eval_interval", "save_interval", "warmup_steps"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
+    for name in ("lr", "min_lr", "weight_decay", "grad_clip"):  # finite in float32, where AdamW uses them
+        if not (0 <= getattr(cfg, name) <= torch.finfo(torch.float32).max):
+            off = " (0: no clipping)" if name == "grad_clip" else ""
+            raise ValueError(f"{name} must be a finite number >= 0{off}, got {getattr(cfg, name)}")
+    for name in ("beta1", "beta2"):
+        if not 0 <= getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
+    if not 0 <= cfg.seed < 2**63:  # numpy's data order takes no negative seed, torch none past 2**64
+        raise ValueError(f"seed must be in [0, 2**63), got {cfg.seed}")
+    if cfg.lr_decay_steps is not None and cfg.lr_decay_steps < 1:
+        raise ValueError(f"lr_decay_steps must be at least 1 (or none: max_steps), got {cfg.lr_decay_steps}")
+    if cfg.peak_flops is not None and not (math.isfinite(cfg.peak_flops) and cfg.peak_flops > 0):
+        raise ValueError(f"peak_flops must be a finite number > 0 (or none), got {cfg.peak_flops}")
+    if cfg.resume and cfg.overwrite:
+        raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces it: pass one of them")
+    if cfg.resume and cfg.init_from is not None:
+        raise ValueError("--resume continues out_dir's ckpt.pt and --init_from starts afresh from another checkpoint's "
+                         "weights: pass one of them")
+    if cfg.min_lr > cfg.lr:
+        raise ValueError(f"min_lr {cfg.min_lr:g} is above lr {cfg.lr:g}: the cosine decays from lr down to min_lr")
+    for name in ("out_dir", "init_from"):  # --data_dir: prepare_data.load_meta
+        if getattr(cfg, name) == "":
+            raise ValueError(f"--{name} is '' (empty): name a {'file' if name == 'init_from' else 'folder'}")
+
+
+def check_training_fits(cfg, mcfg, world, device):
+    """Refuse a model or batch that cannot fit, before building it, with the numbers: a lower bound of what
+    training holds (weights, gradients and AdamW's two moments, 16 bytes a parameter, counting only the
+    blocks' 12 n_embd^2 and the head; a micro-batch's logits at 2 bytes or more; what GPT builds besides
+    its weights) against the device's free memory, and the validation windows' ids against the CPU's."""
+    params = mcfg.n_layer * 12 * mcfg.n_embd**2 + mcfg.vocab_size * mcfg.n_embd
+    need = 16 * params + 2 * cfg.batch_size * mcfg.block_size * mcfg.vocab_size + memory_bytes(mcfg)
+    free = available_memory(device)
+    if free is not None and need > free:
+        raise ValueError(f"this run needs at least {need / 2**30:,.1f} GiB ({params:,} parameters with their gradients "
+                         f"and AdamW state, and logits of {cfg.batch_size:,} x {mcfg.block_size:,} tokens over "
+                         f"{mcfg.vocab_size:,}), but {free / 2**30:,.1f} GiB is free on {device}: train a smaller "
+                         "model or batch")
+    ids, free = 8 * cfg.eval_steps * cfg.batch_size * world, available_memory(torch.device("cpu"))
+    if free is not None and ids > free:
+        raise ValueError(f"eval_steps {cfg.eval_steps:,} x batch_size {cfg.batch_size:,} x {world} process(es) "
+                         f"validation windows need {ids / 2**30:,.1f} GiB for their ids alone, but "
+                         f"{free / 2**30:,.1f} GiB is free: evaluate fewer batches")
+
+
+def check_tokenizer(ckpt, meta, source, data_dir):
+    """A token id means what the checkpoint's tokenizer says: the data must come from the same one. Data
+    prepared here is tiktoken's, so a converted release (its tokenizer a tokenizer.json) is refused."""
+    theirs, meta_path = ckpt.get("tokenizer"), os.path.join(data_dir, "meta.json")
+    if theirs is None:
+        print(f"note: {source} names no tokenizer: its token ids are taken to mean what {meta_path} says",
+              file=sys.stderr)
+        return
+    if not isinstance(theirs, dict) or theirs.get("kind") not in ("tiktoken", "hf"):
+        raise ValueError(f"{source}: unknown tokenizer entry {one_line(repr(theirs), 80)}")
+    if theirs["kind"] == "hf":
+        raise ValueError(f"{source}: its tokenizer is a tokenizer.json ({one_line(repr(theirs.get('file')), 80)}), but "
+                         f"{meta_path} says the data was made with tiktoken's {meta['encoding']}: the same ids would "
+                         "mean other text. prepare_data.py writes tiktoken data only, so this model cannot be trained "
+                         "on it here")
+    theirs, ours = tiktoken_entry(theirs), tiktoken_entry(meta)  # an old entry's missing keys: the ids it had
+    if theirs != ours:
+        moves = [k for k in ("reserve_zero", "reserve_ones")
+                 if not theirs[k] and tiktoken_entry({**theirs, k: True})[k]]
+        flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + "".join(  # a reservation
+            f" --no-{k}" for k in moves)  # that would move something
+        raise ValueError(f"{source}: trained on {theirs['encoding']} tokens at vocab_size {theirs['vocab_size']}"
+                         f"{reserved_note(theirs)}, but {os.path.join(data_dir, 'meta.json')} "
+                         f"says {ours['encoding']} at vocab_size {ours['vocab_size']}{reserved_note(ours)}: "
+                         f"prepare the data with {flags}")
+
+
+def check_window_starts(split, meta, model, data_dir):
+    """Warn, before the first step, when a bias-free binary or affine model would read training windows
+    that start with a token it reads as a constant vector (model.constant_input_ids): a deep model
+    diverges on a step that holds one (docs/zero-code.md). A warning, not a refusal: shallow models train
+    on such data, and data prepared before the tokenizer kept text off the constant codes must still
+    train and resume as it did. Names the count and, where the tokenizer's ids are the cause, the
+    command that prepares the data again with the ids that keep text off them."""
+    constant = constant_input_ids(model)
+    if not constant:
+        return
+    firsts = np.concatenate([t[: n * split.block : split.block] for t, n in zip(split.shards, np.diff(split.starts))])
+    hit = np.isin(firsts, constant)
+    if not hit.any():
+        return
+    found = np.unique(firsts[hit]).tolist()
+    entry = tiktoken_entry(meta)
+    reserved = {0: entry["reserve_zero"], all_ones_id(meta["vocab_size"]): entry["reserve_ones"]}
+    if all(reserved.get(i) is False for i in found):  # text sits there only because the data predates a default
+        shard = len(split.shards[0]) if len(split.shards) > 1 else None
+        fix = f"; prepare the data with the ids that keep text off them: {prepare_command(meta, data_dir, shard)}"
+    else:
+        fix = ("; the model's input puts them there (its pad_token_id row, or an affine A and b drawn before "
+               "the affine input kept its constant codes on ids 0 and 2^K - 1)")
+    names = [f"{i} (end-of-text)" if i == meta.get("eot_token") else str(i) for i in found]
+    print(f"warning: {int(hit.sum()):,} of {split.n:,} training windows start with token id "
+          f"{', '.join(names)}, which this model (no biases, {model.config.input} input) reads as a "
+          f"constant vector: a deep model diverges on them (docs/zero-code.md){fix}", file=sys.stderr)
+
+
+def model_config(cfg, meta, ckpt, path, note=print):
+    """The model's shape, lowest to highest precedence: the preset (vocab_size from the data's meta.json),
+    the checkpoint's model_config (--resume or --init_from), explicit overrides (--n_layer=...). An
+    override that clashes with a checkpoint is an error (dropout may differ)."""
+    asked = {k: getattr(cfg, k) for k in MODEL_FIELDS if getattr(cfg, k) is not None}
+    if ckpt is None:
+        # The rule above model.BinaryCodeInput: an all-zeros <pad> row must be an id text cannot produce. A
+        # tiktoken vocabulary has no <pad>: every id below the data's vocab_size is a token or end-of-text.
+        pad = asked.get("pad_token_id", PRESETS.get(cfg.preset, {}).get("pad_token_id"))
+        if pad is not None and 0 <= pad < meta["vocab_size"]:
+            if "pad_token_id" in asked:
+                raise ValueError(f"--pad_token_id {pad} is a token of the data's tokenizer ({meta['encoding']}, "
+                                 f"{meta['vocab_size']:,} ids): its code row would be all zeros, so that token would "
+                                 "enter the model as a constant vector (docs/zero-code.md); leave --pad_token_id unset")
+            note(f"note: preset {cfg.preset}'s pad_token_id {pad} (the released tokenizer's <pad>) is a token of "
+                 "this data's tokenizer: every id keeps its own code (pad_token_id none)")
+            asked["pad_token_id"] = None
+        try:
+            return get_config(cfg.preset, **{"vocab_size": meta["vocab_size"], **asked})
+        except ValueError as e:  # e.g. the paper preset's pad_token_id 57344 with a smaller vocabulary
+            raise ValueError(f"preset {cfg.preset!r} with vocab_size {asked.get('vocab_size', meta['vocab_size'])} "
+                             f"(from {os.path.join(cfg.data_dir, 'meta.json')} unless --vocab_size): {e}") from None
+    theirs = ckpt["model_config"]
+    clash = [f"{k}={theirs.get(k)!r} (asked {v!r})" for k, v in asked.items() if k != "dropout" and theirs.get(k) != v]
+    if clash:
+        raise ValueError(f"{path}: the checkpoint has another shape than this run asks for: {', '.join(clash)}")
+    try:
+        return replace(GPTConfig(**theirs), **asked)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: bad model_config in checkpoint: {e}") from None
