@@ -21,8 +21,9 @@ Design choices:
   instead: its first int(len*(1-f)) characters are train, the rest val (so one big .txt file such as
   tinyshakespeare gets the usual 90/10 character split).
 - Mixtures (`--mix`): documents are drawn from the inputs with the given weights by a seeded RNG (a
-  document-level ratio); the mixture stops when any input runs dry. An input is what was named: a
-  folder or a glob is one input (its files in order), whatever number of files it holds.
+  document-level ratio); the mixture stops when any input runs dry (said on stderr, with what that leaves
+  of --max_tokens). An input is what was named: a folder or a glob is one input (its files in order),
+  whatever number of files it holds.
 - Budget (`--max_tokens`): whole documents only; stop before the first document that would take
   train+val past the budget.
 - Parallelism: long documents are cut into ~256k-character pieces only right after "<non-space>\\n"

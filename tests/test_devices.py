@@ -57,8 +57,8 @@ def test_load_checkpoint_moves_the_model_and_leaves_the_rest_in_the_file(tmp_pat
     assert off_device(loaded, META) == []
     assert ckpt["optimizer"]["state"][0]["exp_avg"].device.type == "cpu"
     back, _ = load_checkpoint(path, "cpu")
-    assert off_device(back, torch.device("cpu")) == [] and all(torch.equal(a, b) for a, b in
-                                                              zip(back.state_dict().values(), model.state_dict().values()))
+    assert off_device(back, torch.device("cpu")) == []
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
 
 
 def test_an_int8_checkpoint_is_a_cpu_model_and_refused_elsewhere(tmp_path):
@@ -97,7 +97,8 @@ def started_on_meta(cfg, monkeypatch):
     on the CPU as on a GPU machine; window checks that read the model's values are recorded, not run."""
     monkeypatch.setattr(train, "pick_device", lambda name: META)
     seen = {}
-    monkeypatch.setattr(train, "check_window_starts", lambda split, meta, model, d: seen.update(off=off_device(model, META)))
+    monkeypatch.setattr(train, "check_window_starts", lambda split, meta, model, data_dir:
+                        seen.update(off=off_device(model, META)))
 
     def loop(run, state):
         raise Started(run)
@@ -150,7 +151,8 @@ def test_every_tensor_of_a_resumed_run_is_on_its_device(runs, tmp_path, monkeypa
     assert (len(opt.state) > 0) == (how == "resume")  # the resumed run did load its moments
 
 
-@pytest.mark.xfail(strict=True, reason="phase 2: train.restore loads the optimizer with checkpoint.load_optimizer_state")
+@pytest.mark.xfail(strict=True, reason="phase 2: train.restore to load the optimizer with "
+                                       "checkpoint.load_optimizer_state")
 def test_a_resumed_optimizer_keeps_the_kernel_of_its_device(runs, tmp_path, monkeypatch):
     """A checkpoint's param groups name the kernel of the device that wrote it (fused on a GPU, here foreach):
     resumed elsewhere, the optimizer keeps the kernel set-up chose for its own device."""

@@ -2,7 +2,6 @@
 tiny sizes; a failing step is a FAIL row and exit status 1."""
 
 import os
-from pathlib import Path
 
 import pytest
 import torch

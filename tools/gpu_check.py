@@ -176,7 +176,8 @@ def check_training(cfg, cuda, data, work):
         stop = max(s for e, s in read_log(part)[0] if e == "train")
         code, _, err, more = run(command("train.py", *train_flags(cfg, cuda, data, part, resume=True)))
         if code:
-            rows.append(Row("SIGTERM, then --resume", False, peak=peak_of(err), wall_s=wall + more, note=why(code, err)))
+            rows.append(Row("SIGTERM, then --resume", False, peak=peak_of(err), wall_s=wall + more,
+                            note=why(code, err)))
         else:
             got, _ = read_log(part)
             differ = sorted(k for k in ref_log.keys() | got.keys() if ref_log.get(k) != got.get(k))
@@ -185,8 +186,9 @@ def check_training(cfg, cuda, data, work):
             rows.append(Row("SIGTERM, then --resume", not differ, peak=peak_of(err), wall_s=wall + more, note=note))
 
     tuned = os.path.join(work, "init_from")
-    code, _, err, wall = run(command("train.py", *train_flags(cfg, cuda, data, tuned, init_from=os.path.join(ref, "ckpt.pt"),
-                                                             max_steps=max(2, cfg.steps // 4))))
+    steps = max(2, cfg.steps // 4)
+    flags = train_flags(cfg, cuda, data, tuned, init_from=os.path.join(ref, "ckpt.pt"), max_steps=steps)
+    code, _, err, wall = run(command("train.py", *flags))
     if code:
         rows.append(Row("--init_from", False, peak=peak_of(err), wall_s=wall, note=why(code, err)))
     else:
@@ -228,7 +230,8 @@ def check_sampling(cfg, cuda, work):
         if way == "compiled" and not cfg.sample_compile:
             return rows + [Row("sample.py, compiled", None, note="skipped (--no-sample_compile)")]
         args = ["--ckpt", os.path.join(work, "reference"), "--device", "cuda" if cuda else "cpu", "--prompt", PROMPT,
-                "--temperature", "0", "--max_new_tokens", str(cfg.sample_tokens)] + (["--compile"] if way == "compiled" else [])
+                "--temperature", "0", "--max_new_tokens", str(cfg.sample_tokens)]
+        args += ["--compile"] if way == "compiled" else []
         code, out, err, wall = run(command("sample.py", *args))
         ok = code == 0 and out.startswith(PROMPT) and len(out) > len(PROMPT) + 1
         texts[way] = out
