@@ -5,7 +5,9 @@ saves or loads one, and of the RNG states a resumed run restores.
 A checkpoint is a dict of plain types, so torch.load(weights_only=True) reads it: "model" (the state
 dict), "model_config" (GPTConfig's fields), "tokenizer" (how to turn ids into text), and training state
 where train.py wrote it (optimizer, step, RNG, ...). Loading builds the model on the meta device and
-assigns the file's memory-mapped tensors to it: no random init, no second copy.
+assigns the file's memory-mapped tensors to it: no random init, no second copy. The file is always read on
+the CPU: what a model on another device takes from it is moved there (load_weights), and what it does not
+take (AdamW's moments, in sampling) never leaves the file.
 """
 
 import errno
@@ -39,12 +41,13 @@ def atomic_torch_save(obj, path):
         raise OSError(errno.EIO, f"write failed ({one_line(e)})", str(path)) from None
 
 
-def read_checkpoint(path, device="cpu", int8=False):
+def read_checkpoint(path, int8=False):
     """The checkpoint dict in a .pt file, or in a folder holding ckpt.pt; a clear error names the file. An
     int8 checkpoint (python -m tools.convert native2int8) is refused unless int8=True: only sampling can use it.
 
-    The file is memory-mapped (copy-on-write: writing a tensor never touches the file), so on the CPU
-    its tensors are read from the page cache when first used and never held twice.
+    The file is memory-mapped on the CPU (copy-on-write: writing a tensor never touches the file), so its
+    tensors are read from the page cache when first used and never held twice; a tensor no one uses (the
+    optimizer state, to a sampler) is never read, and never reaches a GPU.
     """
     if not os.fspath(path):
         raise ValueError("the checkpoint is '' (empty): name a .pt file or a folder holding ckpt.pt")
@@ -53,7 +56,7 @@ def read_checkpoint(path, device="cpu", int8=False):
     if problem:
         raise FileNotFoundError(f"{file}: no checkpoint there" if problem == "no such file" else f"{file}: {problem}")
     try:
-        ckpt = torch.load(file, map_location=device, weights_only=True, mmap=True)
+        ckpt = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
         raise ValueError(f"{file}: cannot read this checkpoint, truncated or not a PyTorch file "
                          f"({type(e).__name__}: {one_line(e)})") from None
@@ -94,10 +97,12 @@ def all_finite(t):
     return all(bool(torch.isfinite(block.float()).all()) for block in t.reshape(-1).split(2**20))
 
 
-def load_weights(model, state_dict, source):
-    """Make model's parameters and buffers the state dict's own tensors (assign: no copy), cast where a
-    dtype differs. The model may be built on the meta device; a missing, unexpected or misshapen
-    tensor is a ValueError naming `source`."""
+def load_weights(model, state_dict, source, device=None):
+    """Make model's parameters and buffers the state dict's tensors, each on `device` (default: the device of
+    the model's parameters) in the model's dtype: assigned, so where both already match (the CPU) no copy is
+    made. A model built on the meta device as a placeholder names its real device here. A meta tensor in the
+    state dict is a stand-in that stays one (quantize.split_int8's: pack_int8 replaces it). A missing,
+    unexpected or misshapen tensor is a ValueError naming `source`."""
     own = model.state_dict()
     problems = [f"missing {k}" for k in own if k not in state_dict]
     problems += [f"unexpected {k}" for k in state_dict if k not in own]
@@ -106,8 +111,25 @@ def load_weights(model, state_dict, source):
     if problems:
         more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
         raise ValueError(f"{source}: weights do not fit its model_config: {'; '.join(problems[:4])}{more}")
-    # assign: the model takes these very tensors (memory-mapped on the CPU), no second copy
-    model.load_state_dict({k: t.to(own[k].dtype) for k, t in state_dict.items()}, assign=True)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    # assign: the model takes these very tensors (memory-mapped on the CPU), moved only to another device: a
+    # parameter left on the file's device would meet the model's buffers (lift, rotary tables) on the GPU
+    model.load_state_dict({k: t if t.is_meta else t.to(device=device, dtype=own[k].dtype)
+                           for k, t in state_dict.items()}, assign=True)
+
+
+OPTIMIZER_KERNEL = ("fused", "foreach", "capturable")  # chosen for the device an optimizer runs on, not saved with it
+
+
+def load_optimizer_state(optimizer, state_dict):
+    """optimizer.load_state_dict(state_dict) keeping this optimizer's own kernel choices (OPTIMIZER_KERNEL) in
+    each param group: a checkpoint written on a CPU (fused None) would otherwise make a GPU run's AdamW unfused.
+    Torch moves the state (moments; steps where the kernel needs them there) to the parameters' device."""
+    saved, own = state_dict.get("param_groups"), optimizer.param_groups
+    if isinstance(saved, list) and len(saved) == len(own) and all(isinstance(g, dict) for g in saved):
+        groups = [{**g, **{k: mine[k] for k in OPTIMIZER_KERNEL if k in mine}} for g, mine in zip(saved, own)]
+        state_dict = {**state_dict, "param_groups": groups}
+    optimizer.load_state_dict(state_dict)  # a state of another shape: torch's own error
 
 
 def check_buildable(config, state_dict, source):
@@ -127,21 +149,23 @@ def check_buildable(config, state_dict, source):
 
 
 def model_from_weights(config, state_dict, source):
-    """GPT(config) holding the state dict's tensors: built on the meta device (no random init, no
-    memory), then the tensors assigned. Its non-persistent buffers (lift, rotary tables) are built on
+    """GPT(config) holding the state dict's tensors, on the CPU: built on the meta device (no random init,
+    no memory), then the tensors assigned. Its non-persistent buffers (lift, rotary tables) are built on
     the CPU in any case, so nothing is left on meta."""
     check_buildable(config, state_dict, source)
     with torch.device("meta"):
         model = GPT(config)
-    load_weights(model, state_dict, source)
+    load_weights(model, state_dict, source, device="cpu")
     return model
 
 
 def load_checkpoint(path, device="cpu", int8=False, pack=True):
-    """Read a checkpoint and build its model on `device`: returns (model, ckpt). int8=True also takes an int8
-    checkpoint (python -m tools.convert native2int8): its model has quantize.py's int8 layers (CPU only),
-    packed for oneDNN on a thread of their own unless pack=False (a model that will run compiled)."""
-    ckpt = read_checkpoint(path, device, int8)
+    """Read a checkpoint and build its model on `device`: returns (model, ckpt). The model is built on the
+    CPU from the file's map and then moved, so only its weights reach the device (ckpt's other tensors stay
+    in the file). int8=True also takes an int8 checkpoint (python -m tools.convert native2int8): its model has
+    quantize.py's int8 layers (CPU only), packed for oneDNN on a thread of their own unless pack=False (a
+    model that will run compiled)."""
+    ckpt = read_checkpoint(path, int8)
     try:
         config = GPTConfig(**ckpt["model_config"])
     except (TypeError, ValueError) as e:

@@ -8,7 +8,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from common import pick_device
+from common import has_bf16, pick_device
 
 
 def start_processes(cfg):
@@ -50,18 +50,22 @@ def launch():
     return 0, 0, 1, False
 
 
-def set_precision(cfg, device):
-    """-> the run's dtype; TF32 matmuls on CUDA. --dtype auto: bfloat16 on a CUDA GPU that supports it, else
-    float32. bfloat16 is autocast on CUDA and CPU; elsewhere (MPS) it is refused rather than run in float32 under
-    its name."""
+def pick_dtype(cfg, device):
+    """--dtype auto: bfloat16 on a CUDA GPU with bfloat16 units (common.has_bf16), else float32. bfloat16 is
+    autocast on CUDA and CPU; elsewhere (MPS) it is refused rather than run in float32 under its name."""
     dtype = cfg.dtype
     if dtype == "auto":
-        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+        dtype = "bfloat16" if has_bf16(device) else "float32"
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
     if dtype == "bfloat16" and device.type not in ("cuda", "cpu"):
         raise ValueError(f"--dtype bfloat16 runs on CUDA and CPU here, not on {device.type}: use --dtype float32")
+    return dtype
+
+
+def set_precision(cfg, device):
+    """-> the run's dtype (pick_dtype); TF32 matmuls on CUDA."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    return dtype
+    return pick_dtype(cfg, device)
 

@@ -21,8 +21,9 @@ Design choices:
   instead: its first int(len*(1-f)) characters are train, the rest val (so one big .txt file such as
   tinyshakespeare gets the usual 90/10 character split).
 - Mixtures (`--mix`): documents are drawn from the inputs with the given weights by a seeded RNG (a
-  document-level ratio); the mixture stops when any input runs dry. An input is what was named: a
-  folder or a glob is one input (its files in order), whatever number of files it holds.
+  document-level ratio); the mixture stops when any input runs dry (said on stderr, with what that leaves
+  of --max_tokens). An input is what was named: a folder or a glob is one input (its files in order),
+  whatever number of files it holds.
 - Budget (`--max_tokens`): whole documents only; stop before the first document that would take
   train+val past the budget.
 - Parallelism: long documents are cut into ~256k-character pieces only right after "<non-space>\\n"
@@ -351,14 +352,16 @@ def mix_weights(mix: list[float], n_inputs: int) -> list[float]:
     return weights
 
 
-def mix_documents(streams: list, weights: list[float], seed: int = 0):
+def mix_documents(streams: list, weights: list[float], seed: int = 0, dry: list | None = None):
     """Draw each next document from stream k with probability weights[k] (seeded);
-    stop when any stream is exhausted, so the ratio holds for everything emitted."""
+    stop when any stream is exhausted, so the ratio holds for everything emitted (its index goes in `dry`)."""
     rng, its = random.Random(seed), [iter(s) for s in streams]
     while True:
         k = rng.choices(range(len(its)), weights)[0]
         doc = next(its[k], None)
         if doc is None:
+            if dry is not None:
+                dry.append(k)
             return
         yield doc
 
@@ -516,8 +519,8 @@ def _clear_staging(staging: Path) -> None:
 
 def write_documents(results, writers: dict, max_tokens: int | None, total_bytes: int | None, progress: bool) -> None:
     """Join the encoded pieces into documents and hand each to its split's writer; stop before the
-    first document that would exceed the budget. With `progress`, a line on a terminal's stderr (not
-    in logs) says how far it got."""
+    first document that would exceed the budget (-> True: the budget stopped it). With `progress`, a line on
+    a terminal's stderr (not in logs) says how far it got."""
     seen = kept = 0  # source bytes encoded, tokens kept
     doc = []  # (tokens, bytes) of the current document's pieces: the budget admits whole documents
     t0 = shown = time.time()
@@ -530,13 +533,14 @@ def write_documents(results, writers: dict, max_tokens: int | None, total_bytes:
                 if last:
                     tokens = np.concatenate([t for t, _ in doc])
                     if max_tokens is not None and kept + len(tokens) > max_tokens:
-                        return
+                        return True
                     writers[split].add(tokens, sum(b for _, b in doc))
                     kept, doc = kept + len(tokens), []
             if progress and time.time() - shown >= 0.5:  # at most twice a second
                 shown, mb = time.time(), seen / 1e6
                 pct = f"{min(100, 100 * seen / total_bytes):3.0f}% " if total_bytes else ""
                 print(f"\r{pct}{mb:,.1f} MB, {mb / (shown - t0):.1f} MB/s", end="", file=sys.stderr, flush=True)
+        return False
     finally:
         if progress and shown > t0:
             print(file=sys.stderr)  # what comes next (the summary, an error) starts a line of its own
@@ -575,7 +579,8 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
         staging.mkdir()
         (staging / STAGING_MARK).write_text("staging folder of prepare_data.py: removed when its run ends\n")
         streams = [chain.from_iterable(read_documents(s, text_field) for s in group) for group in groups]
-        docs = mix_documents(streams, weights, seed) if weights is not None else chain.from_iterable(streams)
+        dry = []  # the mixture's input that ran dry, if one did
+        docs = mix_documents(streams, weights, seed, dry) if weights is not None else chain.from_iterable(streams)
         dtype = token_dtype(enc.n_vocab)
         writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
         local = [s for s in sources if os.path.isfile(s)]
@@ -583,8 +588,10 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
         try:
             jobs = batches(split_documents(docs, val_fraction))
             with contextlib.closing(encoded(jobs, tok, workers)) as results:  # closing stops the pool now
-                write_documents(results, writers, max_tokens, total_bytes, progress)
+                budget_met = write_documents(results, writers, max_tokens, total_bytes, progress)
             splits = {s: w.close() for s, w in writers.items()}
+            if dry and not budget_met:
+                mix_shortfall(inputs[dry[0]], sum(s["tokens"] for s in splits.values()), max_tokens)
             budget = f", --max_tokens {max_tokens:,}" if max_tokens is not None else ""
             if not splits["train"]["tokens"]:  # the budget below the first document, or every character val
                 raise ValueError(f"the train split is empty (--val_fraction {val_fraction}{budget}): give a smaller "
@@ -610,6 +617,14 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
                 raise OSError(f"{out}: not prepared: the disk is full ({os.strerror(e.errno)}); {kept}") from None
             raise
     return meta
+
+
+def mix_shortfall(name: str, tokens: int, max_tokens: int | None) -> None:
+    """Say on stderr that a mixture stopped because input `name` ran dry, and what that left of the budget."""
+    short = (f", {max_tokens - tokens:,} short of --max_tokens {max_tokens:,} ({100 * tokens / max_tokens:.0f}%): "
+             "give that input more data or a lower --mix weight to meet the budget") if max_tokens else ""
+    print(f"note: the mixture stopped at {tokens:,} tokens when {name} ran dry{short} (the other inputs' remaining "
+          "documents are left out, so the --mix ratio holds)", file=sys.stderr)
 
 
 def parse_weights(s: str) -> list[float]:

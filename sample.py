@@ -192,14 +192,15 @@ def main(argv=None):
         check_quantize(cfg.quantize, device, getattr(torch, cfg.dtype))  # before reading the checkpoint
     torch.manual_seed(cfg.seed)
     # an int8 checkpoint (python -m tools.convert native2int8) too; compiled, its layers stay on their rows
-    model, ckpt = load_checkpoint(cfg.ckpt, device, int8=True, pack=not cfg.compile)
+    # built on the CPU from the file's map, then moved: only the weights reach the device, each cast on its way
+    model, ckpt = load_checkpoint(cfg.ckpt, "cpu", int8=True, pack=not cfg.compile)
     if is_int8(ckpt):  # int8 weights: what --quantize int8 cannot do, this cannot either
         from quantize import check_quantize
 
         check_quantize("int8", device, getattr(torch, cfg.dtype))
     check_finite(model.state_dict(), cfg.ckpt, "sample from")  # a diverged model would print "!!!!!!" greedily
     if not is_int8(ckpt):  # int8 layers are float32 between their matmuls, and a thread may be packing them now:
-        model = model.to(getattr(torch, cfg.dtype))  # Module.to would write back each rows tensor it read
+        model = model.to(device, getattr(torch, cfg.dtype))  # Module.to would write back each rows tensor it read
     model = model.eval()
     if cfg.quantize and not is_int8(ckpt):  # an int8 checkpoint is int8 already
         model = quantize_int8(model, pack=not cfg.compile)

@@ -14,8 +14,8 @@ from tools import compare, scaling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
 SCRIPTS = ["model.py", "prepare_data.py", "sample.py", "train.py", "tools/bench.py", "tools/code_figure.py",
-           "tools/compare.py", "tools/convert.py", "tools/lines.py", "tools/quantize_quality.py", "tools/scaling.py",
-           "tools/share.py"]
+           "tools/compare.py", "tools/convert.py", "tools/gpu_check.py", "tools/lines.py", "tools/quantize_quality.py",
+           "tools/scaling.py", "tools/share.py"]
 
 
 def test_every_script_has_help():

@@ -738,3 +738,20 @@ def test_mix_counts_the_inputs_named_not_their_files(tmp_path):
                                                     for s in ("train", "val")]).tolist())
     docs = text.split("<|endoftext|>")[:-1]  # folder a's two files are one stream: its second file is reached
     assert {d[:2] for d in docs} == {"a0", "a1", "b0"} and sum(d.startswith("a") for d in docs) == 20
+
+
+def test_a_mixture_that_runs_dry_before_its_budget_says_so(tmp_path, monkeypatch, capsys):
+    """--mix with a --max_tokens beyond what an input holds (FineWeb-Edu's sample-10BT at the paper's 17B) stops
+    when that input runs dry: said, with the shortfall; a budget met says nothing."""
+    fake = {"HuggingFaceFW/fineweb-edu": records("FW", 200), "HuggingFaceTB/cosmopedia": records("CO", 1000)}
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(
+        load_dataset=lambda repo, config, split, streaming: iter(fake[repo])))
+    kw = dict(mix=[0.7], seed=3, workers=1, progress=False)
+    meta = P.prepare(["fineweb-edu", "cosmopedia"], tmp_path / "a", max_tokens=10**9, **kw)
+    total = sum(s["tokens"] for s in meta["splits"].values())
+    err = capsys.readouterr().err
+    assert err == (f"note: the mixture stopped at {total:,} tokens when fineweb-edu ran dry, {10**9 - total:,} short of "
+                   f"--max_tokens 1,000,000,000 (0%): give that input more data or a lower --mix weight to meet the "
+                   "budget (the other inputs' remaining documents are left out, so the --mix ratio holds)\n")
+    P.prepare(["fineweb-edu", "cosmopedia"], tmp_path / "b", max_tokens=total // 2, **kw)
+    assert capsys.readouterr().err == ""

@@ -72,7 +72,7 @@ import prepare_data as P
 import quantize as Q
 import train as T
 from checkpoint import checkpoint_dict
-from common import config_parser, parse_int, parse_settings, peak_flops, pick_device, run_main, setting
+from common import config_parser, has_bf16, parse_int, parse_settings, peak_flops, pick_device, run_main, setting
 from tokenizer import get_tokenizer
 
 VARIANTS = ("binary", "affine", "learned")
@@ -160,7 +160,7 @@ def bench_train(cfg, device, tmp):
     data = os.path.join(tmp, "data")
     os.makedirs(data)
     write_random_data(data, vocab)
-    dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+    dtype = torch.bfloat16 if has_bf16(device) else torch.float32
     dts, rates = {v: [] for v in VARIANTS}, []
     for r in range(cfg.train_repeats or (1 if cuda else cfg.repeats)):
         rates.append(matmul_rate(device, dtype, cfg.matmul_n or (8192 if cuda else 2048)))  # interleaved too

@@ -31,6 +31,7 @@ import math
 import os
 import statistics
 import sys
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -45,6 +46,7 @@ from common import (atomic_write, config_parser, parse_settings, pick_device, pr
 from model import GPT, PRESETS, GPTConfig, code_bits, get_config
 from prepare_data import load_meta, prepare
 from tokenizer import SMALL_VOCAB
+from launch import pick_dtype
 from train import TrainConfig, train
 from windows import Split
 
@@ -109,15 +111,18 @@ def read_log(path):
 
 
 @torch.no_grad()
-def full_val_loss(out, data_dir, meta, batch_size, device):
-    """Mean loss over every window of the validation split, each counted once, from the final checkpoint."""
+def full_val_loss(out, data_dir, meta, batch_size, device, dtype="float32"):
+    """Mean loss over every window of the validation split, each counted once, from the final checkpoint, in
+    the run's precision (`dtype`: launch.pick_dtype's; bfloat16 is autocast, as in its evaluations)."""
     model, _ = load_checkpoint(out, device)
     model.eval()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
     val = Split(data_dir, meta, "val", model.config.block_size, model.config.vocab_size)
     total = 0.0
     for start in range(0, val.n, batch_size):
         x, y = val.batch(np.arange(start, min(start + batch_size, val.n)), device)
-        total += model(x, y)[1].item() * len(x)
+        with autocast:
+            total += model(x, y)[1].item() * len(x)
     return total / val.n
 
 
@@ -192,7 +197,8 @@ def run_one(args, meta, variant, seed):
             return {"variant": variant, "seed": seed, "diverged": str(e)}
         if summary["interrupted"]:
             raise SystemExit(f"stopped during {out}: rerun the same command to continue")
-        val_loss = full_val_loss(out, args.data, meta, args.batch_size, pick_device(args.device))
+        device = pick_device(args.device)
+        val_loss = full_val_loss(out, args.data, meta, args.batch_size, device, pick_dtype(cfg, device))
         atomic_write(final, json.dumps({"val_loss": val_loss, "data": data_hash(args.data)}))
     with open(final) as f:
         done = json.load(f)
