@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import launch
 import sample
 import train
 from checkpoint import (OPTIMIZER_KERNEL, checkpoint_dict, load_checkpoint, load_optimizer_state, load_weights,
@@ -97,7 +98,7 @@ class Started(Exception):
 def started_on_meta(cfg, monkeypatch):
     """train.train(cfg) on the meta device, stopped where the loop would start -> its Run. The checkpoint is read
     on the CPU as on a GPU machine; window checks that read the model's values are recorded, not run."""
-    monkeypatch.setattr(train, "pick_device", lambda name: META)
+    monkeypatch.setattr(launch, "pick_device", lambda name: META)
     seen = {}
     monkeypatch.setattr(train, "check_window_starts", lambda split, meta, model, data_dir:
                         seen.update(off=off_device(model, META)))
