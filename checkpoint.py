@@ -170,3 +170,11 @@ def set_rng_state(state, device):
     random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
     name, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+
+
+if __name__ == "__main__":
+    import sys
+
+    from common import not_a_command
+    sys.exit(not_a_command("checkpoint.py", "sample from a checkpoint by `python sample.py --ckpt FILE`, convert one by "
+                                            "`python -m tools.convert --help`"))

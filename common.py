@@ -1,6 +1,7 @@
 """
 The few helpers every script shares, one of each: atomic file writes, device choice, a command line
 generated from a dataclass, and a `main` wrapper that turns the project's expected errors into one line.
+It is a library: the commands are train.py, sample.py, prepare_data.py and the tools.
 """
 
 import argparse
@@ -367,6 +368,32 @@ def run_main(main, argv=None, outlive_stdout=False):
             sys.stdout, sys.stderr = saved
 
 
+def quiet_interrupt():
+    """Let a Ctrl-C that reaches the top level outside run_main (during a script's imports: torch's take
+    seconds) end as run_main ends one, one line and exit 130, not a traceback. A script calls it before
+    its slow imports. An interactive session (python -i, the REPL) keeps Python's own handling."""
+    hook = sys.excepthook
+    if getattr(hook, "quiet", False):  # set already (a script importing another)
+        return
+
+    def excepthook(kind, value, tb):
+        if issubclass(kind, KeyboardInterrupt) and not (sys.flags.interactive or hasattr(sys, "ps1")):
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                print("interrupted", file=sys.stderr, flush=True)
+            os._exit(130)  # else Python ends itself by SIGINT, after the traceback
+        hook(kind, value, tb)
+
+    excepthook.quiet = True
+    sys.excepthook = excepthook
+
+
+def not_a_command(library, instead):
+    """What a library run as a script does: say what to run instead (`instead`), and exit 2, a usage error."""
+    print(f"{library} is a library, not a command: {instead}", file=sys.stderr)
+    return 2
+
+
 def reader_gone(stream):
     """Whether `stream` is a pipe whose reader has closed it (poll says POLLERR on the write end)."""
     try:
@@ -414,3 +441,8 @@ class OutlivingStream:
 
     def __getattr__(self, name):  # fileno, isatty, encoding, ...
         return getattr(self.stream, name)
+
+
+if __name__ == "__main__":
+    sys.exit(not_a_command("common.py", "run train.py, sample.py or prepare_data.py (each with --help), or a tool: "
+                                        "python -m tools.NAME --help"))

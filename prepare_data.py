@@ -45,6 +45,9 @@ Design choices:
   unmarked .partial folder is refused by name, with or without --overwrite.
 """
 
+from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+quiet_interrupt()
+
 import argparse
 import bz2
 import contextlib

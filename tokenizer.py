@@ -188,3 +188,11 @@ def load_text_codec(ckpt, ckpt_path):
             raise FileNotFoundError(f"the checkpoint's tokenizer {path} is missing")
         return HFText(path)
     raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    from common import not_a_command
+    sys.exit(not_a_command("tokenizer.py", "tokenize a corpus by `python prepare_data.py --help` (--encoding, "
+                                           "--vocab_size); sample.py decodes a checkpoint's tokens"))

@@ -48,23 +48,26 @@ Design choices, up front:
 - Targets are ratios measured in the same run; each prints PASS or MISS (or "not measured").
 """
 
+import os
+import sys
+
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+quiet_interrupt()
+
 import contextlib
 import copy
 import io
 import json
 import multiprocessing as mp
-import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-
-if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import model as M
 import prepare_data as P

@@ -33,17 +33,20 @@ Needs torch; safetensors for .safetensors files; tokenizers for tokenizer.json (
 release's tokenizer, exporting a tiktoken one). transformers is not needed here.
 """
 
-import hashlib
-import json
 import os
-import re
 import sys
-from dataclasses import dataclass, replace
-
-import torch
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+quiet_interrupt()
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, replace
+
+import torch
 
 from checkpoint import atomic_torch_save, check_finite, checkpoint_dict, load_checkpoint, model_from_weights
 from common import LOCK_NAME, atomic_write, config_parser, file_problem, one_line, parse_settings, run_main, setting, writer_lock
