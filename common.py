@@ -81,6 +81,32 @@ def atomic_write(path, data):
         f.write(data)
 
 
+@contextlib.contextmanager
+def staged(folder, last=()):
+    """Write several files into `folder` all or none. The block writes them into the staging folder it is
+    given (inside `folder`, so that moving them is a rename, which needs no disk space); when it ends they
+    are moved into `folder`, replacing files of those names (the names in `last` last: the one a reader
+    opens first); if it raises (a full disk, Ctrl-C), they are removed and `folder` is as it was."""
+    stage = os.path.join(folder, f".staging{os.getpid()}")
+    os.mkdir(stage)
+    try:
+        yield stage
+        names = sorted(os.listdir(stage), key=lambda f: (f in last, last.index(f) if f in last else 0, f))
+        for f in names:
+            os.replace(os.path.join(stage, f), os.path.join(folder, f))
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        raise OSError(e.errno, f"{folder}: not written: the disk is full ({os.strerror(e.errno)}); nothing of this "
+                               "run is left there, and what it held is as it was") from None
+    finally:
+        for f in os.listdir(stage):  # this run's files alone: the folder is this process's
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(stage, f))
+        with contextlib.suppress(OSError):
+            os.rmdir(stage)
+
+
 LOCK_NAME = ".writer.lock"
 
 
@@ -91,7 +117,8 @@ def writer_lock(folder, outputs=()):
     -9, so a lock never outlives its writer. A second writer gets a ValueError naming the holder's pid.
     Once locked, removes the temp files a killed writer left (atomic_open's `<name>.tmp<pid>`, that pid
     no longer running) of the file names in `outputs`: only names the caller writes, never a user's.
-    A process that holds `folder` already may enter again (a no-op)."""
+    A process that holds `folder` already may enter again (a no-op). A folder it made is removed again
+    if the block raises and the folder holds nothing but the lock."""
     import fcntl
 
     if not os.fspath(folder):
@@ -102,8 +129,10 @@ def writer_lock(folder, outputs=()):
     if key in _held:  # this process holds it already (a study that prepares its data into its own folder)
         yield
         return
+    made = not os.path.lexists(folder)
     os.makedirs(folder, exist_ok=True)
     fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    failed = True
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -120,8 +149,13 @@ def writer_lock(folder, outputs=()):
                     os.remove(os.path.join(folder, name))
         _held.add(key)
         yield
+        failed = False
     finally:
         _held.discard(key)
+        if failed and made and os.listdir(folder) == [LOCK_NAME]:  # a failed first write leaves no folder behind
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, LOCK_NAME))
+                os.rmdir(folder)
         os.close(fd)  # closing the descriptor releases the lock
 
 

@@ -77,7 +77,7 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from common import (DISK_FULL, LOCK_NAME, atomic_open, atomic_write, config_parser, file_problem, one_line, parse_settings, run_main,
+from common import (DISK_FULL, atomic_open, atomic_write, config_parser, file_problem, one_line, parse_settings, run_main,
                     setting, writer_lock)
 from tokenizer import SMALL_VOCAB, get_tokenizer
 
@@ -692,53 +692,45 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
 
     recorded = [os.path.abspath(a) if os.path.lexists(a) or not (a in NAMED or a.startswith("hf:")) else a
                 for a in inputs]  # what was named, a path from any folder: what prepare_command names
-    created = not os.path.lexists(out)  # a folder this run makes is removed again if the run fails
-    try:
-        with writer_lock(out):  # one writer per folder: a second run into `out` is refused while this one runs
-            old = _prepared_files(out, overwrite)
-            staging = out / STAGING  # holds this run's files until all are written
-            _clear_staging(staging)  # left by a killed run
-            staging.mkdir()
-            (staging / STAGING_MARK).write_text("staging folder of prepare_data.py: removed when its run ends\n")
-            streams = [chain.from_iterable(read_documents(s, text_field) for s in group) for group in groups]
-            docs = mix_documents(streams, weights, seed) if weights is not None else chain.from_iterable(streams)
-            dtype = token_dtype(enc.n_vocab)
-            writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
-            try:
-                jobs = batches(split_documents(docs, val_fraction))
-                with contextlib.closing(encoded(jobs, tok, workers)) as results:  # closing stops the pool now
-                    write_documents(results, writers, max_tokens, total_bytes, progress)
-                splits = {s: w.close() for s, w in writers.items()}
-                budget = f", --max_tokens {max_tokens:,}" if max_tokens is not None else ""
-                if not splits["train"]["tokens"]:  # the budget below the first document, or every character val
-                    raise ValueError(f"the train split is empty (--val_fraction {val_fraction}{budget}): give a smaller "
-                                     "fraction or a larger budget")
-                if val_fraction > 0 and not splits["val"]["tokens"]:
-                    raise ValueError(f"the val split is empty (--val_fraction {val_fraction}{budget}): give a larger "
-                                     "fraction or budget, or --val_fraction 0 for no validation split")
-                meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
-                        "reserve_zero": reserve_zero, "reserve_ones": reserve_ones, "dtype": dtype.name, "splits": splits,
-                        "inputs": recorded, "sources": sources, "val_fraction": val_fraction, "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
-                atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
-                # all written: from here on only removals and renames, which need no disk space
-                for p in old:  # meta.json first, so that the folder stops looking complete at once
-                    p.unlink()
-                for name in [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"]:  # meta.json last
-                    os.replace(staging / name, out / name)
+    with writer_lock(out):  # one writer per folder: a second run into `out` is refused while this one runs
+        old = _prepared_files(out, overwrite)
+        staging = out / STAGING  # holds this run's files until all are written
+        _clear_staging(staging)  # left by a killed run
+        staging.mkdir()
+        (staging / STAGING_MARK).write_text("staging folder of prepare_data.py: removed when its run ends\n")
+        streams = [chain.from_iterable(read_documents(s, text_field) for s in group) for group in groups]
+        docs = mix_documents(streams, weights, seed) if weights is not None else chain.from_iterable(streams)
+        dtype = token_dtype(enc.n_vocab)
+        writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
+        try:
+            jobs = batches(split_documents(docs, val_fraction))
+            with contextlib.closing(encoded(jobs, tok, workers)) as results:  # closing stops the pool now
+                write_documents(results, writers, max_tokens, total_bytes, progress)
+            splits = {s: w.close() for s, w in writers.items()}
+            budget = f", --max_tokens {max_tokens:,}" if max_tokens is not None else ""
+            if not splits["train"]["tokens"]:  # the budget below the first document, or every character val
+                raise ValueError(f"the train split is empty (--val_fraction {val_fraction}{budget}): give a smaller "
+                                 "fraction or a larger budget")
+            if val_fraction > 0 and not splits["val"]["tokens"]:
+                raise ValueError(f"the val split is empty (--val_fraction {val_fraction}{budget}): give a larger "
+                                 "fraction or budget, or --val_fraction 0 for no validation split")
+            meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
+                    "reserve_zero": reserve_zero, "reserve_ones": reserve_ones, "dtype": dtype.name, "splits": splits,
+                    "inputs": recorded, "sources": sources, "val_fraction": val_fraction, "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
+            atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
+            # all written: from here on only removals and renames, which need no disk space
+            for p in old:  # meta.json first, so that the folder stops looking complete at once
+                p.unlink()
+            for name in [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"]:  # meta.json last
+                os.replace(staging / name, out / name)
+            _clear_staging(staging)
+        except BaseException as e:  # a bad input halfway, a full disk, Ctrl-C: the old data stays as it was
+            with contextlib.suppress(ValueError, OSError):
                 _clear_staging(staging)
-            except BaseException as e:  # a bad input halfway, a full disk, Ctrl-C: the old data stays as it was
-                with contextlib.suppress(ValueError, OSError):
-                    _clear_staging(staging)
-                if isinstance(e, OSError) and e.errno in DISK_FULL:
-                    kept = "the prepared data there is as it was" if old else "nothing was written there"
-                    raise OSError(f"{out}: not prepared: the disk is full ({os.strerror(e.errno)}); {kept}") from None
-                raise
-    except BaseException:
-        if created:  # its lock file alone is left: the folder goes, as if the run had not been
-            with contextlib.suppress(OSError):
-                os.remove(out / LOCK_NAME)
-                out.rmdir()
-        raise
+            if isinstance(e, OSError) and e.errno in DISK_FULL:
+                kept = "the prepared data there is as it was" if old else "nothing was written there"
+                raise OSError(f"{out}: not prepared: the disk is full ({os.strerror(e.errno)}); {kept}") from None
+            raise
     return meta
 
 

@@ -746,7 +746,7 @@ import bz2, gzip, lzma  # noqa: E402
 PACK = {"gzip": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}
 
 
-def records(n, seed=0):
+def jsonl_records(n, seed=0):
     return "".join(json.dumps({"text": words(5, seed=seed + i)}) + "\n" for i in range(n)).encode()
 
 
@@ -760,7 +760,7 @@ def tokens_of(out):
                                         ("notes.txt", "xz")])
 def test_compressed_inputs_give_the_plain_files_tokens(tmp_path, name, pack):
     """By suffix or by first bytes alone (a gzip file named docs.jsonl), in any case: the same shards as the plain file."""
-    data = records(30) if "jsonl" in name.lower() else words(300).encode()
+    data = jsonl_records(30) if "jsonl" in name.lower() else words(300).encode()
     plain = tmp_path / ("plain.jsonl" if "jsonl" in name.lower() else "plain.txt")
     plain.write_bytes(data)
     (tmp_path / name).write_bytes(PACK[pack](data))
@@ -774,7 +774,7 @@ def test_compressed_files_in_folders_and_mixes(tmp_path):
     import pyarrow as pa, pyarrow.parquet as pq
 
     (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "a.jsonl.gz").write_bytes(gzip.compress(records(20)))
+    (tmp_path / "d" / "a.jsonl.gz").write_bytes(gzip.compress(jsonl_records(20)))
     (tmp_path / "d" / "skip.gz").write_bytes(gzip.compress(b"no known type inside"))
     buf = io.BytesIO()
     pq.write_table(pa.table({"text": [words(5, seed=100 + i) for i in range(20)]}), buf)
@@ -787,11 +787,11 @@ def test_compressed_files_in_folders_and_mixes(tmp_path):
 def test_broken_or_unreadable_archives_write_nothing(tmp_path, monkeypatch):
     """Through the real command line: a truncated or corrupt archive, a suffix its bytes belie, zstd without its
     package: one line naming the file, and the output folder is never made."""
-    data = gzip.compress(records(200))
+    data = gzip.compress(jsonl_records(200))
     corrupt = bytearray(data)
     corrupt[len(data) // 2] ^= 0xFF
     files = {"cut.jsonl.gz": data[:len(data) // 2], "corrupt.jsonl.gz": bytes(corrupt), "cut.txt.xz": lzma.compress(b"x" * 9999)[:60],
-             "cut.jsonl.bz2": bz2.compress(records(200))[:300], "plain.txt.gz": b"plain text", "z.jsonl.ZST": b"\x28\xb5\x2f\xfd" + bytes(20)}
+             "cut.jsonl.bz2": bz2.compress(jsonl_records(200))[:300], "plain.txt.gz": b"plain text", "z.jsonl.ZST": b"\x28\xb5\x2f\xfd" + bytes(20)}
     for name, content in files.items():
         (tmp_path / name).write_bytes(content)
     expected = {"plain.txt.gz": "named .gz but is not gzip data (it starts with b'plai')",
@@ -809,7 +809,7 @@ def test_broken_or_unreadable_archives_write_nothing(tmp_path, monkeypatch):
 def test_zstd_when_its_package_is_there(tmp_path):
     zstandard = pytest.importorskip("zstandard")
     c = zstandard.ZstdCompressor()
-    data = records(40)
+    data = jsonl_records(40)
     (tmp_path / "two_frames.jsonl.zst").write_bytes(c.compress(data[:999]) + c.compress(data[999:]))
     (tmp_path / "plain.jsonl").write_bytes(data)
     (tmp_path / "cut.jsonl.zst").write_bytes(c.compress(data)[:-9])
