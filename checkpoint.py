@@ -202,3 +202,11 @@ def set_rng_state(state, device):
 def is_int8(ckpt):
     """Whether a checkpoint dict is an int8 checkpoint (python -m tools.convert native2int8)."""
     return "quantization" in ckpt
+
+
+if __name__ == "__main__":
+    import sys
+
+    from common import not_a_command
+    sys.exit(not_a_command("checkpoint.py", "sample from a checkpoint by `python sample.py --ckpt FILE`, convert one by "
+                                            "`python -m tools.convert --help`"))

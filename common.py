@@ -1,6 +1,7 @@
 """
 The few helpers every script shares, one of each: atomic file writes, device choice, a command line
 generated from a dataclass, and a `main` wrapper that turns the project's expected errors into one line.
+It is a library: the commands are train.py, sample.py, prepare_data.py and the tools.
 """
 
 import argparse
@@ -82,6 +83,32 @@ def atomic_write(path, data):
         f.write(data)
 
 
+@contextlib.contextmanager
+def staged(folder, last=()):
+    """Write several files into `folder` all or none. The block writes them into the staging folder it is
+    given (inside `folder`, so that moving them is a rename, which needs no disk space); when it ends they
+    are moved into `folder`, replacing files of those names (the names in `last` last: the one a reader
+    opens first); if it raises (a full disk, Ctrl-C), they are removed and `folder` is as it was."""
+    stage = os.path.join(folder, f".staging{os.getpid()}")
+    os.mkdir(stage)
+    try:
+        yield stage
+        names = sorted(os.listdir(stage), key=lambda f: (f in last, last.index(f) if f in last else 0, f))
+        for f in names:
+            os.replace(os.path.join(stage, f), os.path.join(folder, f))
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        raise OSError(e.errno, f"{folder}: not written: the disk is full ({os.strerror(e.errno)}); nothing of this "
+                               "run is left there, and what it held is as it was") from None
+    finally:
+        for f in os.listdir(stage):  # this run's files alone: the folder is this process's
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(stage, f))
+        with contextlib.suppress(OSError):
+            os.rmdir(stage)
+
+
 LOCK_NAME = ".writer.lock"
 
 
@@ -92,7 +119,8 @@ def writer_lock(folder, outputs=()):
     -9, so a lock never outlives its writer. A second writer gets a ValueError naming the holder's pid.
     Once locked, removes the temp files a killed writer left (atomic_open's `<name>.tmp<pid>`, that pid
     no longer running) of the file names in `outputs`: only names the caller writes, never a user's.
-    A process that holds `folder` already may enter again (a no-op)."""
+    A process that holds `folder` already may enter again (a no-op). A folder it made is removed again
+    if the block raises and the folder holds nothing but the lock."""
     import fcntl
 
     if not os.fspath(folder):
@@ -103,8 +131,10 @@ def writer_lock(folder, outputs=()):
     if key in _held:  # this process holds it already (a study that prepares its data into its own folder)
         yield
         return
+    made = not os.path.lexists(folder)
     os.makedirs(folder, exist_ok=True)
     fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    failed = True
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -121,8 +151,13 @@ def writer_lock(folder, outputs=()):
                     os.remove(os.path.join(folder, name))
         _held.add(key)
         yield
+        failed = False
     finally:
         _held.discard(key)
+        if failed and made and os.listdir(folder) == [LOCK_NAME]:  # a failed first write leaves no folder behind
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, LOCK_NAME))
+                os.rmdir(folder)
         os.close(fd)  # closing the descriptor releases the lock
 
 
@@ -414,6 +449,32 @@ def run_main(main, argv=None, outlive_stdout=False):
             sys.stdout, sys.stderr = saved
 
 
+def quiet_interrupt():
+    """Let a Ctrl-C that reaches the top level outside run_main (during a script's imports: torch's take
+    seconds) end as run_main ends one, one line and exit 130, not a traceback. A script calls it before
+    its slow imports. An interactive session (python -i, the REPL) keeps Python's own handling."""
+    hook = sys.excepthook
+    if getattr(hook, "quiet", False):  # set already (a script importing another)
+        return
+
+    def excepthook(kind, value, tb):
+        if issubclass(kind, KeyboardInterrupt) and not (sys.flags.interactive or hasattr(sys, "ps1")):
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                print("interrupted", file=sys.stderr, flush=True)
+            os._exit(130)  # else Python ends itself by SIGINT, after the traceback
+        hook(kind, value, tb)
+
+    excepthook.quiet = True
+    sys.excepthook = excepthook
+
+
+def not_a_command(library, instead):
+    """What a library run as a script does: say what to run instead (`instead`), and exit 2, a usage error."""
+    print(f"{library} is a library, not a command: {instead}", file=sys.stderr)
+    return 2
+
+
 def reader_gone(stream):
     """Whether `stream` is a pipe whose reader has closed it (poll says POLLERR on the write end)."""
     try:
@@ -461,3 +522,8 @@ class OutlivingStream:
 
     def __getattr__(self, name):  # fileno, isatty, encoding, ...
         return getattr(self.stream, name)
+
+
+if __name__ == "__main__":
+    sys.exit(not_a_command("common.py", "run train.py, sample.py or prepare_data.py (each with --help), or a tool: "
+                                        "python -m tools.NAME --help"))

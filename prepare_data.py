@@ -6,7 +6,11 @@
 
 Design choices:
 - Inputs: a .txt file is one document; .jsonl / .parquet give one document per record (its
-  `text_field`, empty ones skipped); folders and globs expand to their files in sorted order. Named
+  `text_field`, empty ones skipped); folders and globs expand to their files in sorted order. Any of
+  them may be gzip, bz2 or xz compressed (docs.jsonl.gz; known by its first bytes, so a suffix is not
+  needed), read as a stream by the standard library; zstd (.zst) needs the optional zstandard package.
+  A compressed file is read to its end before any work, so a truncated one writes nothing; a
+  compressed .parquet is decompressed into memory (parquet reads its footer first). Named
   corpora: `shakespeare` is tiny Shakespeare, downloaded once into the folder $BCGPT_CORPUS_CACHE
   (default data/; an offline machine puts tinyshakespeare.txt there); `fineweb-edu`, `cosmopedia` and
   hf:REPO[:CONFIG] stream a Hugging Face dataset through the optional `datasets` package. A single named
@@ -42,10 +46,17 @@ Design choices:
   unmarked .partial folder is refused by name, with or without --overwrite.
 """
 
+from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+quiet_interrupt()
+
 import argparse
+import bz2
 import contextlib
 import glob
+import gzip
+import io
 import json
+import lzma
 import math
 import multiprocessing as mp
 import os
@@ -58,6 +69,7 @@ import struct
 import sys
 import time
 import urllib.request
+import zlib
 from collections import deque
 from dataclasses import dataclass, fields
 from itertools import chain, islice
@@ -66,7 +78,8 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from common import DISK_FULL, atomic_open, atomic_write, config_parser, file_problem, parse_settings, run_main, setting, writer_lock
+from common import (DISK_FULL, atomic_open, atomic_write, config_parser, file_problem, one_line, parse_settings, run_main,
+                    setting, writer_lock)
 from tokenizer import SMALL_VOCAB, get_tokenizer
 
 MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
@@ -78,6 +91,10 @@ HUB = {"fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),
 NAMED = ("shakespeare", *HUB)
 DEFAULT_VOCAB = {"shakespeare": SMALL_VOCAB}  # the quickstart's corpus: the small preset's vocabulary
 EXTS = (".txt", ".jsonl", ".parquet")
+# compressed inputs: known by their first bytes (a gzip file needs no .gz), their suffix naming the compression
+MAGICS = {"gzip": re.compile(rb"\x1f\x8b"), "xz": re.compile(rb"\xfd7zXZ\x00"), "zstd": re.compile(rb"\x28\xb5\x2f\xfd"),
+          "bz2": re.compile(rb"BZh[1-9](\x31\x41\x59\x26\x53\x59|\x17\x72\x45\x38\x50\x90)")}  # a block or the end
+PACKED = {".gz": "gzip", ".gzip": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
 
 
 class ShardError(ValueError):
@@ -205,9 +222,9 @@ def resolve_inputs(inputs: list[str]) -> list[str]:
 def resolve_input(arg: str) -> list[str]:
     """The files (or the one Hub source) one named input stands for."""
     if os.path.isdir(arg):
-        files = sorted(str(p) for p in Path(arg).rglob("*") if p.suffix.lower() in EXTS and not p.is_dir())
+        files = sorted(str(p) for p in Path(arg).rglob("*") if input_type(p) in EXTS and not p.is_dir())
         if not files:
-            raise ValueError(f"{arg}: folder holds no {'/'.join(EXTS)} files")
+            raise ValueError(f"{arg}: folder holds no {'/'.join(EXTS)} files (nor compressed ones: {', '.join(PACKED)})")
         return [regular_file(f) for f in files]
     if os.path.lexists(arg):
         return [regular_file(arg)]
@@ -256,25 +273,123 @@ def download(url: str, path: Path) -> str:
     return str(path)
 
 
-def check_inputs(sources: list[str], text_field: str) -> None:
+def input_type(path) -> str:
+    """The type of an input file by its name, in any case, a compression suffix dropped: docs.JSONL.GZ -> .jsonl."""
+    name = Path(path).name.lower()
+    for suffix in PACKED:
+        name = name.removesuffix(suffix)
+    return Path(name).suffix
+
+
+def compression(path) -> str | None:
+    """gzip, bz2, xz, zstd or None (plain), by the file's first bytes; a ValueError if its suffix names a
+    compression its bytes are not."""
+    with open(path, "rb") as f:
+        head = f.read(10)
+    found = next((name for name, magic in MAGICS.items() if magic.match(head)), None)
+    named = PACKED.get(Path(path).suffix.lower())
+    if named and found != named:
+        raise ValueError(f"{path}: named {Path(path).suffix} but is not {named} data (it starts with {head[:4]!r})")
+    return found
+
+
+def open_input(path, packing: str | None):
+    """`path` as a binary file that decompresses as it is read (standard library; zstd through the optional
+    zstandard package)."""
+    if packing == "zstd":
+        raw = zstandard(path).ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True, closefd=True)
+        return io.BufferedReader(raw)
+    return {"gzip": gzip.open, "bz2": bz2.open, "xz": lzma.open, None: open}[packing](path, "rb")
+
+
+def zstandard(path):
+    """The optional zstandard package, or a ValueError saying that `path` needs it."""
+    try:
+        import zstandard
+    except ImportError:
+        raise ValueError(f"{path}: zstd-compressed: reading it needs the optional zstandard package "
+                         "(pip install zstandard), or decompress it first (unzstd)") from None
+    return zstandard
+
+
+def broken_archive(e: BaseException) -> bool:
+    """Whether a decompressor's exception says its data is truncated or corrupt."""
+    zstd = sys.modules.get("zstandard")
+    return isinstance(e, (EOFError, OSError, zlib.error, lzma.LZMAError, *([zstd.ZstdError] if zstd else [])))
+
+
+def check_inputs(sources: list[str], text_field: str) -> int | None:
     """Open every input and read its first document, so that a missing, unreadable, undecodable or
-    empty input (or a missing optional package) fails before any work."""
+    empty input (or a missing optional package) fails before any work; a compressed file is read to its
+    end, so that a truncated or corrupt one fails then too (decompressing is fast beside tokenizing).
+    Returns the inputs' uncompressed bytes (for the progress line), None if one streams from the Hub."""
+    total = 0
     for source in sources:
+        local = os.path.isfile(source)
+        size = uncompressed_size(source) if local else None  # first: a truncated archive may end in its first document
         with contextlib.closing(read_documents(source, text_field)) as docs:
             if next(docs, None) is None:
                 raise ValueError(f"{source}: no documents (no record has a non-empty {text_field!r})")
+        total = total + size if local and total is not None else None
+    return total
+
+
+def uncompressed_size(path) -> int:
+    """The bytes of a file once decompressed; a ValueError naming it if its archive is truncated or corrupt."""
+    packing = compression(path)
+    if packing is None:
+        return os.path.getsize(path)
+    size = 0
+    try:
+        if packing == "zstd":  # zstandard's reader ends quietly at a cut-off frame: its decompressor says so
+            return zstd_size(path)
+        with open_input(path, packing) as f:
+            while chunk := f.read(1 << 20):
+                size += len(chunk)
+    except Exception as e:
+        if not broken_archive(e):
+            raise
+        raise ValueError(f"{path}: not readable {packing} data, truncated or corrupt ({one_line(e)})") from None
+    return size
+
+
+def zstd_size(path) -> int:
+    """The decompressed size of a file of zstd frames; EOFError if the last one is cut off."""
+    size, obj, dctx = 0, None, zstandard(path).ZstdDecompressor()
+    with open(path, "rb") as f:
+        while data := f.read(1 << 20):
+            while data:
+                obj = obj if obj and not obj.eof else dctx.decompressobj()
+                size += len(obj.decompress(data))
+                data = obj.unused_data if obj.eof else b""
+    if obj is None or not obj.eof:
+        raise EOFError("the last zstd frame is cut off")
+    return size
 
 
 def read_documents(source: str, text_field: str = "text"):
-    """The documents (str) of one input: a file, a Hub alias or hf:REPO[:CONFIG]."""
+    """The documents (str) of one input: a file (compressed or not), a Hub alias or hf:REPO[:CONFIG]."""
     if source in HUB or source.startswith("hf:"):
         repo, config = HUB[source] if source in HUB else (source[3:].split(":", 1) + [None])[:2]
         yield from hub_documents(repo, config, text_field)
-    elif os.path.getsize(source) == 0:
+        return
+    packing = compression(source)
+    try:
+        yield from file_documents(source, packing, text_field)
+    except Exception as e:
+        if packing is None or not broken_archive(e):
+            raise
+        raise ValueError(f"{source}: not readable {packing} data, truncated or corrupt ({one_line(e)})") from None
+
+
+def file_documents(source: str, packing: str | None, text_field: str):
+    """The documents of a .txt (one), .jsonl or .parquet file, by its type (input_type); `packing` its compression."""
+    kind = input_type(source)
+    if os.path.getsize(source) == 0:
         raise ValueError(f"{source}: empty file")
-    elif source.lower().endswith(".jsonl"):  # the type by its extension, in any case: notes.JSONL too
-        offset = 0
-        with open(source, "rb") as f:
+    elif kind == ".jsonl":
+        offset = 0  # of the line, in the uncompressed bytes
+        with open_input(source, packing) as f:
             for lineno, line in enumerate(f, 1):
                 if line.strip():
                     try:
@@ -285,19 +400,26 @@ def read_documents(source: str, text_field: str = "text"):
                         raise ValueError(f"{source}:{lineno}: JSON nested too deeply to read (not a text record)") from None
                     yield from record_texts([record], text_field, f"{source}:{lineno}")
                 offset += len(line)
-    elif source.lower().endswith(".parquet"):
+    elif kind == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError:
             raise ValueError(f"{source}: reading .parquet needs the optional pyarrow package (pip install pyarrow)") from None
-        table = pq.ParquetFile(source)
+        if packing:  # parquet reads its footer first: a compressed file is decompressed into memory (its columns
+            with open_input(source, packing) as f:  # are compressed inside the file anyway, so this is rare)
+                data = f.read()
+        table = pq.ParquetFile(io.BytesIO(data) if packing else source)
         if text_field not in table.schema_arrow.names:
             raise ValueError(f"{source}: no column {text_field!r} (has {table.schema_arrow.names}; try --text_field)")
         for batch in table.iter_batches(columns=[text_field]):  # nulls skipped; a value that is no string refused
             yield from record_texts(({text_field: t} for t in batch.column(0).to_pylist() if t is not None), text_field,
                                     source)
     else:
-        text = decode_utf8(Path(source).read_bytes(), source).removeprefix(BOM)
+        with open_input(source, packing) as f:
+            data = f.read()
+        if not data:
+            raise ValueError(f"{source}: empty file (once decompressed)")
+        text = decode_utf8(data, source).removeprefix(BOM)
         if not text.strip():
             raise ValueError(f"{source}: empty file (only whitespace)")
         yield text
@@ -570,8 +692,10 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
     groups = [resolve_input(a) for a in inputs]  # the files each named input stands for
     sources = [s for group in groups for s in group]
     weights = mix_weights(mix, len(groups)) if mix is not None else None
-    check_inputs(sources, text_field)
+    total_bytes = check_inputs(sources, text_field)  # uncompressed, for the progress line
 
+    recorded = [os.path.abspath(a) if os.path.lexists(a) or not (a in NAMED or a.startswith("hf:")) else a
+                for a in inputs]  # what was named, a path from any folder: what prepare_command names
     with writer_lock(out):  # one writer per folder: a second run into `out` is refused while this one runs
         old = _prepared_files(out, overwrite)
         staging = out / STAGING  # holds this run's files until all are written
@@ -583,8 +707,6 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
         docs = mix_documents(streams, weights, seed, dry) if weights is not None else chain.from_iterable(streams)
         dtype = token_dtype(enc.n_vocab)
         writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
-        local = [s for s in sources if os.path.isfile(s)]
-        total_bytes = sum(map(os.path.getsize, local)) if len(local) == len(sources) else None  # for the progress line
         try:
             jobs = batches(split_documents(docs, val_fraction))
             with contextlib.closing(encoded(jobs, tok, workers)) as results:  # closing stops the pool now
@@ -600,8 +722,8 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
                 raise ValueError(f"the val split is empty (--val_fraction {val_fraction}{budget}): give a larger "
                                  "fraction or budget, or --val_fraction 0 for no validation split")
             meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
-                    "reserve_zero": reserve_zero, "reserve_ones": reserve_ones, "dtype": dtype.name, "splits": splits, "sources": sources, "val_fraction": val_fraction,
-                    "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
+                    "reserve_zero": reserve_zero, "reserve_ones": reserve_ones, "dtype": dtype.name, "splits": splits,
+                    "inputs": recorded, "sources": sources, "val_fraction": val_fraction, "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
             atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
             # all written: from here on only removals and renames, which need no disk space
             for p in old:  # meta.json first, so that the folder stops looking complete at once
@@ -673,10 +795,22 @@ def parse_config(argv: list[str] | None = None) -> PrepareConfig:
     return a
 
 
+def prepared_from(meta: dict) -> list[str] | None:
+    """The inputs `meta`'s data was prepared from, named so that they are found from any folder: those it
+    records as named (absolute paths, since issue 35), else the files it records if they are found from
+    here (older data recorded them as named, relative to a folder now unknown); None if unknown."""
+    if isinstance(meta.get("inputs"), list) and meta["inputs"]:
+        return meta["inputs"]
+    sources = meta.get("sources")
+    found = isinstance(sources, list) and sources and all(
+        isinstance(s, str) and (os.path.isabs(s) or os.path.exists(s) or s in HUB or s.startswith("hf:")) for s in sources)
+    return sources if found else None
+
+
 def prepare_command(meta: dict, out: str, shard_tokens: int | None = None) -> str:
     """The command line that prepares the inputs `meta` (a meta.json) names again into `out`, as it was
     prepared but with today's default ids: what train.py prints for data made before a default."""
-    flags = [*meta.get("sources", ["INPUTS"]), "--out", out, "--encoding", meta["encoding"], "--vocab_size", str(meta["vocab_size"])]
+    flags = [*(prepared_from(meta) or ["<INPUTS: unknown, its meta.json does not record them>"]), "--out", out, "--encoding", meta["encoding"], "--vocab_size", str(meta["vocab_size"])]
     defaults = {f.name: f.default for f in fields(PrepareConfig)}
     for name in ("val_fraction", "text_field", "max_tokens", "seed"):
         if meta.get(name, defaults[name]) != defaults[name]:

@@ -341,3 +341,11 @@ def weight_only_copy(model):
 def compiles_weight_only(model):
     """Mark `model` for decode.compiled_step to compile with COMPILE_OPTIONS."""
     model.compile_options = COMPILE_OPTIONS  # a plain attribute: not a submodule, not in the state dict
+
+
+if __name__ == "__main__":  # it had a quality command once; `python quantize.py --ckpt X --data_dir D` still says where it went
+    import shlex
+
+    from common import not_a_command
+    sys.exit(not_a_command("quantize.py", "sample with int8 weights by `python sample.py --quantize int8`; measure what "
+                                          f"int8 costs by `{shlex.join(['python', '-m', 'tools.quantize_quality', *sys.argv[1:]])}`"))

@@ -20,6 +20,9 @@ tokenizer's end-of-text token (<|endoftext|>, </s>), and never draws an id the t
 keeps its last block_size tokens (with a notice on stderr).
 """
 
+from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+quiet_interrupt()
+
 import math
 import os
 import stat

@@ -16,6 +16,7 @@ import os
 from functools import lru_cache
 
 import tiktoken
+import tiktoken.registry  # encoding_parts
 
 EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]  # end-of-text names, most common first
 # GPT-2's tokenizer cut to 8,192 tokens (K = 13 code bits): the vocabulary of the quick start (prepare_data.py's
@@ -39,27 +40,37 @@ def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve
     text encodes to the same tokens, renumbered; each id's code is still exactly its bits."""
     if encoding not in tiktoken.list_encoding_names():
         raise ValueError(f"unknown encoding {encoding!r}; choose one of {tiktoken.list_encoding_names()}")
-    base = tiktoken.get_encoding(encoding)
-    ranks = base._mergeable_ranks
-    vocab_size = base.n_vocab if vocab_size is None else vocab_size  # 0 is a size, refused below, not 'none given'
+    base = encoding_parts(encoding)
+    ranks, n_vocab = base["mergeable_ranks"], max(*base["mergeable_ranks"].values(), *base["special_tokens"].values()) + 1
+    vocab_size = n_vocab if vocab_size is None else vocab_size  # 0 is a size, refused below, not 'none given'
     ones = all_ones_id(vocab_size)
     reserve_ones = reserve_ones and ones < vocab_size  # past the vocabulary: no token to move
-    if vocab_size == base.n_vocab and not (reserve_zero or reserve_ones):
-        return base
+    if vocab_size == n_vocab and not (reserve_zero or reserve_ones):
+        return tiktoken.get_encoding(encoding)  # the encoding itself, uncut
     # The cut needs the 256 single bytes (so any text encodes) and cannot add ranks.
-    if not 257 <= vocab_size <= len(ranks) + 1 and vocab_size != base.n_vocab:
-        full = f" or {base.n_vocab}" if base.n_vocab != len(ranks) + 1 else ""
+    if not 257 <= vocab_size <= len(ranks) + 1 and vocab_size != n_vocab:
+        full = f" or {n_vocab}" if n_vocab != len(ranks) + 1 else ""
         raise ValueError(f"vocab_size must be in [257, {len(ranks) + 1}]{full} for {encoding}, got {vocab_size}")
     kept = {b: r for b, r in ranks.items() if r < vocab_size - 1}
-    specials = {"<|endoftext|>": vocab_size - 1} if vocab_size != base.n_vocab else dict(base._special_tokens)
-    name = f"{encoding}_{vocab_size}" if vocab_size != base.n_vocab else encoding
+    specials = {"<|endoftext|>": vocab_size - 1} if vocab_size != n_vocab else dict(base["special_tokens"])
+    name = f"{encoding}_{vocab_size}" if vocab_size != n_vocab else encoding
     for reserved, i, byte, tag in ((reserve_zero, 0, b"\x00", "_nul0"), (reserve_ones, ones, b"\xff", "_ff1s")):
         if reserved:  # `byte` takes id i; the token that had i (a merge rank or a special) takes byte's id
             table = kept if i in kept.values() else specials
             holder = next(t for t, r in table.items() if r == i)
             table[holder], kept[byte] = kept[byte], i
             name += tag
-    return tiktoken.Encoding(name=name, pat_str=base._pat_str, mergeable_ranks=kept, special_tokens=specials)
+    pat_str = base["pat_str"]
+    del base, ranks  # the uncut ranks are let go before the cut is built: a process holds only the cut
+    return tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=kept, special_tokens=specials)
+
+
+def encoding_parts(encoding: str) -> dict:
+    """A tiktoken encoding's parts (name, pat_str, mergeable_ranks, special_tokens, ...), read afresh without
+    building it: tiktoken.get_encoding keeps each encoding it builds for the life of the process, and a cut
+    needs only the ranks (an uncut cl100k_base held beside its cut: ~57 MiB more peak memory in sample.py)."""
+    tiktoken.list_encoding_names()  # finds the constructors, once
+    return tiktoken.registry.ENCODING_CONSTRUCTORS[encoding]()
 
 
 def all_ones_id(vocab_size: int) -> int:
@@ -190,3 +201,11 @@ def load_text_codec(ckpt, ckpt_path):
             raise FileNotFoundError(f"the checkpoint's tokenizer {path} is missing")
         return HFText(path)
     raise ValueError(f"{ckpt_path}: unknown tokenizer entry {entry!r}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    from common import not_a_command
+    sys.exit(not_a_command("tokenizer.py", "tokenize a corpus by `python prepare_data.py --help` (--encoding, "
+                                           "--vocab_size); sample.py decodes a checkpoint's tokens"))

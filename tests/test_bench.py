@@ -75,7 +75,8 @@ def test_run_reports_every_section(tmp_path):
 
 def test_main_json_one_section(capsys):
     pytest.importorskip("transformers")
-    assert bench.main(TINY + ["--sections=sample", "--sample_batches=1", "--no-recompute", "--precisions=", "--json",
+    sample_flags = [f for f in TINY if f.split("=")[0][2:].removeprefix("no-") in bench.READ_BY["sample"] + ("device",)]
+    assert bench.main(sample_flags + ["--sections=sample", "--sample_batches=1", "--no-recompute", "--precisions=", "--json",
                               "--sample_compile"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["train"] is None and res["prep"] is None
@@ -98,6 +99,14 @@ def test_prep_defaults_to_tiny_shakespeare(tmp_path, monkeypatch):
     (["--sections=bogus"], "error: unknown section(s) bogus: choose from train,sample,load,prep\n"),
     (["--sections=train,prep,nope", "--device=cpu"], "error: unknown section(s) nope: choose from train,sample,load,prep\n"),
     (["--sections=prep", "--threads=1,0"], "error: --threads must be positive integers, got '1,0'\n"),
+    (["--sections=prep", "--device=cpu", "--steps=3"], "error: --steps is a setting of the train section, which --sections=prep "
+                                                       "does not run: add train there, or drop the flag\n"),
+    (["--sections=train,prep", "--device=cpu", "--no-int8"], "error: --int8 is a setting of the sample and load sections, which "
+                                                             "--sections=train,prep does not run: add sample there, or drop the flag\n"),
+    (["--sections=load", "--device=cpu", "--repeats=2"], "error: --repeats is a setting of the train, sample and prep sections, "
+                                                          "which --sections=load does not run: add train there, or drop the flag\n"),
+    (["--sections=prep", "--device=cpu", "--threads=1,2"], "error: --threads=1,2: only the sample section is timed at each count "
+                                                            "(the others use the first): add sample to --sections, or give one count\n"),
 ])
 def test_bad_input_is_one_error_line(args, message):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,3 +118,13 @@ def test_unusable_device_is_refused():
     no_gpu = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
     with pytest.raises(ValueError, match=f"device '{no_gpu}' asked for, but"):
         bench.run(bench.BenchConfig(device=no_gpu, sections="prep"))
+
+
+def test_each_section_reads_the_settings_it_claims():
+    """READ_BY (what check_sections refuses for sections not run) is what each bench_* function reads, by its source."""
+    import ast, inspect
+
+    for section, names in bench.READ_BY.items():
+        tree = ast.parse(inspect.getsource(getattr(bench, f"bench_{section}")))
+        read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", None) == "cfg"}
+        assert read == set(names), section

@@ -16,11 +16,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 SCRIPTS = ["model.py", "prepare_data.py", "sample.py", "train.py", "tools/bench.py", "tools/code_figure.py",
            "tools/compare.py", "tools/convert.py", "tools/gpu_check.py", "tools/lines.py", "tools/quantize_quality.py",
            "tools/scaling.py", "tools/share.py"]
+LIBRARIES = {"checkpoint.py": "python sample.py --ckpt FILE", "common.py": "python -m tools.NAME --help",
+             "quantize.py": "python -m tools.quantize_quality --ckpt X --data_dir 'D D'", "tokenizer.py": "python prepare_data.py --help"}
 
 
 def test_every_script_has_help():
     files = [os.path.join(folder, f) for folder in ("", "tools") for f in sorted(os.listdir(os.path.join(ROOT, folder)))]
-    scripts = [f for f in files if f.endswith(".py") and 'if __name__ == "__main__":' in open(os.path.join(ROOT, f)).read()]
+    scripts = [f for f in files if f.endswith(".py") and 'if __name__ == "__main__":' in open(os.path.join(ROOT, f)).read()
+               and f not in LIBRARIES]
     assert scripts == SCRIPTS
     # a tool runs as `python -m tools.X` (as documented) and as `python tools/X.py`
     commands = [[s] for s in scripts] + [["-m", s[:-3].replace(os.sep, ".")] for s in scripts if os.sep in s]
@@ -32,6 +35,32 @@ def test_every_script_has_help():
         name = os.path.basename(c.split()[-1]).replace("tools.", "") + (".py" if c.startswith("-m") else "")
         usage = (f"usage: {name} [-h]", f"usage: python {c} [-h]")  # -m: Python 3.14 names the module
         assert out.startswith(usage) and "show this help message and exit" in out, c
+
+
+def test_a_library_run_as_a_script_says_what_to_run_instead():
+    """Issue 35: `python quantize.py --ckpt X --data_dir D` (its old quality command) once exited 0 having done nothing."""
+    runs = {f: subprocess.Popen([sys.executable, f, "--ckpt", "X", "--data_dir", "D D"], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for f in LIBRARIES}
+    for f, p in runs.items():
+        out, err = p.communicate(timeout=120)
+        assert (p.returncode, out, err.count("\n")) == (2, "", 1), f
+        assert err.startswith(f"{f} is a library, not a command: ") and LIBRARIES[f] in err, err
+
+
+PHASE_2 = {"train.py", "model.py"}  # issue 35's second phase: their imports come before common's hook
+
+
+def test_ctrl_c_during_the_imports_is_one_line_and_exit_130(tmp_path):
+    """A KeyboardInterrupt in the slow imports (a stand-in torch and numpy raise it on import): one line, exit 130."""
+    for name in ("torch", "numpy"):
+        (tmp_path / f"{name}.py").write_text("raise KeyboardInterrupt\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    commands = [[s] for s in SCRIPTS if s not in PHASE_2] + [["-m", "tools.convert"]]
+    runs = {" ".join(c): subprocess.Popen([sys.executable, *c, "--help"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True) for c in commands}
+    for c, p in runs.items():
+        out, err = p.communicate(timeout=120)
+        assert (p.returncode, out, err) == (130, "", "interrupted\n"), c
 
 
 # the values each command line gave before the common style (argparse, DEFAULTS dicts, --quick/--gpu presets)

@@ -1,6 +1,6 @@
 """Tests for prepare_data.py: shard format, tokenizer cut, splits, determinism, inputs, and that no bad
 input, fault or interrupt loses prepared data or ends in anything but one clean line."""
-import io, json, os, signal, struct, subprocess, sys, time, types, urllib.request
+import importlib.util, io, json, os, signal, struct, subprocess, sys, time, types, urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -501,7 +501,7 @@ def test_failure_halfway_leaves_no_shards(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "write_shard", lambda path, t, w=P.write_shard: written.append(path) or w(path, t))
     with pytest.raises(ValueError, match="zz.jsonl: not valid UTF-8 at byte offset 48"):
         P.prepare([str(tmp_path)], tmp_path / "out", shard_tokens=100, workers=2, progress=False)
-    assert len(written) > 10 and os.listdir(tmp_path / "out") == [LOCK_NAME]
+    assert len(written) > 10 and not (tmp_path / "out").exists()  # the folder it made goes too
 
 
 def test_full_disk_keeps_the_old_data(tmp_path, capsys, monkeypatch, prepared):
@@ -721,7 +721,7 @@ def test_bad_inputs_of_every_kind_are_one_line_naming_them(tmp_path):
     for inputs, out, msg in cases:
         r = cli(*inputs, "--out", out, "--workers", "1")
         assert (r.returncode, r.stdout, r.stderr) == (1, "", f"error: {msg}\n"), msg
-    assert os.listdir(o) == [LOCK_NAME]  # the records past the first were read as the folder's writer: nothing else written
+    assert not o.exists()  # the records past the first were read as the folder's writer, which removes the folder it made
 
 
 def test_mix_counts_the_inputs_named_not_their_files(tmp_path):
@@ -755,3 +755,97 @@ def test_a_mixture_that_runs_dry_before_its_budget_says_so(tmp_path, monkeypatch
                    "budget (the other inputs' remaining documents are left out, so the --mix ratio holds)\n")
     P.prepare(["fineweb-edu", "cosmopedia"], tmp_path / "b", max_tokens=total // 2, **kw)
     assert capsys.readouterr().err == ""
+
+
+# ---------------------------------------------------------------- compressed inputs (issue 35)
+import bz2, gzip, lzma  # noqa: E402
+
+PACK = {"gzip": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}
+
+
+def jsonl_records(n, seed=0):
+    return "".join(json.dumps({"text": words(5, seed=seed + i)}) + "\n" for i in range(n)).encode()
+
+
+def tokens_of(out):
+    meta = P.load_meta(out)
+    return [shard_tokens(out, meta, s).tolist() for s in ("train", "val")]
+
+
+@pytest.mark.parametrize("name, pack", [("docs.JSONL.GZ", "gzip"), ("docs.jsonl.bz2", "bz2"), ("docs.Jsonl.XZ", "xz"),
+                                        ("docs.jsonl", "gzip"), ("notes.txt.gz", "gzip"), ("notes.TXT.bz2", "bz2"),
+                                        ("notes.txt", "xz")])
+def test_compressed_inputs_give_the_plain_files_tokens(tmp_path, name, pack):
+    """By suffix or by first bytes alone (a gzip file named docs.jsonl), in any case: the same shards as the plain file."""
+    data = jsonl_records(30) if "jsonl" in name.lower() else words(300).encode()
+    plain = tmp_path / ("plain.jsonl" if "jsonl" in name.lower() else "plain.txt")
+    plain.write_bytes(data)
+    (tmp_path / name).write_bytes(PACK[pack](data))
+    P.prepare([str(plain)], tmp_path / "a", workers=1, progress=False)
+    meta = P.prepare([str(tmp_path / name)], tmp_path / "b", workers=1, progress=False)
+    assert tokens_of(tmp_path / "a") == tokens_of(tmp_path / "b") and meta["inputs"] == [str(tmp_path / name)]
+
+
+def test_compressed_files_in_folders_and_mixes(tmp_path):
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa, pyarrow.parquet as pq
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.jsonl.gz").write_bytes(gzip.compress(jsonl_records(20)))
+    (tmp_path / "d" / "skip.gz").write_bytes(gzip.compress(b"no known type inside"))
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"text": [words(5, seed=100 + i) for i in range(20)]}), buf)
+    (tmp_path / "d" / "b.Parquet.XZ").write_bytes(lzma.compress(buf.getvalue()))
+    (tmp_path / "c.txt.bz2").write_bytes(bz2.compress(words(200).encode()))
+    meta = P.prepare([str(tmp_path / "d"), str(tmp_path / "c.txt.bz2")], tmp_path / "o", mix=[0.5], workers=1, progress=False)
+    assert meta["sources"] == [str(tmp_path / "d" / "a.jsonl.gz"), str(tmp_path / "d" / "b.Parquet.XZ"), str(tmp_path / "c.txt.bz2")]
+
+
+def test_broken_or_unreadable_archives_write_nothing(tmp_path, monkeypatch):
+    """Through the real command line: a truncated or corrupt archive, a suffix its bytes belie, zstd without its
+    package: one line naming the file, and the output folder is never made."""
+    data = gzip.compress(jsonl_records(200))
+    corrupt = bytearray(data)
+    corrupt[len(data) // 2] ^= 0xFF
+    files = {"cut.jsonl.gz": data[:len(data) // 2], "corrupt.jsonl.gz": bytes(corrupt), "cut.txt.xz": lzma.compress(b"x" * 9999)[:60],
+             "cut.jsonl.bz2": bz2.compress(jsonl_records(200))[:300], "plain.txt.gz": b"plain text", "z.jsonl.ZST": b"\x28\xb5\x2f\xfd" + bytes(20)}
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    expected = {"plain.txt.gz": "named .gz but is not gzip data (it starts with b'plai')",
+                "z.jsonl.ZST": "zstd-compressed: reading it needs the optional zstandard package (pip install zstandard), "
+                               "or decompress it first (unzstd)"}
+    if importlib.util.find_spec("zstandard"):
+        expected["z.jsonl.ZST"] = "not readable zstd data, truncated or corrupt"
+    for name in files:
+        r = cli(tmp_path / name, "--out", tmp_path / "o", "--workers", "1")
+        assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, name
+        assert r.stderr.startswith(f"error: {tmp_path / name}: {expected.get(name, 'not readable')}"), r.stderr
+        assert not (tmp_path / "o").exists()
+
+
+def test_zstd_when_its_package_is_there(tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    c = zstandard.ZstdCompressor()
+    data = jsonl_records(40)
+    (tmp_path / "two_frames.jsonl.zst").write_bytes(c.compress(data[:999]) + c.compress(data[999:]))
+    (tmp_path / "plain.jsonl").write_bytes(data)
+    (tmp_path / "cut.jsonl.zst").write_bytes(c.compress(data)[:-9])
+    P.prepare([str(tmp_path / "plain.jsonl")], tmp_path / "a", workers=1, progress=False)
+    P.prepare([str(tmp_path / "two_frames.jsonl.zst")], tmp_path / "b", workers=1, progress=False)
+    assert tokens_of(tmp_path / "a") == tokens_of(tmp_path / "b")
+    with pytest.raises(ValueError, match="cut.jsonl.zst: not readable zstd data, truncated or corrupt"):
+        P.prepare([str(tmp_path / "cut.jsonl.zst")], tmp_path / "c", workers=1, progress=False)
+
+
+def test_the_re_prepare_command_names_the_inputs_from_any_folder(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_text(words(200))
+    monkeypatch.chdir(tmp_path)
+    meta = P.prepare(["a.txt"], "o", workers=1, progress=False)
+    assert P.prepared_from(meta) == [str(tmp_path / "a.txt")]
+    assert P.prepare_command(meta, "o").startswith(f"python prepare_data.py {tmp_path / 'a.txt'} --out o ")
+    monkeypatch.chdir("/")  # data prepared before meta.json recorded its inputs: relative sources, found or unknown
+    old = {k: v for k, v in meta.items() if k != "inputs"} | {"sources": ["a.txt"]}
+    assert P.prepared_from(old) is None
+    assert P.prepare_command(old, "o").startswith("python prepare_data.py '<INPUTS: unknown, its meta.json does not record them>'")
+    assert P.prepared_from({**old, "sources": ["shakespeare-not-here", "hf:x/y"]}) is None
+    assert P.prepared_from({**old, "sources": [str(tmp_path / "a.txt"), "hf:x/y"]}) == [str(tmp_path / "a.txt"), "hf:x/y"]

@@ -3,6 +3,8 @@
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import tiktoken
@@ -396,3 +398,12 @@ def test_a_start_token_with_a_constant_input_is_named_once(tmp_path, capsys):
     assert sample.main(["--ckpt", str(tmp_path / "old"), "--prompt", "Dear", *args]) == 0
     assert sample.main(["--ckpt", str(tmp_path / "new"), *args]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_cut_tokenizer_holds_no_uncut_encoding():
+    """Issue 35: sample.py on a cut held tiktoken's cached uncut encoding too (~57 MiB for cl100k_base)."""
+    code = ("import tiktoken.registry, tokenizer; tokenizer.get_tokenizer('gpt2', 4096, True, True); "
+            "print(sorted(tiktoken.registry.ENCODINGS))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "[]\n", "")

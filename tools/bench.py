@@ -46,25 +46,30 @@ Design choices, up front:
   worker (no pool) and with all cores. How much `cores` processes can give on this machine at all is
   measured in every round too: a pure-Python loop and a tiktoken encode, 1 vs `cores` processes at once.
 - Targets are ratios measured in the same run; each prints PASS or MISS (or "not measured").
+- A setting of a section that --sections does not run (READ_BY), several --threads without the sample
+  section, or a CPU-only setting on a GPU is refused, not silently ignored.
 """
+
+import os
+import sys
+
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+quiet_interrupt()
 
 import contextlib
 import copy
 import io
 import json
 import multiprocessing as mp
-import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-
-if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import decode as D
 import model as M
@@ -475,6 +480,7 @@ def run(cfg: BenchConfig) -> dict:
     threads = [parse_int(t) for t in cfg.threads.split(",")] if cfg.threads else [torch.get_num_threads()]
     if min(threads) < 1:
         raise ValueError(f"--threads must be positive integers, got {cfg.threads!r}")
+    check_sections(cfg, sections, device)
     torch.set_num_threads(threads[0])
     res = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
            "config": asdict(cfg), "train": None, "sample": None, "load": None, "prep": None,
@@ -647,6 +653,31 @@ def table(res) -> str:
 
 
 # ----------------------------------------------------------------------------- checks on the settings
+# the settings each section reads (the others: device, sections, threads, json, read by the run as a whole):
+# one given for sections that are not run is refused, not ignored
+READ_BY = {"train": ("preset", "block_size", "batch_size", "train_repeats", "steps", "warmup", "compile", "matmul_n", "repeats"),
+           "sample": ("sample_preset", "prompt_len", "new_tokens", "sample_batches", "recompute", "sample_compile",
+                      "precisions", "int8", "bandwidth_mb", "repeats"),
+           "load": ("load_preset", "load_repeats", "load_tokens", "int8"),
+           "prep": ("corpus", "prep_copies", "workers", "repeats")}
+
+
+def check_sections(cfg, sections, device):
+    """A setting changed from its default does something in the sections run, on this device, or is refused."""
+    default = BenchConfig()
+    for name in sorted({n for names in READ_BY.values() for n in names}):
+        readers = [s for s, names in READ_BY.items() if name in names]
+        if getattr(cfg, name) != getattr(default, name) and not sections & set(readers):
+            named = " and ".join([", ".join(readers[:-1]), readers[-1]] if len(readers) > 1 else readers)
+            raise ValueError(f"--{name} is a setting of the {named} section{'s' * (len(readers) > 1)}, which "
+                             f"--sections={cfg.sections} does not run: add {readers[0]} there, or drop the flag")
+    if cfg.threads and "," in cfg.threads and "sample" not in sections:
+        raise ValueError(f"--threads={cfg.threads}: only the sample section is timed at each count (the others use the "
+                         "first): add sample to --sections, or give one count")
+    if device.type != "cpu" and cfg.bandwidth_mb != default.bandwidth_mb:
+        raise ValueError(f"--bandwidth_mb measures a CPU's read bandwidth, which a {device.type} run does not: drop it")
+
+
 def check_settings(cfg):
     """Counts a timing needs at least one of (0 would time nothing, or be read as the default), by flag."""
     counts = ("repeats", "steps", "prompt_len", "new_tokens", "load_repeats", "load_tokens", "prep_copies", "block_size",

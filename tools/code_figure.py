@@ -14,12 +14,15 @@ ids whose code is constant (all zeros, all ones), kept for bytes text never hold
 
 import os
 import sys
-from dataclasses import dataclass
-
-import torch
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+quiet_interrupt()
+
+from dataclasses import dataclass
+
+import torch
 
 from common import atomic_open, config_parser, parse_settings, run_main, setting
 from model import BinaryCodeInput, code_bits, lift_index

@@ -25,28 +25,31 @@ Design choices, up front:
   seeds of any input. "Inside" means the gap is no larger than that spread.
 """
 
+import os
+import sys
+
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+quiet_interrupt()
+
 import hashlib
 import json
 import math
-import os
 import statistics
-import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
-if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from checkpoint import load_checkpoint
 from common import (atomic_write, config_parser, parse_settings, pick_device, preset_setting, resolve_presets, run_main,
                     setting, writer_lock)
+from launch import pick_dtype
 from model import GPT, PRESETS, GPTConfig, code_bits, get_config
 from prepare_data import load_meta, prepare
 from tokenizer import SMALL_VOCAB
-from launch import pick_dtype
 from train import TrainConfig, train
 from windows import Split
 

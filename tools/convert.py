@@ -33,20 +33,24 @@ Needs torch; safetensors for .safetensors files; tokenizers for tokenizer.json (
 release's tokenizer, exporting a tiktoken one). transformers is not needed here.
 """
 
+import os
+import sys
+
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+quiet_interrupt()
+
 import hashlib
 import json
-import os
 import re
-import sys
 from dataclasses import dataclass, replace
 
 import torch
 
-if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from checkpoint import atomic_torch_save, check_finite, checkpoint_dict, load_checkpoint, model_from_weights
-from common import LOCK_NAME, atomic_write, config_parser, file_problem, one_line, parse_settings, run_main, setting, writer_lock
+from common import (LOCK_NAME, atomic_write, config_parser, file_problem, one_line, parse_settings, run_main, setting,
+                    staged, writer_lock)
 from model import GPT, GPTConfig, canonical_code, code_bits
 from quantize import int8_checkpoint
 from tokenizer import file_in, load_text_codec
@@ -515,11 +519,13 @@ def convert_hf_to_native(folder, out_dir, layout="auto", input=None, overwrite=F
     model, tok, info = hf_to_native(folder, layout, input)
     with writer_lock(out_dir, WRITTEN):
         check_out(folder, out_dir, overwrite)
-        copied = copy_tokenizer_files(folder, out_dir)
+        with staged(out_dir, last=("ckpt.pt",)) as stage:  # all files or none (a full disk, Ctrl-C)
+            copied = copy_tokenizer_files(folder, stage)
+            atomic_torch_save(checkpoint_dict(model, tok, source={**info, "tokenizer_files": copied}),
+                              os.path.join(stage, "ckpt.pt"))
         if tok is None:
             print(f"warning: {folder} has no tokenizer.json; sample.py will need one in {out_dir}", file=sys.stderr)
         path = os.path.join(out_dir, "ckpt.pt")
-        atomic_torch_save(checkpoint_dict(model, tok, source={**info, "tokenizer_files": copied}), path)
         remove_stale(out_dir, copied + ["ckpt.pt"], weights=False)
     return path, model, info
 
@@ -572,8 +578,9 @@ def tiktoken_to_hf(enc):
 
     vocab = {s(tok): rank for tok, rank in ranks.items()}
     # a special token amid the ranks (end-of-text moved off the all-ones id, tokenizer.get_tokenizer) is
-    # a vocabulary entry no merge makes; added below as special, it keeps that id
-    vocab.update({text: i for text, i in enc._special_tokens.items() if i < len(ranks)})
+    # a vocabulary entry no merge makes; added below as special, it keeps that id. So does every special token:
+    # uncut cl100k_base has no token at 100,256 nor at 100,261-100,275, and its specials keep their ids past them
+    vocab.update(enc._special_tokens)
     merges = []
     for tok, rank in ranks.items():
         splits = [(tok[:i], tok[i:]) for i in range(1, len(tok)) if tok[:i] in ranks and tok[i:] in ranks]
@@ -585,9 +592,9 @@ def tiktoken_to_hf(enc):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tk.decoder = decoders.ByteLevel()
     for text, i in sorted(enc._special_tokens.items(), key=lambda kv: kv[1]):
-        if tk.get_vocab_size(with_added_tokens=True) != i and vocab.get(text) != i:
-            raise ConversionError(f"special token {text} has id {i}, not the next free id: cannot express in tokenizer.json")
         tk.add_special_tokens([AddedToken(text, special=True, normalized=False)])
+        if tk.token_to_id(text) != i:
+            raise ConversionError(f"special token {text} has id {i}, but tokenizer.json gives it {tk.token_to_id(text)}")
     return tk
 
 
@@ -639,7 +646,10 @@ def convert_native_to_hf(ckpt_path, out_dir, dtype="float32", overwrite=False):
     weights = save(tensors, metadata={"format": "pt"})
     with writer_lock(out_dir, WRITTEN):
         check_out(ckpt_path, out_dir, overwrite)
-        return write_hf_folder(model, weights, entry, ckpt_dir, out_dir, dtype)
+        with staged(out_dir, last=("config.json",)) as stage:  # all files or none (a full disk, Ctrl-C)
+            written = write_hf_folder(model, weights, entry, ckpt_dir, stage, dtype)
+        remove_stale(out_dir, written, weights=True)
+        return out_dir
 
 
 def check_fits_dtype(tensors, dtype):
@@ -659,7 +669,8 @@ def check_fits_dtype(tensors, dtype):
 
 
 def write_hf_folder(model, weights, entry, ckpt_dir, out_dir, dtype):
-    """native2hf's writes, as OUT's one writer: tokenizer, model.safetensors (`weights`, bytes), configs."""
+    """native2hf's writes into `out_dir` (a staging folder): tokenizer, model.safetensors (`weights`, bytes),
+    configs; returns the names written."""
     c = model.config
     written, bos_id, eos_id = export_tokenizer(entry, ckpt_dir, out_dir, c.block_size)
     atomic_write(os.path.join(out_dir, "model.safetensors"), weights)
@@ -684,8 +695,7 @@ def write_hf_folder(model, weights, entry, ckpt_dir, out_dir, dtype):
     atomic_write(os.path.join(out_dir, "config.json"), json.dumps(config, indent=2))
     atomic_write(os.path.join(out_dir, "generation_config.json"),
                  json.dumps({"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": c.pad_token_id}, indent=2))
-    remove_stale(out_dir, written + ["model.safetensors"], weights=True)
-    return out_dir
+    return [*written, "model.safetensors", "config.json", "generation_config.json"]
 
 
 # ------------------------------------------------------------------------------------ native -> int8
@@ -709,12 +719,13 @@ def convert_native_to_int8(ckpt_path, out_dir, overwrite=False):
     int8 = int8_checkpoint(model, ckpt, fingerprint(file))
     with writer_lock(out_dir, WRITTEN):
         check_out(ckpt_path, out_dir, overwrite)
-        copied = copy_tokenizer_files(ckpt_dir, out_dir) if entry and entry["kind"] == "hf" else []
-        if entry and entry["kind"] == "hf" and entry.get("file", "tokenizer.json") not in copied:
-            copy_file(os.path.join(ckpt_dir, entry["file"]), os.path.join(out_dir, entry["file"]))
-            copied.append(entry["file"])
+        with staged(out_dir, last=("ckpt.pt",)) as stage:  # all files or none (a full disk, Ctrl-C)
+            copied = copy_tokenizer_files(ckpt_dir, stage) if entry and entry["kind"] == "hf" else []
+            if entry and entry["kind"] == "hf" and entry.get("file", "tokenizer.json") not in copied:
+                copy_file(os.path.join(ckpt_dir, entry["file"]), os.path.join(stage, entry["file"]))
+                copied.append(entry["file"])
+            atomic_torch_save(int8, os.path.join(stage, "ckpt.pt"))
         path = os.path.join(out_dir, "ckpt.pt")
-        atomic_torch_save(int8, path)
         remove_stale(out_dir, copied + ["ckpt.pt"], weights=False)
     return path, int8
 

@@ -12,13 +12,16 @@ the int8 weights times their scales (quantize.weight_only_copy).
 
 import os
 import sys
+
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+quiet_interrupt()
+
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from checkpoint import check_finite, load_checkpoint
 from common import config_parser, parse_settings, run_main, setting

@@ -32,12 +32,18 @@ Design choices, up front:
   (the median over (size, input) of the max-min validation loss across seeds).
 """
 
+import os
+import sys
+
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+quiet_interrupt()
+
 import json
 import math
-import os
 import signal
 import statistics
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -45,9 +51,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-
-if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import config_parser, parse_settings, preset_setting, resolve_presets, run_main, setting, writer_lock
 from model import GPT, get_config
