@@ -29,18 +29,21 @@ Design choices, up front:
   not decayed yet): --short_steps trains the smallest V to a shorter end, to test that reading.
 """
 
-import math
 import os
-import statistics
 import sys
+
+if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+quiet_interrupt()
+
+import math
+import statistics
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 import torch
-
-if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import config_parser, parse_settings, preset_setting, resolve_presets, run_main, setting, writer_lock
 from model import GPT, code_bits, get_config
