@@ -43,6 +43,7 @@ Design choices, up front:
   tools/quickstart_grid.txt is the proposed search around issue 34's one-seed hint.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -104,8 +105,10 @@ print(json.dumps({{"val_loss": total / n, "windows": n, "iter": int(ck["iter_num
 class QuickstartConfig:
     work: str | None = setting(None, "the tool's own folder: data, runs, results.jsonl, quickstart.md (default: a "
                                      "temporary folder, removed at the end; --grid needs one, to resume)")
-    prepare_flags: str = setting("", "extra prepare_data.py flags for our run (default: none, the quick start's)")
-    train_flags: str = setting("", "extra train.py flags for our run (default: none, the quick start's)")
+    prepare_flags: str = setting("", "extra prepare_data.py flags for our run, one string: "
+                                     "--prepare_flags='--vocab_size 512' (default: none, the quick start's)")
+    train_flags: str = setting("", "extra train.py flags for our run, one string: --train_flags='--lr 2e-3' "
+                                   "(default: none, the quick start's)")
     grid: str | None = setting(None, "a file of configurations, `name | prepare flags | train flags` a line: the "
                                      "search (instead of one run of --prepare_flags/--train_flags)")
     nanogpt: str | None = setting(None, f"a local nanoGPT checkout ({NANOGPT_URL}): its CPU recipe side by side")
@@ -140,6 +143,7 @@ def output_of(cmd, cwd=ROOT):
     return r.stdout
 
 
+@functools.cache
 def options(script):
     """The --flags that `python script --help` lists (a bool's --no-X form included)."""
     found = set(re.findall(r"(?<![\w-])(--[A-Za-z][\w-]*)", output_of([sys.executable, script, "--help"])))
@@ -302,7 +306,8 @@ def measure_nanogpt(work, args, text, chars):
     sample = sample_text(stdout)
     atomic_write(os.path.join(folder, "sample.txt"), sample)
     return {"name": "nanoGPT", "checkout": os.path.abspath(args.nanogpt), "train_flags": shlex.join(flags),
-            "settings": settings(args), "prepare_s": prep_s, "train_s": train_s, "loop_s": None, "ckpt_iter": ev["iter"],
+            "settings": settings(args), "prepare_s": prep_s, "train_s": train_s, "loop_s": None,
+            "ckpt_iter": ev["iter"],
             "val_loss": ev["val_loss"], "per_byte": ev["val_loss"] * len(val) / len(val.encode()),
             "own_val_loss": own, "own_val_step": step, "words": real_share(sample, set(words(decoded("train")))),
             "sample_chars": len(sample), "sample": sample, "machine": machine()}
@@ -350,8 +355,8 @@ def fmt(x, spec):
 
 def table(records, ref):
     """Markdown: one row per record, nanoGPT's (ref) last; the ratio column needs ref."""
-    rows = ["| run | train time s | train loop s | val nats/token | val nats/byte | ours / nanoGPT per byte | real words "
-            "| train.py's own val loss | machine |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    rows = ["| run | train time s | train loop s | val nats/token | val nats/byte | ours / nanoGPT per byte "
+            "| real words | train.py's own val loss | machine |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in records + ([ref] if ref else []):
         ratio = r["per_byte"] / ref["per_byte"] if ref and r is not ref else None
         token = "-" if r is ref else fmt(r["val_loss"], ".4f")  # nanoGPT's token is a byte
