@@ -14,7 +14,8 @@ from tools import compare, scaling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
 SCRIPTS = ["model.py", "prepare_data.py", "sample.py", "train.py", "tools/bench.py", "tools/code_figure.py",
-           "tools/compare.py", "tools/convert.py", "tools/quantize_quality.py", "tools/scaling.py"]
+           "tools/compare.py", "tools/convert.py", "tools/quantize_quality.py", "tools/quickstart.py",
+           "tools/scaling.py", "tools/share.py"]
 
 
 def test_every_script_has_help():
