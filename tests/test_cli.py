@@ -15,9 +15,10 @@ from tools import compare, scaling
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
 SCRIPTS = ["model.py", "prepare_data.py", "sample.py", "train.py", "tools/bench.py", "tools/code_figure.py",
            "tools/compare.py", "tools/convert.py", "tools/gpu_check.py", "tools/lines.py", "tools/quantize_quality.py",
-           "tools/scaling.py", "tools/share.py"]
+           "tools/quickstart.py", "tools/scaling.py", "tools/share.py"]
 LIBRARIES = {"checkpoint.py": "python sample.py --ckpt FILE", "common.py": "python -m tools.NAME --help",
-             "quantize.py": "python -m tools.quantize_quality --ckpt X --data_dir 'D D'", "tokenizer.py": "python prepare_data.py --help"}
+             "quantize.py": "python -m tools.quantize_quality --ckpt X --data_dir 'D D'",
+             "tokenizer.py": "python prepare_data.py --help"}
 
 
 def test_every_script_has_help():

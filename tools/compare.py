@@ -222,10 +222,14 @@ def mean_std(xs):
     return statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
+def per_byte(loss, meta):
+    """Validation nats per token -> nats per byte of the validation text: x validation tokens / UTF-8 bytes."""
+    val = meta["splits"]["val"]
+    return loss * val["tokens"] / val["bytes"]
+
+
 def summarize(runs, meta):
     """One row per input: parameter counts and mean +- std over seeds of loss, perplexity, bits/byte."""
-    val = meta["splits"]["val"]
-    tokens_per_byte = val["tokens"] / val["bytes"]
     rows = []
     for variant in dict.fromkeys(r["variant"] for r in runs):
         mine = [r for r in runs if r["variant"] == variant]
@@ -236,7 +240,7 @@ def summarize(runs, meta):
             "input": variant, "seeds": len(mine), "trainable": counts["trainable"], "input_params": counts["input"],
             "frozen": counts["frozen"], "val_loss": mean_std(losses),
             "perplexity": mean_std([math.exp(x) for x in losses]),
-            "bits_per_byte": mean_std([x / math.log(2) * tokens_per_byte for x in losses]),
+            "bits_per_byte": mean_std([per_byte(x, meta) / math.log(2) for x in losses]),
             "tokens_per_s": mean_std([r["tokens_per_s"] for r in mine]),
             "ppl_spread": (max(math.exp(x) for x in losses) - min(math.exp(x) for x in losses))
                           / statistics.mean(math.exp(x) for x in losses),
