@@ -354,8 +354,10 @@ class Log:
     peak: float | None  # FLOP/s of one device
     file: object = None  # log.jsonl, rank 0 only
     step_times: list = field(default_factory=list)
-    window_start: int = 0  # the steps and time since the last printed line
-    window_t: float = field(default_factory=time.time)
+    window_start: int = 0  # the steps since the last printed line
+    mark: float = field(default_factory=time.time)  # when the last step (or the set-up) ended
+    eval_s: float = 0.0  # the last evaluation's time, for the ETA
+    per_byte: tuple = (None, None)  # train and val tokens per byte of text, where the data knows its bytes
 
     @property
     def tokens_per_step(self):
@@ -374,6 +376,7 @@ class Log:
                   f"windows/epoch | {'resuming at' if cfg.resume else 'starting at'} step {state.step}")
         self.record(event="start", step=state.step, world_size=self.world, device=str(run.device),
                     train_config=asdict(cfg), model_config=asdict(mcfg))
+        self.per_byte, self.mark = (run.train_split.tokens_per_byte, run.val_split.tokens_per_byte), time.time()
 
     def record(self, **entry):
         if self.file:
@@ -385,9 +388,13 @@ class Log:
             self.file.close()
 
     def evaluation(self, state, improved):
-        self.record(event="eval", step=state.step, val_loss=state.val_loss, best_val_loss=state.best_val)
+        self.eval_s = time.time() - self.mark
+        per_byte = state.val_loss * self.per_byte[1] if self.per_byte[1] else None
+        self.record(event="eval", step=state.step, val_loss=state.val_loss, best_val_loss=state.best_val,
+                    val_loss_per_byte=per_byte)
         if self.master:
-            print(f"step {state.step}: val loss {state.val_loss:.4f}{' (best)' if improved else ''}")
+            print(f"step {state.step}: val loss {state.val_loss:.4f}{nats_per_byte(per_byte)}"
+                  f"{' (best)' if improved else ''}")
 
     def step(self, state, loss, norm, lr, dt, stopping):
         cfg, tokens = self.cfg, self.tokens_per_step
@@ -395,18 +402,36 @@ class Log:
         self.record(event="train", step=state.step, loss=loss, lr=lr, grad_norm=norm, dt=dt, tokens_per_s=tokens / dt,
                     mfu=mfu, tokens=state.position * self.block_size)
         self.step_times.append(dt)
+        self.mark = time.time()
         if self.master and (state.step % cfg.log_interval == 0 or state.step == cfg.max_steps or stopping):
-            window = self.step_times[self.window_start :]  # tokens/s over these steps' time; the ETA counts evals too
+            window = self.step_times[self.window_start :]  # tokens/s over these steps' time
             tok_s = len(window) * tokens / sum(window)
-            eta = (cfg.max_steps - state.step) * (time.time() - self.window_t) / len(window)
-            self.window_start, self.window_t = len(self.step_times), time.time()
+            steady = window[1:] if self.window_start == 0 and len(window) > 1 else window  # not the warm-up step
+            self.window_start = len(self.step_times)
             mfu_s = f" | mfu {100 * self.flops * tok_s / (self.peak * self.world):.1f}%" if self.peak else ""
-            print(f"step {state.step}/{cfg.max_steps} | loss {loss:.4f} | lr {lr:.2e} | {tok_s:,.0f} tok/s{mfu_s} | "
-                  f"eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s", flush=True)
+            per_byte = nats_per_byte(loss * self.per_byte[0] if self.per_byte[0] else None)
+            print(f"step {state.step}/{cfg.max_steps} | loss {loss:.4f}{per_byte} | lr {lr:.2e} | {tok_s:,.0f} "
+                  f"tok/s{mfu_s} | eta {clock(self.eta(state.step, steady))}", flush=True)
+
+    def eta(self, step, steady):
+        """Seconds left: the steps to go at these steps' pace, and the evaluations to go at the last one's time."""
+        cfg, evals = self.cfg, 0
+        if cfg.eval_interval > 0:  # at each multiple of eval_interval after this step, and at max_steps
+            evals = cfg.max_steps // cfg.eval_interval - step // cfg.eval_interval
+            evals += cfg.max_steps % cfg.eval_interval > 0
+        return (cfg.max_steps - step) * sum(steady) / len(steady) + evals * self.eval_s
 
     def tokens_per_s(self):
         """Over all steps' time (not evaluations or saves)."""
         return self.tokens_per_step * len(self.step_times) / sum(self.step_times) if self.step_times else None
+
+
+def nats_per_byte(x):
+    return f", {x:.4f} nats/byte" if x is not None else ""
+
+
+def clock(seconds):
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m{int(seconds % 60):02d}s"
 
 
 # ----------------------------------------------------------------------------- command line

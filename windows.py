@@ -18,6 +18,8 @@ class Split:
         if not names:
             raise ShardError(f"{os.path.join(folder, 'meta.json')}: no {split} shards listed")
         self.block = block_size
+        info = meta["splits"][split]  # nats per token x tokens per byte = nats per byte, comparable across vocabularies
+        self.tokens_per_byte = info["tokens"] / info["bytes"] if info.get("bytes") and info.get("tokens") else None
         self.paths = [os.path.join(folder, n) for n in names]
         self.shards = [read_shard(path) for path in self.paths]  # ShardError names a bad file
         for path, tokens in zip(self.paths, self.shards):

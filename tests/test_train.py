@@ -110,6 +110,30 @@ def test_validation_loss_goes_down(data_dir, tmp_path):
     assert (tmp_path / "best.pt").is_file() and (tmp_path / "ckpt.pt").is_file()
 
 
+def test_losses_are_also_per_byte_of_the_text(data_dir, tmp_path, capsys):
+    """Nats per byte = nats per token x the split's tokens / its UTF-8 bytes (meta.json): comparable across V."""
+    train.train(config(data_dir, tmp_path, max_steps=4, eval_interval=4, log_interval=2))
+    splits = json.loads((Path(data_dir) / "meta.json").read_text())["splits"]
+    val, tr = (splits[k]["tokens"] / splits[k]["bytes"] for k in ("val", "train"))
+    out = capsys.readouterr().out
+    for e in train_log(tmp_path, "eval"):
+        assert e["val_loss_per_byte"] == pytest.approx(e["val_loss"] * val, rel=1e-12)
+        assert f"step {e['step']}: val loss {e['val_loss']:.4f}, {e['val_loss'] * val:.4f} nats/byte" in out
+    last = train_log(tmp_path)[-1]
+    assert f"step 4/4 | loss {last['loss']:.4f}, {last['loss'] * tr:.4f} nats/byte |" in out
+
+
+def test_the_eta_counts_the_steps_and_evaluations_to_go_without_the_warm_up_step(capsys):
+    log = train.Log(train.TrainConfig(max_steps=200, eval_interval=50, log_interval=10), True, 1, 32, 1.0, None)
+    log.eval_s = 4.0  # the last evaluation's time
+    for step, dt in enumerate([9.0] + [0.5] * 9, start=1):  # a slow first step (warm-up), then 0.5 s a step
+        log.step(SimpleNamespace(step=step, position=step), 1.0, None, 1e-3, dt, False)
+    # 190 steps at 0.5 s, and the evaluations at 50, 100, 150 and 200 at 4 s each: 111 s
+    assert capsys.readouterr().out.endswith("| eta 0h01m51s\n")
+    assert train.Log(train.TrainConfig(max_steps=210, eval_interval=50), True, 1, 32, 1.0, None).eta(200, [1.0]) == 10
+    assert train.clock(3 * 3600 + 62.7) == "3h01m02s"
+
+
 # ----------------------------------------------------------------------------- resume
 def test_resume_is_bit_exact_with_dropout(data_dir, tmp_path):
     K, N = 12, 5
