@@ -49,10 +49,14 @@ def binary_code(ids: torch.Tensor, bits: int) -> torch.Tensor:
     return ((ids.unsqueeze(-1) >> shifts) & 1).float()
 
 
-def canonical_code(vocab_size: int, pad_token_id: int | None = None) -> torch.Tensor:
+def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int = 0) -> torch.Tensor:
     """The release's V x K code table: row t = bits of t, least significant first; the pad row all
-    zeros (so <pad> and token 0 share an input, as in the release). Built on the CPU."""
-    table = binary_code(torch.arange(vocab_size, device="cpu"), code_bits(vocab_size))
+    zeros (so <pad> and token 0 share an input, as in the release). Built on the CPU. A width W > K (a study
+    of the code's width at fixed V, not the paper's code) appends parity bits: bit K+j = bit j XOR bit j+1 mod K."""
+    K = code_bits(vocab_size)
+    table = binary_code(torch.arange(vocab_size, device="cpu"), K)
+    j = torch.arange(max(0, width - K))
+    table = torch.cat([table, (table[:, j % K] + table[:, (j + 1) % K]) % 2], dim=1)  # (V, K) -> (V, W)
     if pad_token_id is not None:
         table[pad_token_id] = 0.0
     return table
@@ -79,19 +83,16 @@ class BinaryCodeInput(nn.Module):
 
     The table is a registered buffer called `weight`, so `model.get_input_embeddings().weight` is the
     exact code table the released checkpoint's audit checks (row t = bits of t, the pad row zero).
-    The rule: no token text can produce, and not end-of-text, enters the model as a constant vector.
-    LayerNorm maps any constant vector to exactly zero, so without biases a window that starts with one
-    keeps a degenerate residual stream, on which deep models diverge, and its next-token logits are 0.
-    The constant codes are ids 0 (all zeros) and 2^K - 1 (all ones): prepare_data.py gives them to the
-    bytes NUL and 0xFF, which text does not contain (as the paper's tokenizer gives 0 to U+0000), and
-    moves end-of-text off 2^K - 1; the affine input keeps its constants on the same two ids
-    (docs/zero-code.md).
+    The rule: no token text can produce, and not end-of-text, enters the model as a constant vector:
+    LayerNorm maps one to exactly zero, so without biases its stream stays degenerate (deep models
+    diverge on it). The constant codes, ids 0 and 2^K - 1, go to the bytes NUL and 0xFF, which text
+    does not hold (prepare_data.py moves end-of-text off 2^K - 1; docs/zero-code.md).
     """
 
-    def __init__(self, vocab_size, n_embd, layout="tile", pad_token_id=None):
+    def __init__(self, vocab_size, n_embd, layout="tile", pad_token_id=None, width=0):
         super().__init__()
-        self.register_buffer("weight", canonical_code(vocab_size, pad_token_id))  # (V, K)
-        self.register_buffer("lift", lift_index(n_embd, code_bits(vocab_size), layout), persistent=False)
+        self.register_buffer("weight", canonical_code(vocab_size, pad_token_id, width))  # (V, K)
+        self.register_buffer("lift", lift_index(n_embd, self.weight.shape[1], layout), persistent=False)
 
     def code(self, idx):
         return self.weight[idx]  # (B, T) -> (B, T, K)
@@ -112,6 +113,7 @@ class GPTConfig:
     layout: str = "tile"  # tile | interleave: how K code bits are lifted to n_embd dims
     affine_seed: int = 0  # draws A and b of the affine input
     pad_token_id: int | None = None  # its code row is all zeros (binary input), as in the release
+    code_width: int = 0  # binary input: 0 for K = ceil(log2 V) bits; more appends parity bits (the width study)
     rope_base: float = 10000.0  # rotary base
     bias: bool = False  # biases in Linear and LayerNorm layers (never in the output head)
     dropout: float = 0.0  # dropout probability
@@ -121,7 +123,7 @@ class GPTConfig:
 
     @property
     def code_bits(self):
-        return code_bits(self.vocab_size)
+        return self.code_width or code_bits(self.vocab_size)
 
 
 PRESETS = {  # GPTConfig fields by name; the rest keep their defaults
@@ -150,9 +152,8 @@ def rotate(x, cos, sin):
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
-    """The angles' tables for apply_rotary, (T,) positions -> 2 x (T, head_dim): cos twice, [cos, cos],
-    and sin with its first half negated, [-sin, sin]. float64 math keeps long positions accurate; the
-    same formula serves the precomputed table and positions past it."""
+    """apply_rotary's tables, (T,) positions -> 2 x (T, head_dim): [cos, cos] and [-sin, sin]. float64 math
+    keeps long positions accurate; the same formula serves the precomputed table and positions past it."""
     inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
     angles = positions.double()[:, None] * inv_freq[None, :]  # (T, head_dim/2)
     sin = angles.sin()
@@ -218,7 +219,8 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         if config.input == "binary":
-            self.embed = BinaryCodeInput(config.vocab_size, config.n_embd, config.layout, config.pad_token_id)
+            self.embed = BinaryCodeInput(config.vocab_size, config.n_embd, config.layout, config.pad_token_id,
+                                         config.code_width)
         elif config.input == "affine":
             self.embed = AffineCodeInput(config.vocab_size, config.n_embd, config.layout, config.affine_seed)
         else:
@@ -314,13 +316,10 @@ class AffineCodeInput(nn.Module):
     """Table-free recoded input: c'(t) = A c(t) XOR b over GF(2), then lifted like the plain code.
 
     A (K x K, invertible over GF(2), so the map stays injective) and b (K bits) are drawn once from
-    `seed`. The bits are computed from the ids with shifts and masks: nothing V-sized is stored.
-    The recoded code is constant only at c = A^-1 b and A^-1 (b XOR 1), so A and b are drawn where those
-    are ids 0 and 2^K - 1, the ids the tokenizer keeps off text (the rule above BinaryCodeInput): every
-    row of A has odd weight (A maps all ones to all ones) and b is all zeros or all ones. That is an
-    invertible affine map of GF(2)^K drawn at random from the subgroup that maps the two constant codes
-    to each other: still the paper's recoding, fixed and drawn once. A and b are stored buffers, so a
-    checkpoint drawn before this rule keeps its own.
+    `seed`; the bits are computed from the ids: nothing V-sized is stored. The recoded code is constant
+    only at c = A^-1 b and A^-1 (b XOR 1), so these are kept at ids 0 and 2^K - 1, the ids text never
+    holds (the rule above BinaryCodeInput): each row of A has odd weight (A 1 = 1), b is all zeros or all
+    ones. A and b are stored buffers, so a checkpoint drawn before this rule keeps its own.
     """
 
     def __init__(self, vocab_size, n_embd, layout="tile", seed=0):
@@ -366,6 +365,9 @@ def check_config(c):
     if c.input != "learned" and c.n_embd < c.code_bits:
         raise ValueError(f"n_embd ({c.n_embd}) is smaller than the {c.code_bits} code bits of vocab_size "
                          f"{c.vocab_size}: some tokens would share an input")
+    K = code_bits(c.vocab_size)
+    if c.code_width and not (c.input == "binary" and type(c.code_width) is int and K <= c.code_width <= 2 * K):
+        raise ValueError(f"code_width {c.code_width!r}: only the binary input takes one, from K = {K} to 2K = {2 * K}")
     if c.pad_token_id is not None and not 0 <= c.pad_token_id < c.vocab_size:
         raise ValueError(f"pad_token_id {c.pad_token_id} is outside [0, {c.vocab_size})")
     if not 0.0 <= c.dropout < 1.0:
@@ -375,11 +377,9 @@ def check_config(c):
 
 
 def constant_input_ids(model) -> list[int]:
-    """The ids in [0, V) that a bias-free binary or affine model reads as a constant vector (the rule
-    above BinaryCodeInput): at a window's first position its stream stays constant through every block,
-    LayerNorm's gradient there is gain / sqrt(eps) at every norm, and the logits are exactly 0. None for
-    a learned table or a model with biases (a norm's bias makes the stream vary after the first block).
-    Every code bit reaches a dim (n_embd >= K), so a constant input is a constant code."""
+    """The ids in [0, V) that a bias-free binary or affine model reads as a constant vector (the rule above
+    BinaryCodeInput; every bit reaches a dim, so a constant input is a constant code). None for a learned
+    table or a model with biases (a norm's bias makes the stream vary after the first block)."""
     c = model.config
     if c.bias or c.input == "learned":
         return []

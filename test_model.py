@@ -111,6 +111,26 @@ def test_pad_row_is_the_only_shared_input():
     assert inputs.unique(dim=0).shape[0] == 511 and torch.equal(inputs[7], inputs[0])  # both all zeros, as released
 
 
+def test_a_wider_code_appends_parity_bits_and_stays_injective():
+    """code_width W > K (the width study): bits K.. are bit j XOR bit j+1 mod K of the plain code."""
+    embed = BinaryCodeInput(1024, 128, width=16)  # K = 10
+    assert embed.weight.shape == (1024, 16) and embed.lift.max() == 15
+    t = 0b1100100101  # 805
+    bits = [(t >> i) & 1 for i in range(10)]
+    assert embed.weight[t].tolist() == bits + [bits[j] ^ bits[(j + 1) % 10] for j in range(6)]
+    assert embed(torch.arange(1024)[None])[0].unique(dim=0).shape[0] == 1024
+    model = tiny(vocab_size=1024, n_embd=32, code_width=16)
+    assert model.config.code_bits == 16 and constant_input_ids(model) == [0]  # all ones gets parity zeros
+    assert tiny().config.code_bits == 9 and tiny(code_width=9).embed.weight.shape == (512, 9)
+
+
+@pytest.mark.parametrize("config", [dict(code_width=8), dict(code_width=19), dict(code_width=12, input="learned"),
+                                    dict(code_width=12, input="affine"), dict(code_width=12.0)])
+def test_a_code_width_the_model_cannot_use_is_refused(config):
+    with pytest.raises(ValueError, match="code_width"):
+        tiny(**config)
+
+
 def test_binary_input_has_no_parameters():
     model = tiny()
     assert list(model.embed.parameters()) == []

@@ -465,6 +465,12 @@ def test_nan_weights_are_refused(tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "hf2").exists()  # a failed conversion creates nothing
 
 
+def test_a_code_wider_than_k_has_no_hf_form_and_is_refused(tmp_path):
+    save_native(tiny(code_width=12), tmp_path / "native")
+    code, out, err = run("native2hf", tmp_path / "native", tmp_path / "hf")
+    assert (code, out) == (1, "") and "its code is 12 bits wide" in err and not (tmp_path / "hf").exists()
+
+
 def test_weight_files_by_extension_in_any_case_and_a_bom_in_config_json(tmp_path):
     """MODEL.SafeTensors is a safetensors file; a config.json a Windows editor saved (byte-order mark) is JSON."""
     model = tiny("binary")

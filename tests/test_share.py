@@ -10,8 +10,8 @@ import pytest
 from tools import share
 
 FLAGS = ["--vocabs", "512,1024", "--steps", "4,3", "--size", "1x16", "--affine_vocabs", "512", "--depth_point",
-         "512:2x16", "--short_steps", "2", "--second", "", "--seeds", "2", "--evals", "2", "--n_head", "2",
-         "--block_size", "16", "--batch_size", "2", "--eval_batches", "1", "--device", "cpu"]
+         "512:2x16", "--width_point", "512:12", "--short_steps", "2", "--second", "", "--seeds", "2", "--evals", "2",
+         "--n_head", "2", "--block_size", "16", "--batch_size", "2", "--eval_batches", "1", "--device", "cpu"]
 
 
 @pytest.fixture
@@ -35,7 +35,8 @@ def test_tiny_sweep_resumes_and_reports_its_own_results(corpus, tmp_path):
 
     by = {(r["point"], r["input"]): r for r in rows}
     assert set(by) == {("text-V512/1x16-4", "binary"), ("text-V512/1x16-4", "affine"), ("text-V1024/1x16-3", "binary"),
-                       ("text-V512/1x16-2", "binary"), ("text-V512/2x16-4", "binary")}
+                       ("text-V512/1x16-2", "binary"), ("text-V512/2x16-4", "binary"),
+                       ("text-V512/1x16-4-w12", "binary")}
     r = by["text-V512/1x16-4", "binary"]
     # the share: the learned table over the learned model's trainable parameters; learned - binary = the table
     assert r["learned_trainable"] - r["binary_trainable"] == 512 * 16
@@ -54,6 +55,15 @@ def test_tiny_sweep_resumes_and_reports_its_own_results(corpus, tmp_path):
     assert r["inside_spread"] == (abs(sum(r["gap_pct"]) / 2) <= spread)
     assert [t for t, _ in r["curve"]] == [0, 64, 128]  # evaluated at steps 0, 2, 4: tokens = step x 2 x 16
 
+    # the width point: its binary runs have a 12-bit code, and its gap is against its V's own learned runs
+    w = by["text-V512/1x16-4-w12", "binary"]
+    wide = out / "text-V512" / "1x16-4-w12"
+    assert sorted(p.name for p in wide.iterdir() if p.is_dir()) == ["binary-seed0", "binary-seed1"]
+    assert json.loads((wide / "binary-seed0" / "log.jsonl").read_text().split("\n")[0])["model_config"]["code_width"] == 12
+    wgaps = [json.loads((wide / f"binary-seed{s}" / "final.json").read_text())["val_loss"] - loss("learned", s)
+             for s in (0, 1)]
+    assert w["K"] == 12 and w["gap_nats"] == pytest.approx(wgaps) and w["share"] == r["share"]
+
     # the report and the figure come from results.json alone: a rerun redraws them byte for byte
     # the figure is drawn where matplotlib is installed (it is optional)
     figure = out / "share.png"
@@ -61,13 +71,14 @@ def test_tiny_sweep_resumes_and_reports_its_own_results(corpus, tmp_path):
     assert figure.exists() == (share.compare.pyplot() is not None)
     assert f"| text | 512 (9) | 1x16 | binary | 2 | {100 * r['share']:.1f}% |" in report
     assert f"{100 * sum(r['gap_pct']) / 2:+.1f} ± " in report
+    assert "Code width moved at fixed V=512 and shape (1x16, the same learned runs): K = 9 bits" in report
     assert json.loads(json.dumps(share.main(argv))) == json.loads((out / "results.json").read_text())["rows"]
     assert (out / "results.md").read_text() == report and (figure.read_bytes() if png else None) == png
 
 
 def test_a_changed_setting_is_refused_before_training(corpus, tmp_path):
     argv = ["--corpus", corpus, "--out", str(tmp_path), *FLAGS[:-2], "--device", "cpu", "--seeds", "1",
-            "--short_steps", "0", "--depth_point", "", "--affine_vocabs", ""]
+            "--short_steps", "0", "--depth_point", "", "--affine_vocabs", "", "--width_point", ""]
     share.main(argv)
     with pytest.raises(ValueError, match="lr"):
         share.main(argv + ["--lr", "1e-3"])
@@ -75,7 +86,8 @@ def test_a_changed_setting_is_refused_before_training(corpus, tmp_path):
 
 def test_flags_are_checked():
     for bad, match in ((["--steps", "4"], "one value per --vocabs"), (["--vocabs", "0,512"], "positive integers"),
-                       (["--depth_point", "1x16"], "1024:1x128"), (["--seeds", "0"], "at least 1")):
+                       (["--depth_point", "1x16"], "1024:1x128"),
+                       (["--width_point", "2048:16"], "1024:16"), (["--width_point", "512"], "1024:16"), (["--seeds", "0"], "at least 1")):
         with pytest.raises(ValueError, match=match):
             share.main([*FLAGS, *bad])
 

@@ -90,6 +90,8 @@ class CompareConfig(DataSettings):
     eval_batches: int = setting(8, "validation batches per evaluation")
     device: str = setting("auto", "auto | cpu | cuda | mps")
     compile: bool = setting(False, "torch.compile each model")
+    code_width: int = setting(0, "the binary input's code width in bits (0: K = ceil(log2 V); wider appends parity "
+                                 "bits: the width study)")
 
 
 def run_dir(out, variant, seed):
@@ -137,7 +139,7 @@ def run_config(args, variant, seed):
         block_size=args.block_size, batch_size=args.batch_size, max_steps=args.steps, lr=args.lr, min_lr=args.lr / 10,
         warmup_steps=max(1, args.steps // 20), eval_interval=max(1, args.steps // args.evals),
         eval_steps=args.eval_batches, log_interval=max(1, args.steps // 10), save_interval=max(1, args.steps // 4),
-        compile=args.compile,
+        compile=args.compile, code_width=(args.code_width or None) if variant == "binary" else None,
     )
 
 

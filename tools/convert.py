@@ -633,6 +633,9 @@ def convert_native_to_hf(ckpt_path, out_dir, dtype="float32", overwrite=False):
     """Write a GPTNeoXForCausalLM folder: config.json, model.safetensors, generation_config.json, tokenizer."""
     check_out(ckpt_path, out_dir, overwrite)
     model, ckpt = load_checkpoint(ckpt_path, "cpu")
+    if model.config.code_width:
+        raise ConversionError(f"{ckpt_path}: its code is {model.config.code_width} bits wide, not the paper's K = "
+                              f"ceil(log2 V) (code_width, a study setting): the Hugging Face form holds only that code")
     check_finite(model.state_dict(), ckpt_path, "convert")
     ckpt_dir = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(os.path.abspath(ckpt_path))
     entry = check_tokenizer_entry(ckpt.get("tokenizer"), ckpt_dir)

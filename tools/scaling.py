@@ -148,7 +148,7 @@ def run_args(args, point):
     return SimpleNamespace(out=os.path.join(args.out, name), data=args.data, preset="small", device=args.device,
                            n_layer=L, n_head=args.n_head, n_embd=D, block_size=args.block_size,
                            batch_size=args.batch_size, steps=steps, lr=args.lr, evals=evals,
-                           eval_batches=args.eval_batches, compile=args.compile)
+                           eval_batches=args.eval_batches, compile=args.compile, code_width=0)
 
 
 def _worker_init(threads, stop):

@@ -14,7 +14,8 @@ Design choices, up front:
   settings asked for now: compare.check_settings). Runs go seed by seed, so a stopped sweep has every point.
 - The share is the learned table's V x n_embd over the learned model's trainable parameters (the paper's:
   67.1M of 536.9M, 12.5%). V moves two things at once: the share and the code's width K = ceil(log2 V).
-  --depth_point moves the share at fixed V and width (another depth: the same code, the same lift).
+  --depth_point moves the share at fixed V and width (another depth: the same code, the same lift);
+  --width_point moves K at fixed V and shape (a wider injective code: model.canonical_code's parity bits).
 - Units: within a point the gap is binary - learned validation loss of the same seed (same init stream,
   same data order), in nats per token, and as a perplexity ratio - 1 (the paper's unit, same tokenizer);
   across V, bits per byte (nats per token differ with V). Tokens per parameter count the binary model's
@@ -69,6 +70,8 @@ class ShareConfig:
     affine_vocabs: str = preset_setting("1024", "vocabularies whose point also trains the affine input", quick="512")
     depth_point: str = preset_setting("1024:1x128", "V:LxD, the share moved at fixed V by depth, or ''",
                                       quick="512:1x32")
+    width_point: str = preset_setting("1024:16", "V:W, the code's width moved to W bits at fixed V and shape (binary, "
+                                      "beside that V's learned runs), or ''", quick="512:12")
     short_steps: int = preset_setting(1200, "the smallest V also trained to this many steps (0: not)", quick=30)
     second_vocab: int = setting(1024, "the vocabulary of the --second text's point (the shape of --size)")
     second_steps: int = preset_setting(800, "training steps of the --second point", quick=40)
@@ -114,6 +117,12 @@ def points(args):
         (dl, dd), = scaling.parse_sizes(size, "--depth_point")
         at = steps[vocabs.index(int(v))] if int(v) in vocabs else steps[0]
         out.append(point("depth", text, args.corpus, int(v), dl, dd, at))
+    if args.width_point:
+        v, w = (args.width_point.split(":") + [""])[:2]
+        if not (v.isdigit() and w.isdigit() and int(v) in vocabs):
+            raise ValueError(f"--width_point must look like 1024:16, its V one of --vocabs, got {args.width_point!r}")
+        at = steps[vocabs.index(int(v))]
+        out.append({**point("width", text, args.corpus, int(v), L, D, at), "variants": ("binary",), "width": int(w)})
     if args.second:
         second = os.path.splitext(os.path.basename(args.second))[0]
         out.append(point("second", second, [args.second], args.second_vocab, L, D, args.second_steps))
@@ -121,7 +130,7 @@ def points(args):
 
 
 def name(p):
-    return f"{p['text']}-V{p['vocab']}/{p['L']}x{p['D']}-{p['steps']}"
+    return f"{p['text']}-V{p['vocab']}/{p['L']}x{p['D']}-{p['steps']}" + (f"-w{p['width']}" if p.get("width") else "")
 
 
 def data_of(args, p):
@@ -136,7 +145,7 @@ def run_settings(args, p, data):
     return SimpleNamespace(out=os.path.join(args.out, name(p)), data=data, preset="small", device=args.device,
                            n_layer=p["L"], n_head=args.n_head, n_embd=p["D"], block_size=args.block_size,
                            batch_size=args.batch_size, steps=p["steps"], lr=args.lr, evals=args.evals,
-                           eval_batches=args.eval_batches, compile=False)
+                           eval_batches=args.eval_batches, compile=False, code_width=p.get("width", 0))
 
 
 def counts(p, args):
@@ -204,14 +213,17 @@ def analyse(args, pts, records, metas):
     """One row per (point, input other than learned), with everything the tables and figure need."""
     rows = []
     for p in pts:
-        runs = [r for r in records.get(name(p), []) if "diverged" not in r]
+        runs = records.get(name(p), [])
+        if p.get("width"):  # a wider code changes no table: the width point's learned runs are its V's axis runs
+            runs = runs + [r for r in records.get(name({**p, "width": 0}), []) if r["variant"] == "learned"]
+        runs = [r for r in runs if "diverged" not in r]
         meta = metas[name(p)]
         val, train = meta["splits"]["val"], meta["splits"]["train"]["tokens"]
         per_byte = val["tokens"] / val["bytes"] / math.log(2)  # nats/token -> bits/byte
         learned_n, binary_n, share = counts(p, args)
         tokens = p["steps"] * args.batch_size * args.block_size
         learned = {r["seed"]: r["val_loss"] for r in runs if r["variant"] == "learned"}
-        for variant in p["variants"][1:]:
+        for variant in (v for v in p["variants"] if v != "learned"):
             mine = {r["seed"]: r["val_loss"] for r in runs if r["variant"] == variant}
             seeds = sorted(set(mine) & set(learned))
             gaps = [mine[s] - learned[s] for s in seeds]
@@ -220,8 +232,8 @@ def analyse(args, pts, records, metas):
             m = statistics.mean(pct) if pct else math.nan
             curve = gap_curve(runs, variant)
             rows.append({
-                "point": name(p), "role": p["role"], "text": p["text"], "vocab": p["vocab"], "K": code_bits(p["vocab"]),
-                "size": f"{p['L']}x{p['D']}", "steps": p["steps"], "input": variant, "seeds": len(seeds),
+                "point": name(p), "role": p["role"], "text": p["text"], "vocab": p["vocab"],
+                "K": p.get("width") or code_bits(p["vocab"]), "size": f"{p['L']}x{p['D']}", "steps": p["steps"], "input": variant, "seeds": len(seeds),
                 "learned_trainable": learned_n, "binary_trainable": binary_n, "share": share, "tokens": tokens,
                 "tokens_per_param": tokens / binary_n, "epochs": tokens / train, "bits_per_nat": per_byte,
                 "learned_bpb": [learned[s] * per_byte for s in seeds], "bpb": [mine[s] * per_byte for s in seeds],
@@ -335,6 +347,15 @@ def reading(rows):
         out.append(f"Mid-run vs trained to that length (V={short['vocab']:,}): at {t / short['binary_trainable']:.2f} "
                    f"tokens/param the long run's evaluation reads {ms(pct, '+.1f', 100)}%, the run that ends there "
                    f"{ms(short['curve'][-1][1], '+.1f', 100)}% (same evaluation batches).")
+    for wide in (r for r in binary if r["role"] == "width"):
+        same = [r for r in axis if r["vocab"] == wide["vocab"] and r["size"] == wide["size"] and r["gap_pct"]]
+        if same and wide["gap_pct"]:
+            a, sp = same[0], max(same[0]["spread"], wide["spread"])
+            d = statistics.mean(wide["gap_pct"]) - statistics.mean(a["gap_pct"])
+            out.append(f"Code width moved at fixed V={wide['vocab']:,} and shape ({wide['size']}, the same learned "
+                       f"runs): K = {a['K']} bits {ms(a['gap_pct'], '+.1f', 100)}%, W = {wide['K']} bits "
+                       f"{ms(wide['gap_pct'], '+.1f', 100)}%: the wider code's gap is {100 * abs(d):.1f} points "
+                       f"{'smaller' if d < 0 else 'larger'}, {yes_no(abs(d) <= sp)} our seed spread ({100 * sp:.1f}%).")
     for second in (r for r in binary if r["role"] == "second"):
         same = [r for r in axis if r["vocab"] == second["vocab"] and r["size"] == second["size"]]
         if same and (sbs := side_by_side(same[0], second)):
@@ -365,7 +386,7 @@ def plot(rows, path):
         if r["input"] != "binary" or not r["curve"]:
             continue
         c = [(t / r["binary_trainable"], g) for t, g in r["curve"] if t > 0]
-        label = f"{r['text']} V={r['vocab']:,} {r['size']}: share {100 * r['share']:.1f}%"
+        label = f"{r['text']} V={r['vocab']:,} (K={r['K']}) {r['size']}: share {100 * r['share']:.1f}%"
         line, = ax.plot([t for t, _ in c], [100 * statistics.mean(g) for _, g in c], label=label)
         ax.fill_between([t for t, _ in c], [100 * min(g) for _, g in c], [100 * max(g) for _, g in c],
                         color=line.get_color(), alpha=0.15)
