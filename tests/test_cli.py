@@ -89,7 +89,7 @@ def test_prepare_data_reads_its_command_lines_as_before(argv, values):
 COMPARE = dict(corpus=["shakespeare"], data=None, encoding="gpt2", vocab_size=8192, reserve_zero=True, reserve_ones=True, out="runs/compare",
                variants="learned,binary,affine", quick=False, preset="small", n_layer=4, n_head=4, n_embd=128,
                block_size=128, batch_size=16, steps=600, lr=2e-3, seeds=3, evals=10, eval_batches=8, device="auto",
-               compile=False)
+               compile=False, code_width=0)
 
 
 @pytest.mark.parametrize("argv, values", [
