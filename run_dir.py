@@ -8,7 +8,7 @@ import hashlib
 import os
 import sys
 
-from checkpoint import read_checkpoint, set_rng_state
+from checkpoint import load_optimizer_state, read_checkpoint, set_rng_state
 from common import LOCK_NAME, one_line, writer_lock
 
 OUTPUTS = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run writes in out_dir, and all it ever replaces or removes there
@@ -81,7 +81,7 @@ def restore(run, state, ckpt, source):
     check_training_state(ckpt, source)
     check_same_data(run, ckpt, source)  # the saved data position indexes the data it was reading
     try:
-        run.optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(run.optimizer, ckpt["optimizer"])  # moments to the parameters' device, kernel kept
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
         raise ValueError(f"{source}: its optimizer state does not fit this model ({one_line(e, 120)})") from None
     state.step, state.position, state.best_val = ckpt["step"], ckpt["data"]["position"], ckpt.get("best_val_loss")

@@ -154,8 +154,6 @@ def test_every_tensor_of_a_resumed_run_is_on_its_device(runs, tmp_path, monkeypa
     assert (len(opt.state) > 0) == (how == "resume")  # the resumed run did load its moments
 
 
-@pytest.mark.xfail(strict=True, reason="phase 2: train.restore to load the optimizer with "
-                                       "checkpoint.load_optimizer_state")
 def test_a_resumed_optimizer_keeps_the_kernel_of_its_device(runs, tmp_path, monkeypatch):
     """A checkpoint's param groups name the kernel of the device that wrote it (fused on a GPU, here foreach):
     resumed elsewhere, the optimizer keeps the kernel set-up chose for its own device."""
