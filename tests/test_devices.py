@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import launch
 import sample
@@ -15,7 +16,7 @@ from checkpoint import (OPTIMIZER_KERNEL, checkpoint_dict, load_checkpoint, load
                         read_checkpoint)
 from common import PEAK_FLOPS, has_bf16, peak_flops
 from launch import pick_dtype
-from model import GPT, get_config
+from model import GPT, apply_rotary, get_config, rotary_cos_sin
 from tools import convert
 
 META = torch.device("meta")
@@ -181,6 +182,26 @@ def test_sample_moves_the_model_and_measures_the_cache_there(runs, monkeypatch):
         sample.main(["--ckpt", runs["binary"].out_dir, "--max_new_tokens", "2", "--dtype", "bfloat16"])
     model = started.value.run
     assert off_device(model, META) == [] and next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_rotary_keeps_q_and_k_in_the_activations_dtype(monkeypatch):
+    """The rotary tables are float32 buffers; under bfloat16 autocast q and k reach attention in bfloat16 (a
+    float32 table would promote them to float32 in eager mode), rotated as by tables cast to bfloat16."""
+    cos, sin = rotary_cos_sin(torch.arange(8), 16, 10000.0)
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0)).bfloat16()
+    turned = apply_rotary(x, cos, sin)
+    assert cos.dtype == torch.float32 and turned.dtype == torch.bfloat16
+    assert torch.equal(turned, apply_rotary(x, cos.bfloat16(), sin.bfloat16()))
+    seen, attend = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, k, v, **kw: seen.append((q.dtype, k.dtype))
+                        or attend(q, k, v, **kw))
+    model, idx = GPT(get_config("tiny")), torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(idx)
+    assert seen == [(torch.bfloat16, torch.bfloat16)] * model.config.n_layer
+    seen.clear()
+    model(idx)  # float32: the tables as they are
+    assert seen == [(torch.float32, torch.float32)] * model.config.n_layer
 
 
 # ----------------------------------------------------------------------------- the MFU table and bfloat16
