@@ -19,6 +19,10 @@ def read_start(cfg):
     checkpoint read (or None), and which file it was (file_stamp: claim_out_dir checks it is still the same)."""
     source = cfg.ckpt_path if cfg.resume else cfg.init_from
     stamp = file_stamp(source) if cfg.resume else None
+    best = os.path.join(cfg.out_dir, "best.pt")
+    if cfg.resume and stamp is None and os.path.isfile(best):
+        raise FileNotFoundError(f"{source}: no checkpoint there to resume; {best} holds weights only (no optimizer, "
+                                f"data position or RNG state): start a run from them with --init_from {best}")
     return source, read_checkpoint(source) if source else None, stamp
 
 
@@ -76,6 +80,10 @@ def open_outputs(cfg):
 def restore(run, state, ckpt, source):
     """Continue where the checkpoint stopped: optimizer, step, data position, evaluations, RNG streams (each
     rank its own, when the number of processes is the same)."""
+    if ckpt.get("saved_as") == "best.pt":
+        raise ValueError(f"{source} is a best.pt (step {ckpt.get('step')}'s weights, no optimizer, data position or "
+                         "RNG state): --resume continues out_dir/ckpt.pt; start a run from these weights with "
+                         f"--init_from {source}")
     if not {"optimizer", "step", "data", "rng"} <= ckpt.keys():
         raise ValueError(f"{source}: holds weights but no training state to resume; start from it with --init_from")
     check_training_state(ckpt, source)
