@@ -1,6 +1,7 @@
 """The GPU path, tested on a CPU: every tensor a checkpoint gives a model ends on the model's device (the meta
 device stands in for a GPU: a tensor left on the file's device, the CPU, shows), the optimizer's state and
-kernel follow the parameters, the MFU table matches exact GPU names, bfloat16 only where the hardware has it."""
+kernel follow the parameters, sampling never reads the optimizer state, rotary tables in the activations' dtype,
+a torchrun rank on its own GPU under --dist_timeout, the MFU table by exact GPU names, bfloat16 where it is native."""
 
 import shutil
 from datetime import timedelta
@@ -169,6 +170,23 @@ def test_a_resumed_optimizer_keeps_the_kernel_of_its_device(runs, tmp_path, monk
     fresh = run.raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.beta1, cfg.beta2), "meta")
     assert [{k: g[k] for k in OPTIMIZER_KERNEL} for g in run.optimizer.param_groups] == \
         [{k: g[k] for k in OPTIMIZER_KERNEL} for g in fresh.param_groups]
+
+
+def test_a_resumed_capturable_optimizer_has_its_steps_on_the_device_too(runs, tmp_path, monkeypatch):
+    """Where this device's kernel keeps AdamW's step counts on the device (fused or capturable, as on a GPU), a
+    state written by a CPU run (neither) is loaded with them there too: every state tensor on the model's device."""
+    configure = GPT.configure_optimizers
+
+    def capturable(model, *args):
+        optimizer = configure(model, *args)
+        for group in optimizer.param_groups:
+            group["capturable"] = True
+        return optimizer
+
+    monkeypatch.setattr(GPT, "configure_optimizers", capturable)
+    run, _ = started_on_meta(resumed(runs["binary"], tmp_path, "resume"), monkeypatch)
+    states = [v for s in run.optimizer.state.values() for v in s.values()]
+    assert len(states) == 3 * len(run.optimizer.state) > 0 and all(v.device == META for v in states)
 
 
 def test_sample_moves_the_model_and_measures_the_cache_there(runs, monkeypatch):
