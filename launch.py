@@ -1,28 +1,66 @@
 """
-Starting processes: one per GPU under torchrun (DDP), else one; its device and its precision.
+Starting processes: one per GPU under torchrun (DDP), else one; its device and its precision; the waits
+for rank 0's work alone (its checkpoint writes, its data scan), on purpose and under --dist_timeout.
 """
 
+import inspect
+import math
 import os
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import has_bf16, pick_device
 
 
 def start_processes(cfg):
     """-> rank, world size, device, distributed. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; each rank
-    gets one GPU (cuda:LOCAL_RANK unless --device names one) and joins the process group."""
+    gets one GPU, cuda:LOCAL_RANK (an explicit --device cuda:N other than that is refused: every rank would
+    share GPU N), and joins the process group, whose collectives wait --dist_timeout minutes."""
+    if not (isinstance(cfg.dist_timeout, (int, float)) and 0 < cfg.dist_timeout < math.inf):
+        raise ValueError(f"dist_timeout must be a number of minutes > 0, got {cfg.dist_timeout}")
     rank, local_rank, world, distributed = launch()
     device = pick_device(cfg.device)
     if distributed and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank)  # one GPU per rank
+    if distributed and device.type == "cuda" and device.index != local_rank:
+        raise ValueError(f"--device {cfg.device} under torchrun: this rank's GPU is cuda:{local_rank} (its "
+                         "LOCAL_RANK), and every rank would share the one named: leave --device at auto or cuda")
     if distributed:
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=cfg.dist_timeout))
     return rank, world, device, distributed
+
+
+def data_parallel(model, device):
+    """DDP over this rank's device, without its broadcast of the buffers before every forward: this model's
+    (code table, lift, rotary tables) are constants built alike on every rank. The flag is forward_sync_buffers
+    since torch 2.13, broadcast_buffers before (deprecated there: it also skips the one sync at the start)."""
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **{BUFFER_SYNC: False})
+
+
+BUFFER_SYNC = next(k for k in ("forward_sync_buffers", "broadcast_buffers") if k in inspect.signature(DDP).parameters)
+
+
+def wait_for_all(distributed, device):
+    """Every rank waits here for the others: after rank 0's work alone (its checkpoint writes, its data scan), a
+    wait on purpose, under --dist_timeout, rather than in whichever collective comes next."""
+    if distributed and device.type == "cuda":
+        dist.barrier(device_ids=[device.index])  # NCCL: on this rank's GPU, not a guess
+    elif distributed:
+        dist.barrier()
+
+
+def on_rank0(rank, distributed, device, fn, *args):
+    """fn(*args) on rank 0 alone (a check that prints once), every rank waiting for it (wait_for_all)."""
+    if rank == 0:
+        fn(*args)
+    wait_for_all(distributed, device)
 
 
 def launch():

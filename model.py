@@ -161,9 +161,9 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
 
 
 def apply_rotary(x, cos, sin):
-    """rotate() as three ops, x * [cos, cos] + [x2, x1] * [-sin, sin] (roll swaps the halves, the sign is
-    in the table): they run for q and k in every layer at every decoded token. x (..., T, D), cos/sin (T, D)."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
+    """rotate() in three ops (q and k, every layer, every decoded token), x * [cos, cos] + [x2, x1] * [-sin, sin]
+    (roll swaps halves, the sign is in the table) in x's dtype: autocast's q, k stay bf16. x (.., T, D), cos (T, D)."""
+    return torch.addcmul(x * cos.to(x.dtype), x.roll(x.shape[-1] // 2, -1), sin.to(x.dtype))
 
 
 class CausalSelfAttention(nn.Module):

@@ -8,7 +8,7 @@ import hashlib
 import os
 import sys
 
-from checkpoint import read_checkpoint, set_rng_state
+from checkpoint import load_optimizer_state, read_checkpoint, set_rng_state
 from common import LOCK_NAME, one_line, writer_lock
 
 OUTPUTS = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run writes in out_dir, and all it ever replaces or removes there
@@ -19,6 +19,10 @@ def read_start(cfg):
     checkpoint read (or None), and which file it was (file_stamp: claim_out_dir checks it is still the same)."""
     source = cfg.ckpt_path if cfg.resume else cfg.init_from
     stamp = file_stamp(source) if cfg.resume else None
+    best = os.path.join(cfg.out_dir, "best.pt")
+    if cfg.resume and stamp is None and os.path.isfile(best):
+        raise FileNotFoundError(f"{source}: no checkpoint there to resume; {best} holds weights only (no optimizer, "
+                                f"data position or RNG state): start a run from them with --init_from {best}")
     return source, read_checkpoint(source) if source else None, stamp
 
 
@@ -76,12 +80,16 @@ def open_outputs(cfg):
 def restore(run, state, ckpt, source):
     """Continue where the checkpoint stopped: optimizer, step, data position, evaluations, RNG streams (each
     rank its own, when the number of processes is the same)."""
+    if ckpt.get("saved_as") == "best.pt":
+        raise ValueError(f"{source} is a best.pt (step {ckpt.get('step')}'s weights, no optimizer, data position or "
+                         "RNG state): --resume continues out_dir/ckpt.pt; start a run from these weights with "
+                         f"--init_from {source}")
     if not {"optimizer", "step", "data", "rng"} <= ckpt.keys():
         raise ValueError(f"{source}: holds weights but no training state to resume; start from it with --init_from")
     check_training_state(ckpt, source)
     check_same_data(run, ckpt, source)  # the saved data position indexes the data it was reading
     try:
-        run.optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(run.optimizer, ckpt["optimizer"])  # moments to the parameters' device, kernel kept
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
         raise ValueError(f"{source}: its optimizer state does not fit this model ({one_line(e, 120)})") from None
     state.step, state.position, state.best_val = ckpt["step"], ckpt["data"]["position"], ckpt.get("best_val_loss")

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import atomic_torch_save, checkpoint_dict, load_weights, rng_state
 from common import config_parser, parse_settings, peak_flops, run_main, setting, with_overrides
-from launch import set_precision, start_processes
+from launch import data_parallel, on_rank0, set_precision, start_processes, wait_for_all
 from model import PRESETS, GPT, GPTConfig
 from prepare_data import load_meta
 from preflight import check_settings, check_window_starts, checked_model_config, resolve_settings
@@ -68,8 +68,9 @@ class TrainConfig:
     dtype: str = setting("auto", "auto | float32 | bfloat16 (bfloat16: autocast on CUDA or CPU, weights stay float32; "
                                  "auto: bfloat16 on a CUDA GPU that supports it, else float32)")
     compile: bool = setting(False, "torch.compile the model")
+    dist_timeout: float = setting(30.0, "minutes a torchrun rank waits in a collective (rank 0 saving) before failing")
     peak_flops: float | None = setting(None, "peak FLOP/s of one device, for MFU (default: a table of GPUs; CPU: none)")
-    resume: bool = setting(False, "continue from out_dir/ckpt.pt (model, optimizer, step, data position, RNG)")
+    resume: bool = setting(False, "continue out_dir/ckpt.pt exactly (best.pt holds weights only: --init_from it)")
     overwrite: bool = setting(False, "start afresh in an out_dir that holds an earlier run: its log.jsonl and best.pt "
                                      "are removed at the start, its ckpt.pt replaced at the first save")
     init_from: str | None = setting(None, "start from this checkpoint's weights (fine-tuning): fresh optimizer, step 0")
@@ -133,12 +134,11 @@ def set_up(cfg, rank, world, device, distributed, out_lock):
     raw_model = GPT(mcfg).to(device)
     if ckpt is not None:
         load_weights(raw_model, ckpt["model"], source)
-    if rank == 0:
-        check_window_starts(train_split, meta, raw_model, cfg.data_dir)  # a warning: deep models diverge on them
+    on_rank0(rank, distributed, device, check_window_starts, train_split, meta, raw_model, cfg.data_dir)  # a warning
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.beta1, cfg.beta2), device.type)
     model = torch.compile(raw_model) if cfg.compile else raw_model
     if distributed:
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        model = data_parallel(model, device)  # DDP, with no broadcast of the constant buffers every step
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
     flops = raw_model.flops_per_token(mcfg.block_size)
     log = Log(cfg, rank == 0, world, mcfg.block_size, flops, cfg.peak_flops or peak_flops(device))
@@ -169,7 +169,7 @@ def loop(run, state):
                 state.best_val = val_loss if improved else state.best_val
                 run.log.evaluation(state, improved)
                 if improved and state.step > 0:
-                    save(run, state, "best.pt")  # only of a good state, atomically
+                    save(run, state, "best.pt")  # its weights only: a resume continues ckpt.pt
             done = state.step >= cfg.max_steps or stopping
             due = cfg.save_interval > 0 and state.step % cfg.save_interval == 0 and state.step > 0
             if (done or due) and state.saved_step != state.step:
@@ -293,7 +293,7 @@ def evaluate(run, steps=None):
     """Mean loss over the fixed validation windows (the same ones at every evaluation, each rank its share,
     averaged over ranks); `steps` < eval_steps takes the first batches of each share."""
     cfg, steps = run.cfg, steps or run.cfg.eval_steps
-    model = run.model.module if isinstance(run.model, DDP) else run.model  # DDP's forward would sync buffers
+    model = run.model.module if isinstance(run.model, DDP) else run.model  # no backward follows: nothing for DDP
     model.eval()
     ids = eval_windows(run.val_split.n, cfg.eval_steps * cfg.batch_size * run.world)
     total = torch.zeros((), device=run.device)
@@ -310,29 +310,30 @@ def evaluate(run, steps=None):
 
 # ----------------------------------------------------------------------------- saving
 def save(run, state, name):
-    """Write out_dir/name (ckpt.pt latest, best.pt best val loss) only of a good state; every rank takes part.
-    The checkpoint is a plain-typed dict (checkpoint.checkpoint_dict, from the uncompiled, unwrapped module): weights,
-    AdamW state, position in the training order and every rank's RNG states, so a resumed run continues bit for
-    bit. It is written atomically: a crash, a second Ctrl-C or a full disk mid-write leaves the previous file as it
-    was."""
+    """Write out_dir/name only of a good state; every rank takes part and waits for rank 0's write. ckpt.pt (the
+    latest) is what --resume continues bit for bit: weights, AdamW state, the position in the training order and
+    every rank's RNG states. best.pt (the best val loss) holds the weights and their evaluation only, a third of
+    the bytes: for sampling, converting or --init_from."""
     check_state(run, state, lambda: evaluate(run, steps=1))  # stopping.py: a bad state is never saved
-    rngs = [None] * run.world
-    if run.distributed:
+    rngs = [rng_state(run.device)] * run.world  # for ckpt.pt, each rank's own:
+    if name == "ckpt.pt" and run.distributed:
         dist.all_gather_object(rngs, rng_state(run.device))
-    else:
-        rngs = [rng_state(run.device)]
-    if name == "ckpt.pt":
-        state.saved_step = state.step
-    if run.rank != 0:
-        return
+    state.saved_step = state.step if name == "ckpt.pt" else state.saved_step
+    if run.rank == 0:
+        write_checkpoint(run, state, name, rngs)
+    wait_for_all(run.distributed, run.device)  # on purpose, under --dist_timeout: rank 0 alone writes
+
+
+def write_checkpoint(run, state, name, rngs):
+    """checkpoint_dict of the unwrapped module, atomically: a crash, Ctrl-C or full disk mid-write keeps the old."""
     cfg, path, n = run.cfg, os.path.join(run.cfg.out_dir, name), run.train_split.n
-    ckpt = checkpoint_dict(run.raw_model, run.tokenizer, optimizer=run.optimizer.state_dict(), step=state.step,
-                           rng=rngs, data={"position": state.position, "global_batch": run.windows_per_step,
-                                           "windows": n, "epoch": state.position // n, "seed": cfg.seed,
-                                           "fingerprint": run.data_id},
-                           train_config=asdict(cfg), best_val_loss=state.best_val,
+    data = {"position": state.position, "global_batch": run.windows_per_step, "windows": n,
+            "epoch": state.position // n, "seed": cfg.seed, "fingerprint": run.data_id}
+    resumable = dict(optimizer=run.optimizer.state_dict(), rng=rngs, data=data, best_val_loss=state.best_val,
+                     eval_step=state.eval_step, world_size=run.world)
+    ckpt = checkpoint_dict(run.raw_model, run.tokenizer, step=state.step, train_config=asdict(cfg),
                            val_loss=state.val_loss if state.eval_step == state.step else None,
-                           eval_step=state.eval_step, world_size=run.world)
+                           **(resumable if name == "ckpt.pt" else {"saved_as": name}))
     try:
         atomic_torch_save(ckpt, path)
     except OSError as e:  # e.g. a full disk: atomic_open left the previous files as they were

@@ -1,13 +1,17 @@
 """The GPU path, tested on a CPU: every tensor a checkpoint gives a model ends on the model's device (the meta
 device stands in for a GPU: a tensor left on the file's device, the CPU, shows), the optimizer's state and
-kernel follow the parameters, the MFU table matches exact GPU names, bfloat16 only where the hardware has it."""
+kernel follow the parameters, sampling never reads the optimizer state, rotary tables in the activations' dtype,
+a torchrun rank on its own GPU under --dist_timeout, the MFU table by exact GPU names, bfloat16 where it is native."""
 
 import shutil
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+import checkpoint
 import launch
 import sample
 import train
@@ -15,7 +19,7 @@ from checkpoint import (OPTIMIZER_KERNEL, checkpoint_dict, load_checkpoint, load
                         read_checkpoint)
 from common import PEAK_FLOPS, has_bf16, peak_flops
 from launch import pick_dtype
-from model import GPT, get_config
+from model import GPT, apply_rotary, get_config, rotary_cos_sin
 from tools import convert
 
 META = torch.device("meta")
@@ -154,8 +158,6 @@ def test_every_tensor_of_a_resumed_run_is_on_its_device(runs, tmp_path, monkeypa
     assert (len(opt.state) > 0) == (how == "resume")  # the resumed run did load its moments
 
 
-@pytest.mark.xfail(strict=True, reason="phase 2: train.restore to load the optimizer with "
-                                       "checkpoint.load_optimizer_state")
 def test_a_resumed_optimizer_keeps_the_kernel_of_its_device(runs, tmp_path, monkeypatch):
     """A checkpoint's param groups name the kernel of the device that wrote it (fused on a GPU, here foreach):
     resumed elsewhere, the optimizer keeps the kernel set-up chose for its own device."""
@@ -168,6 +170,23 @@ def test_a_resumed_optimizer_keeps_the_kernel_of_its_device(runs, tmp_path, monk
     fresh = run.raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.beta1, cfg.beta2), "meta")
     assert [{k: g[k] for k in OPTIMIZER_KERNEL} for g in run.optimizer.param_groups] == \
         [{k: g[k] for k in OPTIMIZER_KERNEL} for g in fresh.param_groups]
+
+
+def test_a_resumed_capturable_optimizer_has_its_steps_on_the_device_too(runs, tmp_path, monkeypatch):
+    """Where this device's kernel keeps AdamW's step counts on the device (fused or capturable, as on a GPU), a
+    state written by a CPU run (neither) is loaded with them there too: every state tensor on the model's device."""
+    configure = GPT.configure_optimizers
+
+    def capturable(model, *args):
+        optimizer = configure(model, *args)
+        for group in optimizer.param_groups:
+            group["capturable"] = True
+        return optimizer
+
+    monkeypatch.setattr(GPT, "configure_optimizers", capturable)
+    run, _ = started_on_meta(resumed(runs["binary"], tmp_path, "resume"), monkeypatch)
+    states = [v for s in run.optimizer.state.values() for v in s.values()]
+    assert len(states) == 3 * len(run.optimizer.state) > 0 and all(v.device == META for v in states)
 
 
 def test_sample_moves_the_model_and_measures_the_cache_there(runs, monkeypatch):
@@ -183,6 +202,106 @@ def test_sample_moves_the_model_and_measures_the_cache_there(runs, monkeypatch):
         sample.main(["--ckpt", runs["binary"].out_dir, "--max_new_tokens", "2", "--dtype", "bfloat16"])
     model = started.value.run
     assert off_device(model, META) == [] and next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_rotary_keeps_q_and_k_in_the_activations_dtype(monkeypatch):
+    """The rotary tables are float32 buffers; under bfloat16 autocast q and k reach attention in bfloat16 (a
+    float32 table would promote them to float32 in eager mode), rotated as by tables cast to bfloat16."""
+    cos, sin = rotary_cos_sin(torch.arange(8), 16, 10000.0)
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0)).bfloat16()
+    turned = apply_rotary(x, cos, sin)
+    assert cos.dtype == torch.float32 and turned.dtype == torch.bfloat16
+    assert torch.equal(turned, apply_rotary(x, cos.bfloat16(), sin.bfloat16()))
+    seen, attend = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, k, v, **kw: seen.append((q.dtype, k.dtype))
+                        or attend(q, k, v, **kw))
+    model, idx = GPT(get_config("tiny")), torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(idx)
+    assert seen == [(torch.bfloat16, torch.bfloat16)] * model.config.n_layer
+    seen.clear()
+    model(idx)  # float32: the tables as they are
+    assert seen == [(torch.float32, torch.float32)] * model.config.n_layer
+
+
+def joined_on(monkeypatch, local_rank):
+    """A torchrun rank's environment with GPUs stood in for: -> the list of what start_processes joins."""
+    for k, v in dict(RANK="1", LOCAL_RANK=str(local_rank), WORLD_SIZE="2").items():
+        monkeypatch.setenv(k, v)
+    joined = []
+    monkeypatch.setattr(launch, "pick_device", lambda name: torch.device("cuda" if name == "auto" else name))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: joined.append(device))
+    monkeypatch.setattr(launch.dist, "init_process_group", lambda backend, **kw: joined.append((backend, kw)))
+    return joined
+
+
+@pytest.mark.parametrize("asked", ["cuda:0", "cuda:2"])
+def test_a_gpu_other_than_local_rank_is_refused_under_torchrun(monkeypatch, asked):
+    """--device cuda:N under torchrun would put every rank on GPU N: refused before the rank joins, naming its own."""
+    joined = joined_on(monkeypatch, local_rank=1)
+    with pytest.raises(ValueError) as e:
+        launch.start_processes(SimpleNamespace(device=asked, dist_timeout=30.0))
+    assert str(e.value) == (f"--device {asked} under torchrun: this rank's GPU is cuda:1 (its LOCAL_RANK), and every "
+                            "rank would share the one named: leave --device at auto or cuda")
+    assert joined == []
+
+
+@pytest.mark.parametrize("asked", ["auto", "cuda", "cuda:1"])
+def test_each_rank_takes_its_local_rank_and_waits_dist_timeout(monkeypatch, asked):
+    joined = joined_on(monkeypatch, local_rank=1)
+    gpu = torch.device("cuda", 1)
+    assert launch.start_processes(SimpleNamespace(device=asked, dist_timeout=2.5)) == (1, 2, gpu, True)
+    assert joined == [gpu, ("nccl", {"timeout": timedelta(minutes=2.5)})]
+
+
+@pytest.mark.parametrize("minutes", [0, -1.0, float("nan"), float("inf")])
+def test_a_dist_timeout_that_is_no_wait_is_refused(monkeypatch, minutes):
+    joined = joined_on(monkeypatch, local_rank=1)
+    with pytest.raises(ValueError) as e:
+        launch.start_processes(SimpleNamespace(device="auto", dist_timeout=minutes))
+    assert str(e.value) == f"dist_timeout must be a number of minutes > 0, got {minutes}" and joined == []
+
+
+@pytest.mark.parametrize("input", INPUTS)
+def test_every_rank_builds_the_same_buffers(input):
+    """Why DDP need not broadcast the buffers: ranks draw their init from seed + rank, yet the buffers (code table,
+    lift, rotary tables, affine A and b) come out the same, bit for bit; the parameters differ."""
+    built = []
+    for rank in range(2):
+        torch.manual_seed(7 + rank)
+        built.append(GPT(get_config("tiny", input=input)))
+    one, two = (dict(m.named_buffers()) for m in built)
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+    assert not torch.equal(built[0].lm_head.weight, built[1].lm_head.weight)
+
+
+class Unread(torch.Tensor):
+    """A tensor that records every torch operation on it, down to reading its .device: one read would show."""
+    reads = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.reads.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_sample_never_reads_the_optimizer_state(runs, monkeypatch, capsys):
+    """sample.py takes the weights from the file's CPU map: AdamW's moments and steps, in the same file, are never
+    touched (not moved, cast or copied), so none of them is ever read into memory or onto a GPU."""
+    read, unread = checkpoint.read_checkpoint, []
+
+    def read_spied(path, int8=False):
+        ckpt = read(path, int8)
+        for state in ckpt["optimizer"]["state"].values():
+            unread.extend(state)
+            state.update({k: v.as_subclass(Unread) for k, v in state.items()})
+        return ckpt
+
+    monkeypatch.setattr(checkpoint, "read_checkpoint", read_spied)
+    Unread.reads.clear()
+    assert sample.main(["--ckpt", runs["learned"].out_dir, "--max_new_tokens", "8", "--seed", "1"]) == 0
+    assert len(capsys.readouterr().out) > 0 and sorted(set(unread)) == ["exp_avg", "exp_avg_sq", "step"]
+    assert Unread.reads == []
 
 
 # ----------------------------------------------------------------------------- the MFU table and bfloat16

@@ -10,9 +10,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+import launch
 import prepare_data
 import preflight
 import train
@@ -267,6 +270,78 @@ def test_init_from_fine_tunes_from_weights(data_dir, tmp_path):
                            eval_interval=100))
     assert s["steps"] == 2  # a fresh run (step 0) from the old weights: its first val loss is theirs
     assert s["first_val_loss"] == pytest.approx(train_log(tmp_path / "a", "eval")[-1]["val_loss"], abs=0)
+
+
+def test_best_pt_holds_the_weights_only_and_a_resume_reads_ckpt_pt(data_dir, tmp_path):
+    """best.pt: the weights of the best evaluation and that evaluation, no optimizer, data position or RNG state
+    (under half of ckpt.pt's bytes even at this size), for --init_from; a --resume finds no training state in it
+    and says where to go instead."""
+    run = tmp_path / "run"
+    s = train.train(config(data_dir, run, max_steps=4, eval_interval=2, save_interval=0))
+    best, ckpt = (torch.load(run / name, weights_only=True) for name in ("best.pt", "ckpt.pt"))
+    assert sorted(best) == ["model", "model_config", "saved_as", "step", "tokenizer", "train_config", "val_loss"]
+    evals = train_log(run, "eval")
+    assert best["saved_as"] == "best.pt" and best["val_loss"] == s["best_val_loss"] == min(e["val_loss"] for e in evals)
+    assert best["step"] == next(e["step"] for e in evals if e["val_loss"] == s["best_val_loss"]) > 0
+    assert (run / "best.pt").stat().st_size < 0.5 * (run / "ckpt.pt").stat().st_size
+    assert best["tokenizer"] == ckpt["tokenizer"] and best["model_config"] == ckpt["model_config"]
+    tuned = train.train(config(data_dir, tmp_path / "tuned", max_steps=1, eval_interval=100,
+                               init_from=str(run / "best.pt")))
+    assert tuned["first_val_loss"] == best["val_loss"]  # the same fixed validation windows, the same weights
+    (run / "ckpt.pt").rename(tmp_path / "ckpt.pt")
+    with pytest.raises(FileNotFoundError) as e:
+        train.train(config(data_dir, run, max_steps=6, resume=True))
+    assert str(e.value) == (f"{run / 'ckpt.pt'}: no checkpoint there to resume; {run / 'best.pt'} holds weights only "
+                            "(no optimizer, data position or RNG state): start a run from them with --init_from "
+                            f"{run / 'best.pt'}")
+    shutil.copy(run / "best.pt", run / "ckpt.pt")  # best.pt where --resume reads
+    with pytest.raises(ValueError) as e:
+        train.train(config(data_dir, run, max_steps=6, resume=True))
+    assert str(e.value) == (f"{run / 'ckpt.pt'} is a best.pt (step {best['step']}'s weights, no optimizer, data "
+                            "position or RNG state): --resume continues out_dir/ckpt.pt; start a run from these "
+                            f"weights with --init_from {run / 'ckpt.pt'}")
+    assert [e["event"] for e in map(json.loads, (run / "log.jsonl").read_text().splitlines())][-1] == "end"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_every_rank_waits_for_rank_0s_writes_under_the_timeout(data_dir, tmp_path, monkeypatch):
+    """Under torchrun (one gloo process here: RANK, LOCAL_RANK and WORLD_SIZE set) the process group's collectives
+    wait --dist_timeout minutes; each piece of rank 0's work alone (the window scan, every checkpoint write) is
+    followed by a barrier; DDP broadcasts no buffers, and training leaves them exactly as built."""
+    for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+                     ).items():
+        monkeypatch.setenv(k, v)
+    events, groups, made = [], [], []
+    init, barrier, save, scan = (train.dist.init_process_group, train.dist.barrier, train.atomic_torch_save,
+                                 train.check_window_starts)
+    monkeypatch.setattr(train.dist, "init_process_group", lambda *a, **kw: groups.append(kw) or init(*a, **kw))
+    monkeypatch.setattr(train.dist, "barrier", lambda *a, **kw: events.append("barrier") or barrier(*a, **kw))
+    monkeypatch.setattr(train, "atomic_torch_save", lambda obj, path: events.append(os.path.basename(path))
+                        or save(obj, path))
+    monkeypatch.setattr(train, "check_window_starts", lambda *a: events.append("scan") or scan(*a))
+
+    class DDP(launch.DDP):
+        def __init__(self, *args, **kw):
+            made.append(self)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(launch, "DDP", DDP)
+    train.train(config(data_dir, tmp_path, max_steps=4, eval_interval=2, save_interval=2, input="affine",
+                       dist_timeout=7.0))
+    assert [g["timeout"] for g in groups] == [timedelta(minutes=7)] and not train.dist.is_initialized()
+    writes = [e for e in events if e.endswith(".pt")]
+    assert {"best.pt", "ckpt.pt"} <= set(writes)
+    assert events == ["scan", "barrier"] + [e for w in writes for e in (w, "barrier")]
+    assert getattr(made[0], "forward_sync_buffers", getattr(made[0], "broadcast_buffers", None)) is False
+    model = made[0].module
+    built = dict(GPT(model.config).named_buffers())
+    assert built.keys() == {"rope_cos", "rope_sin", "embed.A", "embed.b", "embed.lift"}
+    assert all(torch.equal(b, built[n]) for n, b in model.named_buffers())
 
 
 # ----------------------------------------------------------------------------- failures
