@@ -3,7 +3,7 @@ Fast decoding for model.GPT: a KV cache, sampling one token from logits, and gen
 
 generate(model, idx, n) runs the prompt through the model once, then one token at a time. Each step
 attends to the keys and values of every token before it, kept in a KVCache sized to the generation
-(prompt + new tokens, at most block_size slots, a ring once full, so decoding goes on past
+(prompt + new tokens, rounded up to its size class; at most block_size slots, a ring once full, so decoding goes on past
 block_size as a sliding window). Keys are cached already rotated at their absolute positions, and
 rotary attention depends only on the distance between positions. The one-token step has fixed
 shapes, so torch.compile can compile it once (compile=True); the cache is sized by class (size_class), so
@@ -18,6 +18,7 @@ import torch
 from model import rotary_cos_sin
 
 MIN_CLASS = 64  # positions of the smallest cache: short generations share one compile
+
 
 def check_ids(idx, vocab_size):
     """A clear error for ids outside [0, V) where they enter (a bad id would fail deep inside an index
@@ -187,7 +188,8 @@ def check_cuda_graphs(cuda_graphs, compile, device):
 def static_cache(model, batch_size, positions):
     """The model's one KVCache for CUDA graphs (static=True), kept in its __dict__ and reset for each generation
     of the same batch size and size class: a recorded graph replays on the addresses it recorded, and a new
-    address would make it record again. Another batch size or class replaces it (the old one freed first)."""
+    address would make it record again. Another batch size or class replaces it (the old one freed first). So a
+    model decodes one cuda_graphs generation at a time (a second stream would overwrite the first's cache)."""
     p, cache = next(model.parameters()), model.__dict__.get("_static_cache")
     if cache is None or (cache.k[0].shape[0], cache.reach) != (batch_size, size_class(positions)):
         model.__dict__.pop("_static_cache", None)

@@ -62,8 +62,9 @@ class SampleConfig:
                                    "int8 weights then multiply float activations (quantize.py)")
     quantize: str | None = setting(None, "int8: the linear layers' weights in int8 (CPU): a quarter of the bytes per "
                                          "token, faster decoding (quantize.py)", choices=["int8"])
-    cuda_graphs: bool = setting(False, "with --compile on CUDA: record the step as CUDA graphs (mode='reduce-overhead', "
-                                       "the KV cache at fixed addresses): fewer kernel launches a token; refused elsewhere")
+    cuda_graphs: bool = setting(False, "with --compile on CUDA: record the step as CUDA graphs (mode="
+                                       "'reduce-overhead', the KV cache at fixed addresses): fewer kernel launches "
+                                       "a token; refused elsewhere")
 
 
 def default_prompt(ckpt):
