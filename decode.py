@@ -3,10 +3,12 @@ Fast decoding for model.GPT: a KV cache, sampling one token from logits, and gen
 
 generate(model, idx, n) runs the prompt through the model once, then one token at a time. Each step
 attends to the keys and values of every token before it, kept in a KVCache sized to the generation
-(prompt + new tokens, at most block_size slots, a ring once full, so decoding goes on past
+(prompt + new tokens, rounded up to its size class; at most block_size slots, a ring once full, so decoding goes on past
 block_size as a sliding window). Keys are cached already rotated at their absolute positions, and
 rotary attention depends only on the distance between positions. The one-token step has fixed
-shapes, so torch.compile can compile it once (compile=True).
+shapes, so torch.compile can compile it once (compile=True); the cache is sized by class (size_class), so
+that one compile serves every prompt and output length of the class. On CUDA, cuda_graphs=True records
+the compiled step as CUDA graphs (mode="reduce-overhead") over a cache kept at fixed addresses.
 """
 
 import copy
@@ -14,6 +16,9 @@ import copy
 import torch
 
 from model import rotary_cos_sin
+
+MIN_CLASS = 64  # positions of the smallest cache: short generations share one compile
+
 
 def check_ids(idx, vocab_size):
     """A clear error for ids outside [0, V) where they enter (a bad id would fail deep inside an index
@@ -25,27 +30,48 @@ def check_ids(idx, vocab_size):
         raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
 
 
+def size_class(positions):
+    """The positions a KV cache is built for, for a generation reaching `positions` (prompt + new tokens):
+    the next power of two, at least MIN_CLASS. Its shapes are the compiled step's, so every generation of a
+    class runs one compile (64 to 1,024 positions: five classes), for at most twice the memory."""
+    return max(MIN_CLASS, 1 << (positions - 1).bit_length())
+
+
 class KVCache:
     """Keys and values of every layer for one generation: `size` slots per layer, a ring once full.
 
-    size = the positions the generation reaches (prompt + new tokens), at most block_size: memory for
-    what is generated, not for the whole context (a 3-token sample holds prompt + 3 slots, not 1,024).
-    Past block_size the ring slides: the newest token overwrites the oldest. One token's step reads
-    no Python-side state: its position, its slot and the mask of written slots are tensors and every
-    shape is fixed, so torch.compile compiles the step once (stream(compile=True))."""
+    size = size_class(positions), at most block_size: memory for what is generated, not for the whole
+    context (a 3-token sample holds 64 slots, not 1,024); the slots past `positions` stay masked. Past
+    block_size the ring slides: the newest token overwrites the oldest. One token's step reads no Python-side
+    state: its position, its slot and the mask of written slots are tensors, updated in place, and every
+    shape is fixed by the class, so torch.compile compiles the step once per class (stream(compile=True)).
+    static=True marks every tensor as a fixed address for CUDA graphs (torch._dynamo.mark_static_address):
+    a recorded graph reads and writes them where they are; reset() readies the cache for the next generation."""
 
-    def __init__(self, config, batch_size, positions, device, dtype):
+    def __init__(self, config, batch_size, positions, device, dtype, static=False):
         head_dim = config.n_embd // config.n_head
-        self.size = min(positions, config.block_size)
+        self.reach = size_class(positions)
+        self.size = min(self.reach, config.block_size)
         shape = (batch_size, config.n_head, self.size, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.written = torch.zeros(1, self.size, dtype=torch.bool, device=device)  # (1 query, size) mask: slots in use
         self.pos = torch.zeros(1, dtype=torch.long, device=device)  # tokens seen so far
-        self.slot = None  # where the current token goes: pos % size, set by advance()
-        # rotary angles of every position this generation reaches (past block_size too)
-        cos, sin = rotary_cos_sin(torch.arange(positions), head_dim, config.rope_base)
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)  # where the current token goes: pos % size
+        # rotary angles of every position the class reaches (past block_size too)
+        cos, sin = rotary_cos_sin(torch.arange(self.reach), head_dim, config.rope_base)
         self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
+        if static:
+            for t in self.tensors():
+                torch._dynamo.mark_static_address(t)
+
+    def tensors(self):
+        return [*self.k, *self.v, self.written, self.pos, self.slot, self.cos, self.sin]
+
+    def reset(self):
+        """Empty, for the next generation: no slot written, no token seen (the keys and values are masked)."""
+        self.written.zero_()
+        self.pos.zero_()
 
     def advance(self, T):
         """Start a forward pass over T new tokens: mark their slots, count them as seen, return their rotary
@@ -56,7 +82,7 @@ class KVCache:
             self.written[:, :T] = True
             self.pos += T  # in place: a compiled step sees the same tensor every time
             return self.cos[:T], self.sin[:T]
-        self.slot = self.pos % self.size
+        torch.remainder(self.pos, self.size, out=self.slot)
         self.written.index_fill_(1, self.slot, True)
         cos, sin = self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
         self.pos += 1
@@ -77,13 +103,14 @@ class KVCache:
 def memory_bytes(config, batch_size=0, positions=0, dtype=torch.float32):
     """An upper bound on the memory GPT(config) takes besides its weights, built even on the meta device
     (rotary tables of block_size positions, made from float64 angles; the code table; the lift), and with
-    batch_size > 0, a KVCache reaching `positions` (keys and values, its rotary tables of every position):
-    so a size that cannot fit is refused up front, with the number, not by the allocator."""
+    batch_size > 0, a KVCache reaching `positions` (keys and values, its rotary tables of every position of its
+    size class): so a size that cannot fit is refused up front, with the number, not by the allocator."""
     head_dim, item = config.n_embd // config.n_head, torch.empty((), dtype=dtype).element_size()
     total = 32 * config.block_size * head_dim + 4 * config.vocab_size * config.code_bits + 8 * config.n_embd
     if batch_size:
-        total += 2 * config.n_layer * batch_size * config.n_embd * min(positions, config.block_size) * item
-        total += 32 * positions * head_dim
+        reach = size_class(positions)
+        total += 2 * config.n_layer * batch_size * config.n_embd * min(reach, config.block_size) * item
+        total += 32 * reach * head_dim
     return total
 
 
@@ -114,23 +141,29 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None,
 
 @torch.inference_mode()  # cheaper per op than no_grad: no version counters, no view tracking
 def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
-           compile=False, allowed=None):
+           compile=False, allowed=None, cuda_graphs=False):
     """Yield the next token of every sequence, (B, 1), one step at a time, with a KV cache.
 
     temperature 0 is greedy. A prompt longer than block_size is cropped to its last block_size
     tokens. Past block_size the cache slides: each new token sees the block_size tokens before
     it (their keys were computed in their own windows, as in any sliding-window KV cache).
     Once a sequence emits eos_token_id it keeps emitting it; all done ends the stream.
-    compile=True runs the one-token step through torch.compile (once per model and cache
-    shape: worth it for long generations, not for a few tokens). allowed: see sample_next.
+    compile=True runs the one-token step through torch.compile (once per model and cache size class:
+    worth it for long generations, not for a few tokens). cuda_graphs=True (CUDA, with compile) records it as
+    CUDA graphs, on the model's one cache (static_cache). allowed: see sample_next.
     """
     check_ids(idx, model.config.vocab_size)
     idx = idx[:, -model.config.block_size :]
     p = next(model.parameters())
-    cache = KVCache(model.config, idx.shape[0], idx.shape[1] + max_new_tokens, p.device, p.dtype)
-    step = compiled_step(model) if compile else model
+    check_cuda_graphs(cuda_graphs, compile, p.device)
+    positions = idx.shape[1] + max_new_tokens
+    cache = (static_cache(model, idx.shape[0], positions) if cuda_graphs else
+             KVCache(model.config, idx.shape[0], positions, p.device, p.dtype))
+    step = compiled_step(model, cuda_graphs) if compile else model
     done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
     for i in range(max_new_tokens):
+        if cuda_graphs:  # a new replay: the last one's outputs (logits) are read already
+            torch.compiler.cudagraph_mark_step_begin()
         logits, _ = (model if i == 0 else step)(idx, cache=cache)  # the prompt runs eagerly
         nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator, allowed)
         if eos_token_id is not None:
@@ -142,28 +175,59 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
         idx = nxt
 
 
-def compiled_step(model):
-    """model's forward under torch.compile, made once per model and kept in its __dict__ (so it is neither a
-    submodule nor in the state dict); with the inductor options in `model.compile_options`, if it has them
-    (quantize.py's int8 models do)."""
-    if "_compiled_step" not in model.__dict__:
-        options = getattr(model, "compile_options", None)
-        model.__dict__["_compiled_step"] = torch.compile(model, fullgraph=True, dynamic=False, options=options)
-    return model.__dict__["_compiled_step"]
+def check_cuda_graphs(cuda_graphs, compile, device):
+    """Nothing, or a clear refusal of CUDA-graph decoding where it cannot run: it records and replays the compiled
+    step's GPU kernels."""
+    if cuda_graphs and not compile:
+        raise ValueError("--cuda_graphs records the compiled one-token step (mode='reduce-overhead'): add --compile")
+    if cuda_graphs and torch.device(device).type != "cuda":
+        raise ValueError(f"--cuda_graphs needs a CUDA device (CUDA graphs record GPU kernels), and this run is on "
+                         f"{device}: drop it (--compile alone fuses the step here)")
+
+
+def static_cache(model, batch_size, positions):
+    """The model's one KVCache for CUDA graphs (static=True), kept in its __dict__ and reset for each generation
+    of the same batch size and size class: a recorded graph replays on the addresses it recorded, and a new
+    address would make it record again. Another batch size or class replaces it (the old one freed first). So a
+    model decodes one cuda_graphs generation at a time (a second stream would overwrite the first's cache)."""
+    p, cache = next(model.parameters()), model.__dict__.get("_static_cache")
+    if cache is None or (cache.k[0].shape[0], cache.reach) != (batch_size, size_class(positions)):
+        model.__dict__.pop("_static_cache", None)
+        del cache
+        cache = model.__dict__["_static_cache"] = KVCache(model.config, batch_size, positions, p.device, p.dtype,
+                                                          static=True)
+    cache.reset()
+    return cache
+
+
+def compiled_step(model, cuda_graphs=False):
+    """model's forward under torch.compile, made once per model (and per cuda_graphs) and kept in its __dict__
+    (so it is neither a submodule nor in the state dict); with the inductor options in `model.compile_options`,
+    if it has them (quantize.py's int8 models do), and cuda_graphs=True adds what mode="reduce-overhead" sets."""
+    steps = model.__dict__.setdefault("_compiled_steps", {})
+    if cuda_graphs not in steps:
+        options = {**(getattr(model, "compile_options", None) or {}),
+                   **(torch._inductor.list_mode_options("reduce-overhead") if cuda_graphs else {})}
+        steps[cuda_graphs] = torch.compile(model, fullgraph=True, dynamic=False, options=options or None)
+    return steps[cuda_graphs]
+
+
+ATTACHED = ("_compiled_steps", "_static_cache")  # what decoding keeps in a model's __dict__
 
 
 def copy_model(model, memo=None):
-    """copy.deepcopy(model, memo) without its compiled step, which would call `model`'s layers: the copy
-    compiles its own."""
-    step = model.__dict__.get("_compiled_step")
-    memo = {**(memo or {}), **({id(step): step} if step is not None else {})}
-    twin = copy.deepcopy(model, memo)
-    twin.__dict__.pop("_compiled_step", None)
+    """copy.deepcopy(model, memo) without its compiled steps, which would call `model`'s layers, nor its static
+    cache: the copy makes its own."""
+    kept = [model.__dict__[name] for name in ATTACHED if name in model.__dict__]
+    twin = copy.deepcopy(model, {**(memo or {}), **{id(v): v for v in kept}})
+    for name in ATTACHED:
+        twin.__dict__.pop(name, None)
     return twin
 
 
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
-             compile=False):
+             compile=False, cuda_graphs=False):
     """idx (B, T) -> (B, T + new): the prompt followed by what stream() yields."""
-    new = list(stream(model, idx, max_new_tokens, temperature, top_k, top_p, eos_token_id, generator, compile))
+    new = list(stream(model, idx, max_new_tokens, temperature, top_k, top_p, eos_token_id, generator, compile,
+                      cuda_graphs=cuda_graphs))
     return torch.cat([idx, *new], dim=1)

@@ -8,6 +8,7 @@ Sample text from a checkpoint, streamed as it is produced (KV-cache decoding via
     python sample.py --ckpt out/fixmin --quantize int8   # int8 weights: quicker on a CPU (quantize.py)
     python sample.py --ckpt out/fixmin-int8              # an int8 checkpoint (tools.convert native2int8): 0.4x memory
     python sample.py --ckpt out/fixmin-int8 --compile --max_new_tokens 2000   # long outputs: a compiled int8 step
+    python sample.py --ckpt out/run --device cuda --compile --cuda_graphs   # on a GPU: the step as CUDA graphs
 
 Without a prompt, a checkpoint trained here starts a new document: from the end-of-text token, which
 ends every document of its prepared data. A converted release continues its model card's prompt,
@@ -33,7 +34,7 @@ import torch
 
 from checkpoint import check_finite, is_int8, load_checkpoint
 from common import available_memory, config_parser, parse_settings, pick_device, run_main, setting
-from decode import memory_bytes, stream
+from decode import check_cuda_graphs, memory_bytes, stream
 from model import constant_input_ids
 from tokenizer import load_text_codec
 
@@ -56,10 +57,14 @@ class SampleConfig:
     seed: int = setting(1337, "random seed")
     device: str = setting("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     dtype: str = setting("float32", "weights and activations", choices=["float32", "bfloat16", "float16"])
-    compile: bool = setting(False, "torch.compile the one-token decoding step: tens of seconds once, then faster "
-                                   "tokens (long outputs); int8 weights then multiply float activations (quantize.py)")
+    compile: bool = setting(False, "torch.compile the one-token decoding step: tens of seconds once per size class of "
+                                   "prompt + new tokens (64, 128, ... positions), then faster tokens (long outputs); "
+                                   "int8 weights then multiply float activations (quantize.py)")
     quantize: str | None = setting(None, "int8: the linear layers' weights in int8 (CPU): a quarter of the bytes per "
                                          "token, faster decoding (quantize.py)", choices=["int8"])
+    cuda_graphs: bool = setting(False, "with --compile on CUDA: record the step as CUDA graphs (mode="
+                                       "'reduce-overhead', the KV cache at fixed addresses): fewer kernel launches "
+                                       "a token; refused elsewhere")
 
 
 def default_prompt(ckpt):
@@ -72,7 +77,7 @@ def default_prompt(ckpt):
 
 
 def sample_stream(model, codec, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None,
-                  compile=False):
+                  compile=False, cuda_graphs=False):
     """Yield text pieces of one continuation as tokens arrive; stops at the end-of-text token. Only ids the
     tokenizer decodes are drawn (drawable)."""
     device = next(model.parameters()).device
@@ -80,7 +85,8 @@ def sample_stream(model, codec, prompt_ids, max_new_tokens, temperature=1.0, top
     decode = codec.decoder()
     eos = codec.eos_token_id
     allowed = drawable(codec, model.config.vocab_size, device)
-    for nxt in stream(model, idx, max_new_tokens, temperature, top_k, top_p, eos, generator, compile, allowed):
+    for nxt in stream(model, idx, max_new_tokens, temperature, top_k, top_p, eos, generator, compile, allowed,
+                      cuda_graphs):
         i = int(nxt[0, 0])
         if i == eos:
             break
@@ -189,6 +195,7 @@ def main(argv=None):
     check_settings(cfg)
     prompt = read_prompt_file(cfg.prompt_file) if cfg.prompt_file is not None else cfg.prompt
     device = pick_device(cfg.device)
+    check_cuda_graphs(cfg.cuda_graphs, cfg.compile, device)  # before reading the checkpoint
     if cfg.quantize:
         from quantize import check_quantize, quantize_int8  # int8 only: float sampling never loads quantize.py
 
@@ -220,7 +227,7 @@ def main(argv=None):
         sys.stdout.flush()
         top_k = cfg.top_k or None  # 0: no top-k cut
         for piece in sample_stream(model, codec, ids, cfg.max_new_tokens, cfg.temperature, top_k, cfg.top_p, generator,
-                                   cfg.compile):
+                                   cfg.compile, cfg.cuda_graphs):
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n" + ("---------------\n" if cfg.num_samples > 1 else ""))

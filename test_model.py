@@ -530,14 +530,19 @@ def test_generation_continues_past_block_size():
     assert torch.equal(out[:, block + 5], naive_step_logits(model, prompt).argmax(-1))
 
 
-def test_kv_cache_holds_only_the_positions_a_generation_reaches():
-    from decode import KVCache
+def test_kv_cache_holds_the_size_class_of_the_positions_a_generation_reaches():
+    """A cache of the positions' size class (the next power of two, at least 64), at most block_size slots:
+    memory for what is generated, not for the whole context; its rotary tables reach the class."""
+    from decode import KVCache, size_class
 
-    config = tiny().config
-    short = KVCache(config, 2, 7 + 3, "cpu", torch.float32)  # a 7-token prompt, 3 new tokens
-    assert [k.shape for k in short.k] == [(2, config.n_head, 10, config.n_embd // config.n_head)] * config.n_layer
+    assert [size_class(n) for n in (1, 10, 64, 65, 128, 1000, 1024, 1025)] == [64, 64, 64, 128, 128, 1024, 1024, 2048]
+    config = tiny(block_size=256).config
+    slots = lambda positions: KVCache(config, 2, positions, "cpu", torch.float32).k[0].shape
+    assert slots(7 + 3) == (2, config.n_head, 64, config.n_embd // config.n_head)  # a 7-token prompt, 3 new tokens
+    assert [slots(n)[2] for n in (64, 65, 200, 256)] == [64, 128, 256, 256]
     long = KVCache(config, 2, 5 * config.block_size, "cpu", torch.float32)  # a ring of block_size slots
-    assert long.k[0].shape[2] == config.block_size and long.cos.shape[0] == 5 * config.block_size
+    assert long.k[0].shape[2] == config.block_size and long.cos.shape[0] == 2048
+    assert len(long.k) == len(long.v) == config.n_layer
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -559,19 +564,80 @@ def test_kv_cache_follows_the_model_dtype(dtype):
     assert {t.dtype for t in (*cache.k, *cache.v, cache.cos, cache.sin)} == {dtype}
 
 
-def test_compiled_step_gives_the_eager_tokens():
-    """torch.compile of the one-token step (fixed shapes: one compile for the whole generation), past
-    block_size too, where the ring wraps."""
-    model = tiny()
+def compiles(fn):
+    """fn()'s result and how many graphs torch.compile made while it ran."""
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    out = fn()
+    return out, counters["stats"]["unique_graphs"] - before
+
+
+def test_compiled_step_compiles_once_per_size_class_and_gives_the_eager_tokens():
+    """torch.compile of the one-token step: fixed shapes per cache size class, so another prompt length and
+    output length of the class compile nothing new, one of another class compiles once; past block_size too,
+    where the ring wraps. The tokens are the eager ones exactly."""
+    model = tiny(n_layer=1)  # a shape no other test compiles: its first generation compiles
     with torch.no_grad():
         model.lm_head.weight.mul_(50)  # peaked logits: no near-ties a fused kernel's rounding could flip
-    prompt = torch.randint(0, 512, (2, 7))
-    steps = 2 * model.config.block_size
-    compiled = generate(model, prompt, steps, temperature=0, compile=True)
-    assert torch.equal(compiled, generate(model, prompt, steps, temperature=0))
+    block, counted = model.config.block_size, []
+    for T, n in [(7, 5), (3, 20), (7, 2 * block), (5, 40)]:  # classes 64, 64, 128 (the ring wraps), 64
+        prompt = torch.randint(0, 512, (2, T))
+        compiled, new = compiles(lambda: generate(model, prompt, n, temperature=0, compile=True))
+        assert torch.equal(compiled, generate(model, prompt, n, temperature=0)), (T, n)
+        counted.append(new)
+    assert counted == [1, 0, 1, 0]
     # kept outside the module tree: the same modules and state dict keys as before compiling
-    assert [n for n, _ in model.named_modules()] == [n for n, _ in tiny().named_modules()]
-    assert model.state_dict().keys() == tiny().state_dict().keys()
+    assert [n for n, _ in model.named_modules()] == [n for n, _ in tiny(n_layer=1).named_modules()]
+    assert model.state_dict().keys() == tiny(n_layer=1).state_dict().keys()
+
+
+def test_a_generation_updates_its_cache_in_place():
+    """Static addresses, as CUDA graphs need them: stepping never reassigns a cache tensor nor moves its memory."""
+    from decode import KVCache
+
+    model = tiny()
+    cache = KVCache(model.config, 2, 20, "cpu", torch.float32)
+    where = [(id(t), t.data_ptr()) for t in cache.tensors()]
+    x = torch.randint(0, 512, (2, 5))
+    for _ in range(4):
+        x = model(x, cache=cache)[0][:, -1:].argmax(-1)
+    assert [(id(t), t.data_ptr()) for t in cache.tensors()] == where and int(cache.pos) == 8 and int(cache.slot) == 7
+    assert sorted(vars(cache)) == ["cos", "k", "pos", "reach", "sin", "size", "slot", "v", "written"]
+
+
+def test_cuda_graphs_are_refused_on_a_cpu_and_without_compile():
+    model, prompt = tiny(), torch.randint(0, 512, (1, 3))
+    with pytest.raises(ValueError, match=r"^--cuda_graphs needs a CUDA device .* this run is on cpu"):
+        generate(model, prompt, 2, compile=True, cuda_graphs=True)
+    with pytest.raises(ValueError, match=r"^--cuda_graphs records the compiled one-token step .*: add --compile$"):
+        generate(model, prompt, 2, cuda_graphs=True)
+
+
+def test_the_cuda_graph_path_keeps_one_static_cache(monkeypatch):
+    """What cuda_graphs=True does besides recording (which inductor skips for CPU tensors, so the refusal is
+    lifted here): the step compiled with mode="reduce-overhead"'s options over one cache per model, marked as
+    static addresses and reused by each generation of its size class (a recorded graph replays on the same
+    addresses), replaced for another class; the same tokens as eager, and one compile for the class."""
+    import decode
+
+    monkeypatch.setattr(decode, "check_cuda_graphs", lambda *a: None)
+    model = tiny(n_layer=1, n_head=1)  # a shape of its own, as above
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50)
+    caches, counted = [], []
+    for T, n in [(7, 5), (3, 20), (4, 70)]:  # classes 64, 64, 128
+        prompt = torch.randint(0, 512, (2, T))
+        out, new = compiles(lambda: generate(model, prompt, n, temperature=0, compile=True, cuda_graphs=True))
+        assert torch.equal(out, generate(model, prompt, n, temperature=0)), (T, n)
+        cache = model.__dict__["_static_cache"]
+        caches.append((cache, [t.data_ptr() for t in cache.tensors()]))
+        counted.append(new)
+        assert {getattr(t, "_dynamo_static_input_type", None) for t in cache.tensors()} == {"unguarded"}
+    assert counted == [1, 0, 1]
+    assert caches[0][0] is caches[1][0] and caches[0][1] == caches[1][1] and caches[2][0] is not caches[0][0]
+    assert sorted(model.__dict__["_compiled_steps"]) == [True]  # the cuda_graphs step only, built once
+    assert "_static_cache" not in decode.copy_model(model).__dict__
 
 
 def test_greedy_and_seeded_sampling_are_deterministic():

@@ -87,6 +87,24 @@ def test_main_json_one_section(capsys):
                                                         for c in ("", " compiled step")]
 
 
+def test_compile_cache_another_shape_compiles_nothing_new(capsys, monkeypatch):
+    """Fresh processes over one inductor cache: sized by class, another prompt and length of the class (4+4 and
+    6+8 positions: class 64) loads the graph the first shape compiled; sized exactly (the code before), it misses."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no pool of compile workers to start: a tiny graph
+    assert bench.main(["--device=cpu", "--sections=compile_cache", "--cache_preset=tiny", "--prompt_len=4",
+                       "--new_tokens=4", "--cache_other=6,8", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    cc = res["compile_cache"]
+    assert cc["positions"] == {"cold": 8, "other": 14} and set(cc["classes"].values()) == {64}
+    counts = {run: (r["graphs"], r["hits"], r["misses"]) for run, r in cc["runs"].items()}
+    assert counts == {"class cold": (1, 0, 1), "exact cold": (1, 0, 1),  # (graphs, inductor cache hits, misses)
+                      "class other": (1, 1, 0), "exact other": (1, 0, 1)}
+    assert cc["eager"]["graphs"] == 0
+    assert all(0 < r["to_step_s"] < r["to_token_s"] < r["process_s"] for r in [*cc["runs"].values(), cc["eager"]])
+    assert "| warm, another prompt and length | 6, 8 | 14 (64) |" in bench.table(res)
+
+
 def test_prep_defaults_to_tiny_shakespeare(tmp_path, monkeypatch):
     """No --corpus: tiny Shakespeare, from $BCGPT_CORPUS_CACHE when it is there (as prepare_data.py fetches it)."""
     monkeypatch.setenv("BCGPT_CORPUS_CACHE", str(tmp_path))
@@ -96,8 +114,14 @@ def test_prep_defaults_to_tiny_shakespeare(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--sections=bogus"], "error: unknown section(s) bogus: choose from train,sample,load,prep\n"),
-    (["--sections=train,prep,nope", "--device=cpu"], "error: unknown section(s) nope: choose from train,sample,load,prep\n"),
+    (["--sections=bogus"], "error: unknown section(s) bogus: choose from train,sample,load,prep,compile_cache\n"),
+    (["--sections=train,prep,nope", "--device=cpu"], "error: unknown section(s) nope: choose from "
+                                                     "train,sample,load,prep,compile_cache\n"),
+    (["--sections=compile_cache", "--cache_other=8,3"], "error: --cache_other must be prompt tokens >= 1 and new "
+                                                         "tokens >= --new_tokens (64), as 24,100, got '8,3'\n"),
+    (["--sections=prep", "--device=cpu", "--cache_repeats=2"], "error: --cache_repeats is a setting of the "
+                                                                "compile_cache section, which --sections=prep does not "
+                                                                "run: add compile_cache there, or drop the flag\n"),
     (["--sections=prep", "--threads=1,0"], "error: --threads must be positive integers, got '1,0'\n"),
     (["--sections=prep", "--device=cpu", "--steps=3"], "error: --steps is a setting of the train section, which --sections=prep "
                                                        "does not run: add train there, or drop the flag\n"),

@@ -28,8 +28,9 @@ def test_the_dry_run_passes_every_step(tiny_data, tmp_path, capsys):
     assert code == 0 and capsys.readouterr().out == report
     got = rows(report)
     assert list(got) == ["train (quick start)", "SIGTERM, then --resume", "--init_from", "torchrun, 2 processes",
-                         "sample.py, eager", "sample.py, compiled"]
+                         "sample.py, eager", "sample.py, compiled", "sample.py, CUDA graphs"]
     assert got.pop("sample.py, compiled") == ("skipped", "skipped (--no-sample_compile)")
+    assert got.pop("sample.py, CUDA graphs") == ("skipped", "skipped: CUDA only (sample.py refuses --cuda_graphs here)")
     assert all(result == "ok" for result, _ in got.values()), report
     assert got["SIGTERM, then --resume"][1].endswith("resumed to 6: log bit-identical")
     first, last = [float(w) for w in got["--init_from"][1].replace(",", "").split() if w[0].isdigit()]

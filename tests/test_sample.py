@@ -47,12 +47,31 @@ def test_greedy_matches_generate(native, capsys):
 
 
 def test_compile_flag_prints_the_same_text(native, capsys):
+    """--compile prints eager's text; a second run with another prompt length and --max_new_tokens, in the same
+    size class of positions (decode.size_class: 64 here), compiles nothing new."""
+    from torch._dynamo.utils import counters
+
     _, folder, _ = native
-    args = ["--ckpt", folder, "--temperature", "0", "--max_new_tokens", "12", "--device", "cpu", "--num_samples", "2"]
-    assert sample.main(args) == 0
-    eager = capsys.readouterr().out
-    assert sample.main(args + ["--compile"]) == 0  # compiled once, used by both samples
-    assert capsys.readouterr().out == eager
+    runs = [["--temperature", "0", "--max_new_tokens", "12", "--num_samples", "2"],
+            ["--temperature", "0", "--max_new_tokens", "30", "--prompt", "Once upon a time, there"]]
+    graphs = []
+    for run in runs:
+        args = ["--ckpt", folder, "--device", "cpu", *run]
+        assert sample.main(args) == 0
+        eager = capsys.readouterr().out
+        before = counters["stats"]["unique_graphs"]
+        assert sample.main(args + ["--compile"]) == 0  # compiled once, used by both samples
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+        assert capsys.readouterr().out == eager
+    assert graphs[1] == 0 and graphs[0] <= 1  # (0 where a test before compiled this shape already)
+
+
+def test_cuda_graphs_are_refused_where_they_cannot_run(native, capsys):
+    _, folder, _ = native
+    for flags, why in [(["--compile"], "needs a CUDA device (CUDA graphs record GPU kernels), and this run is on cpu"),
+                       ([], "records the compiled one-token step (mode='reduce-overhead'): add --compile")]:
+        assert run_main(sample.main, ["--ckpt", folder, "--device", "cpu", "--cuda_graphs", *flags]) == 1
+        assert capsys.readouterr().err.startswith(f"error: --cuda_graphs {why}")
 
 
 def test_sampling_is_seeded(native, capsys):
@@ -218,7 +237,8 @@ def test_sizes_that_cannot_fit_are_refused_up_front(native, tmp_path, capsys):
     model, folder, _ = native
     r = run_sample("--ckpt", folder, "--device", "cpu", "--max_new_tokens", "1000000000")
     assert (r.returncode, r.stdout) == (1, "")
-    assert re.fullmatch(r"error: prompt \+ --max_new_tokens = 1,000,000,001 positions need 476\.8 GiB for the KV cache "
+    # the rotary tables of the size class, 2**30 positions x 32 bytes x head_dim 16: 512 GiB
+    assert re.fullmatch(r"error: prompt \+ --max_new_tokens = 1,000,000,001 positions need 512\.0 GiB for the KV cache "
                         r"and rotary tables, but [\d,.]+ GiB is free on cpu: ask for fewer tokens\n", r.stderr), r.stderr
     for name, value, message in [
         ("n_layer", 10**9, "its model_config says n_layer 1,000,000,000, but its weights hold 2 blocks"),

@@ -4,6 +4,7 @@ Benchmark training, sampling, loading and data preparation of the binary-code GP
     python -m tools.bench                      # CPU: ~5 min on 2 cores; prints one table
     python -m tools.bench --json               # the same numbers as JSON
     python -m tools.bench --sections=train --repeats=5 --steps=8
+    python -m tools.bench --sections=compile_cache   # sample.py --compile's restart cost, paper preset (~8 min)
 
 Design choices, up front:
 - Training is timed through train.py's own loop (train.train), not a copy of it: a small random-token
@@ -41,10 +42,18 @@ Design choices, up front:
   and one that loads convert.py's int8 checkpoint of the same weights; every child decodes load_tokens
   greedy tokens (end to end time), peak RSS against the float32 checkpoint's size, and its CPU seconds (all
   threads: the int8 paths pack on a second one while decoding).
+  On CUDA the compiled step also runs recorded as CUDA graphs (stream(cuda_graphs=True), sample.py --cuda_graphs).
   Paper preset: --sample_preset=paper --no-recompute (recomputing 470M parameters per context token is slow).
 - Data preparation: prepare_data.prepare on `prep_copies` concatenated copies of a corpus, with one
   worker (no pool) and with all cores. How much `cores` processes can give on this machine at all is
   measured in every round too: a pure-Python loop and a tiktoken encode, 1 vs `cores` processes at once.
+- The compiled step from inductor's cache on disk (--sections=compile_cache): fresh processes decode greedily
+  with the compiled step, each timed from its model built to token --new_tokens: from an empty cache, and from
+  the cache that shape warmed for another prompt and output length (--cache_other); each with the
+  KV cache sized by class (decode.size_class: one compile serves a class) and, patched in the child, to exactly the
+  positions reached (the code before issue 35: one compile per shape); and eager. The two ways share a cache folder,
+  empty at each round's start; the runs interleave. Beside the times, the graphs dynamo compiled and inductor's cache
+  hits and misses.
 - Targets are ratios measured in the same run; each prints PASS or MISS (or "not measured").
 - A setting of a section that --sections does not run (READ_BY), several --threads without the sample
   section, or a CPU-only setting on a GPU is refused, not silently ignored.
@@ -81,7 +90,7 @@ from common import config_parser, has_bf16, parse_int, parse_settings, peak_flop
 from tokenizer import get_tokenizer
 
 VARIANTS = ("binary", "affine", "learned")
-SECTIONS = ("train", "sample", "load", "prep")
+SECTIONS = ("train", "sample", "load", "prep", "compile_cache")
 
 
 @dataclass
@@ -116,6 +125,11 @@ class BenchConfig:
     load_preset: str = setting("paper", "model preset of the checkpoint loaded (paper: a 1.9 GB file in a temp dir)")
     load_repeats: int = setting(1, "child processes per loading path, interleaved")
     load_tokens: int = setting(64, "greedy tokens each loading child generates (end to end: load, quantize, these tokens)")
+    # the compiled step from inductor's cache on disk
+    cache_preset: str = setting("paper", "model preset of the compile_cache section (random weights)")
+    cache_other: str = setting("24,100", "prompt tokens,new tokens of the other shape the compile_cache section times "
+                                         "(to token --new_tokens) from the cache --prompt_len and --new_tokens warmed")
+    cache_repeats: int = setting(1, "rounds of the compile_cache section, each from empty caches, interleaved")
     # data preparation
     corpus: str | None = setting(None, "text file for data preparation (default: tiny Shakespeare, fetched as prepare_data.py does)")
     prep_copies: int = setting(8, "copies of the corpus concatenated")
@@ -279,6 +293,9 @@ def bench_sample(cfg, device, tmp, threads):
         ways["matmuls_alone"] = lambda: matmuls_alone(model, B, cfg.new_tokens)
         if cfg.sample_compile:
             ways["kv_compiled"] = lambda: D.generate(model, prompt, cfg.new_tokens, temperature=0, compile=True)
+        if cfg.sample_compile and device.type == "cuda":  # and recorded as CUDA graphs (sample.py --cuda_graphs)
+            ways["kv_cuda_graphs"] = lambda: D.generate(model, prompt, cfg.new_tokens, temperature=0, compile=True,
+                                                        cuda_graphs=True)
         if int8 is not None:
             ways["int8"] = lambda: D.generate(int8, prompt, cfg.new_tokens, temperature=0)
             ways["int8_matmuls_alone"] = lambda: matmuls_alone(int8, B, cfg.new_tokens)
@@ -318,6 +335,8 @@ def bench_sample(cfg, device, tmp, threads):
             if "kv_compiled" in out:
                 row["compiled_same_tokens_hf"] = bool(torch.equal(out["hf_generate"], out["kv_compiled"]))
                 row["compiled_first_call_s"] = first[B, "kv_compiled"]
+            if "kv_cuda_graphs" in out:
+                row["cuda_graphs_same_tokens"] = bool(torch.equal(out["kv_cuda_graphs"], out["kv_compiled"]))
             row["agree"] = {name: leading_agreement(out[name], out["kv_cache"], cfg.prompt_len) for name in low if name in out}
             if "int8" in out:
                 row["int8_packed" if int8_packed else "int8_plain"] = row["int8"]  # the same model: timed once
@@ -421,6 +440,74 @@ def bench_load(cfg, tmp):
             "tokens": cfg.load_tokens, "ways": rows}
 
 
+# ----------------------------------------------------------------------------- the compiled step, warm cache
+CACHE_CHILD = """
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+from torch._dynamo.utils import counters
+import decode
+from model import GPT, get_config
+preset, device, way = sys.argv[1:4]
+prompt_len, new_tokens, until, threads = map(int, sys.argv[4:8])
+if way == "exact":  # as before issue 35: a cache of exactly the positions reached, one shape (one compile) each
+    decode.size_class = lambda positions: positions
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+model = GPT(get_config(preset)).to(device).eval()
+prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len)).to(device)
+t1 = time.perf_counter()
+for i, _ in enumerate(decode.stream(model, prompt, new_tokens, temperature=0, compile=way != "eager"), 1):
+    if i == min(2, until):  # token 2: the step's first call (token 1 comes from the prompt's eager pass)
+        t_step = time.perf_counter()
+    if i == until:
+        break
+t2 = time.perf_counter()
+made = counters["inductor"]
+print(json.dumps({"to_step_s": t_step - t1, "to_token_s": t2 - t1, "process_s": t2 - t0,
+                  "graphs": counters["stats"]["unique_graphs"], "hits": made["fxgraph_cache_hit"],
+                  "misses": made["fxgraph_cache_miss"]}))
+"""
+CACHE_RUNS = ("cold", "other")  # an empty cache; the cache the first shape warmed, another prompt and length
+
+
+def bench_compile_cache(cfg, device, tmp):
+    """Time to token new_tokens of a fresh process decoding greedily with the compiled step, from inductor's cache
+    on disk: empty (cold), and warmed by that shape for another prompt and output length (other, the `cache_other`
+    shape), each with caches of exactly the positions reached (exact: as before issue 35, one compile
+    per shape) and of their size class (class: decode.size_class); and eager, the other shape. Each round starts
+    from an empty cache folder that the two ways share (their graphs differ): the runs interleave, class first, so
+    its cold run also compiles what every graph shares (inductor's C++ prelude)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    other = tuple(int(n) for n in cfg.cache_other.split(","))
+    shapes = {"cold": (cfg.prompt_len, cfg.new_tokens), "other": other}
+
+    def child(way, shape, cache):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+        argv = [cfg.cache_preset, str(device), way, *map(str, (*shape, cfg.new_tokens, torch.get_num_threads()))]
+        run = subprocess.run([sys.executable, "-c", CACHE_CHILD, *argv], cwd=root, env=env, stdout=subprocess.PIPE,
+                             text=True)
+        if run.returncode:
+            raise RuntimeError(f"the compile_cache child ({way}, {shape}) failed (exit {run.returncode})")
+        return json.loads(run.stdout)
+
+    runs = {(way, r): [] for way in ("class", "exact") for r in CACHE_RUNS}
+    eager = []
+    for n in range(cfg.cache_repeats):
+        cache = os.path.join(tmp, f"inductor-{n}")
+        for r in CACHE_RUNS:
+            for way in ("class", "exact"):
+                runs[way, r].append(child(way, shapes[r], cache))
+        eager.append(child("eager", other, cache))
+    median = lambda rs: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+    positions = {r: sum(shape) for r, shape in shapes.items()}
+    return {"preset": cfg.cache_preset, "tokens": cfg.new_tokens, "shapes": shapes, "repeats": cfg.cache_repeats,
+            "classes": {r: D.size_class(p) for r, p in positions.items()}, "positions": positions,
+            "runs": {f"{way} {r}": median(rs) for (way, r), rs in runs.items()}, "eager": median(eager)}
+
+
 # ----------------------------------------------------------------------------- data preparation
 def _python_work(n):
     t0 = time.perf_counter()
@@ -471,7 +558,8 @@ def bench_prep(cfg, tmp):
 
 # ----------------------------------------------------------------------------- report
 def run(cfg: BenchConfig) -> dict:
-    """Run the chosen sections; returns {"device", "train", "sample", "load", "prep", "targets"} (absent sections: None)."""
+    """Run the chosen sections; returns {"device", "train", "sample", "load", "prep", "compile_cache", "targets"}
+    (absent sections: None)."""
     check_settings(cfg)
     sections = set(cfg.sections.split(","))
     if not sections <= set(SECTIONS):
@@ -483,7 +571,7 @@ def run(cfg: BenchConfig) -> dict:
     check_sections(cfg, sections, device)
     torch.set_num_threads(threads[0])
     res = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
-           "config": asdict(cfg), "train": None, "sample": None, "load": None, "prep": None,
+           "config": asdict(cfg), "train": None, "sample": None, "load": None, "prep": None, "compile_cache": None,
            "threads": torch.get_num_threads(), "load_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
         if "train" in sections:
@@ -494,6 +582,8 @@ def run(cfg: BenchConfig) -> dict:
             res["load"] = bench_load(cfg, tmp)
         if "prep" in sections:
             res["prep"] = bench_prep(cfg, tmp)
+        if "compile_cache" in sections:
+            res["compile_cache"] = bench_compile_cache(cfg, device, tmp)
     res["load_after"] = os.getloadavg()[0]  # 1-minute load average: > cores means other jobs competed
     tr, sa, lo, pr = res["train"], res["sample"], res["load"], res["prep"]
     targets = []
@@ -586,6 +676,9 @@ def table(res) -> str:
         compiled = [f"{r['compiled_first_call_s']:.1f} s (batch {r['batch']})" for r in sa["rows"] if "compiled_first_call_s" in r]
         if compiled:
             lines.append(f"compiled step: first call, compiling included: {', '.join(dict.fromkeys(compiled))}")
+        lines += [f"CUDA graphs (the compiled step recorded), batch {r['batch']}: {rate(r['kv_cuda_graphs'])} tok/s, "
+                  f"{r['kv_cuda_graphs'] / r['kv_compiled']:.2f}x the compiled step, the same tokens: "
+                  f"{r['cuda_graphs_same_tokens']}" for r in sa["rows"] if "kv_cuda_graphs" in r]
         i8 = [r for r in sa["rows"] if "int8" in r]
         if i8:
             lines += ["", f"int8 weights (quantize.py, eager): a token reads {sa['weight_bytes'] / 1e6:,.0f} MB of weights in float32, "
@@ -646,6 +739,28 @@ def table(res) -> str:
                   "|---:|---:|---:|---:|---:|---:|",
                   f"| {pr['mb_s_1']:.2f} | {pr['mb_s_all']:.2f} | {pr['mb_s_all'] / pr['mb_s_1']:.2f}x | "
                   f"{pr['python_scaling']:.2f}x | {pr['tiktoken_scaling']:.2f}x | {pr['mb_s_all'] / pr['mb_s_1'] / pr['python_scaling']:.2f} |", ""]
+    cc = res["compile_cache"]
+    if cc:
+        lines += [f"compiled step from inductor's cache on disk: preset {cc['preset']}, a fresh process per run "
+                  f"(median of {cc['repeats']}), greedy; s from the model built to token 2 (the compiled step's first "
+                  f"call) and to token {cc['tokens']}; graphs compiled, inductor cache hits/misses; exact: caches of "
+                  "the positions reached (before issue 35), class: of their size class; one cache folder, class "
+                  "first: its empty-cache run also compiles the kernels both ways share",
+                  f"| run | prompt, new tokens | positions (class) | exact s, token 2, {cc['tokens']} | exact graphs, "
+                  f"hits/misses | class s, token 2, {cc['tokens']} | class graphs, hits/misses | class / exact, token "
+                  f"{cc['tokens']} |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        names = {"cold": "empty cache", "other": "warm, another prompt and length"}
+        for r, name in names.items():
+            ex, cl = cc["runs"][f"exact {r}"], cc["runs"][f"class {r}"]
+            shape = ", ".join(map(str, cc["shapes"][r]))
+            lines.append(f"| {name} | {shape} | {cc['positions'][r]} ({cc['classes'][r]}) | "
+                         f"{ex['to_step_s']:.1f}, {ex['to_token_s']:.1f} | {ex['graphs']:.0f}, "
+                         f"{ex['hits']:.0f}/{ex['misses']:.0f} | {cl['to_step_s']:.1f}, {cl['to_token_s']:.1f} | "
+                         f"{cl['graphs']:.0f}, {cl['hits']:.0f}/{cl['misses']:.0f} | "
+                         f"{format(cl['to_token_s'] / ex['to_token_s'], '.2f') + 'x' if r == 'other' else '-'} |")
+        eager = cc["eager"]
+        lines += [f"eager, the other shape: {eager['to_step_s']:.2f} s to token 2, {eager['to_token_s']:.2f} s to "
+                  f"token {cc['tokens']}", ""]
     lines += ["| target | ratio | goal | verdict |", "|---|---:|---:|---|"]
     for t in res["targets"]:
         lines.append(f"| {t['target']} | {fmt(t['ratio'], '.2f')} | {t['goal']} | {t['verdict']} |")
@@ -659,7 +774,8 @@ READ_BY = {"train": ("preset", "block_size", "batch_size", "train_repeats", "ste
            "sample": ("sample_preset", "prompt_len", "new_tokens", "sample_batches", "recompute", "sample_compile",
                       "precisions", "int8", "bandwidth_mb", "repeats"),
            "load": ("load_preset", "load_repeats", "load_tokens", "int8"),
-           "prep": ("corpus", "prep_copies", "workers", "repeats")}
+           "prep": ("corpus", "prep_copies", "workers", "repeats"),
+           "compile_cache": ("cache_preset", "cache_other", "prompt_len", "new_tokens", "cache_repeats")}
 
 
 def check_sections(cfg, sections, device):
@@ -681,7 +797,7 @@ def check_sections(cfg, sections, device):
 def check_settings(cfg):
     """Counts a timing needs at least one of (0 would time nothing, or be read as the default), by flag."""
     counts = ("repeats", "steps", "prompt_len", "new_tokens", "load_repeats", "load_tokens", "prep_copies", "block_size",
-              "batch_size", "train_repeats", "matmul_n", "workers")
+              "batch_size", "train_repeats", "matmul_n", "workers", "cache_repeats")
     for name in counts:
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
@@ -695,6 +811,11 @@ def check_settings(cfg):
         raise ValueError(f"--precisions takes bfloat16 and float16, got {', '.join(odd)}")
     if cfg.corpus == "":
         raise ValueError("--corpus is '' (empty): name a text file, or leave it out for tiny Shakespeare")
+    other = cfg.cache_other.split(",")
+    if not (len(other) == 2 and all(n.strip().isdigit() for n in other) and int(other[0]) >= 1
+            and int(other[1]) >= cfg.new_tokens):
+        raise ValueError(f"--cache_other must be prompt tokens >= 1 and new tokens >= --new_tokens ({cfg.new_tokens}), "
+                         f"as 24,100, got {cfg.cache_other!r}")
 
 
 def build_parser():

@@ -1,8 +1,8 @@
 """
 The GPU path end to end, for anyone with one CUDA GPU (under ten minutes): the quick start in bfloat16 with
 --compile; a run stopped with SIGTERM and resumed to the end, its log bit-identical to the uninterrupted run's;
---init_from; two processes under torchrun; sampling from the checkpoint, eager and compiled. One markdown table:
-tokens/s, MFU, peak memory and every failure.
+--init_from; two processes under torchrun; sampling from the checkpoint, eager, compiled and as CUDA graphs (the
+compiled step recorded: sample.py --cuda_graphs). One markdown table: tokens/s, MFU, peak memory and every failure.
 
     python -m tools.gpu_check                       # on the CUDA GPU; the table on stdout
     python -m tools.gpu_check --out gpu_check.md    # and in a file
@@ -224,21 +224,28 @@ def check_torchrun(cfg, cuda, data, work):
 
 
 def check_sampling(cfg, cuda, work):
-    """sample.py from the reference's checkpoint, eager and --compile -> rows (greedy: the texts should agree)."""
+    """sample.py from the reference's checkpoint, eager, --compile and (CUDA) --compile --cuda_graphs -> rows (greedy:
+    the texts should agree)."""
     rows, texts = [], {}
-    for way in ("eager", "compiled"):
-        if way == "compiled" and not cfg.sample_compile:
-            return rows + [Row("sample.py, compiled", None, note="skipped (--no-sample_compile)")]
+    for way, flags in (("eager", []), ("compiled", ["--compile"]), ("CUDA graphs", ["--compile", "--cuda_graphs"])):
+        if way == "CUDA graphs" and not cuda:
+            rows.append(Row(f"sample.py, {way}", None, note="skipped: CUDA only (sample.py refuses --cuda_graphs "
+                                                            "here)"))
+            continue
+        if way != "eager" and not cfg.sample_compile:
+            rows.append(Row(f"sample.py, {way}", None, note="skipped (--no-sample_compile)"))
+            continue
         args = ["--ckpt", os.path.join(work, "reference"), "--device", "cuda" if cuda else "cpu", "--prompt", PROMPT,
-                "--temperature", "0", "--max_new_tokens", str(cfg.sample_tokens)]
-        args += ["--compile"] if way == "compiled" else []
+                "--temperature", "0", "--max_new_tokens", str(cfg.sample_tokens), *flags]
         code, out, err, wall = run(command("sample.py", *args))
         ok = code == 0 and out.startswith(PROMPT) and len(out) > len(PROMPT) + 1
         texts[way] = out
         rows.append(Row(f"sample.py, {way}", ok, peak=peak_of(err), wall_s=wall,
                         note=f"{cfg.sample_tokens} greedy tokens" if ok else why(code, err) if code else "no text"))
-    if all(r.ok for r in rows):
-        rows[1].note += ", the eager text" if texts["compiled"] == texts["eager"] else ", text differs from eager"
+    for r in rows[1:]:
+        if r.ok and rows[0].ok:
+            way = r.check.removeprefix("sample.py, ")
+            r.note += ", the eager text" if texts[way] == texts["eager"] else ", text differs from eager"
     return rows
 
 
