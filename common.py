@@ -87,26 +87,56 @@ def atomic_write(path, data):
 def staged(folder, last=()):
     """Write several files into `folder` all or none. The block writes them into the staging folder it is
     given (inside `folder`, so that moving them is a rename, which needs no disk space); when it ends they
-    are moved into `folder`, replacing files of those names (the names in `last` last: the one a reader
-    opens first); if it raises (a full disk, Ctrl-C), they are removed and `folder` is as it was."""
+    are moved into `folder` (move_in), replacing files of those names (the names in `last` last: the one a
+    reader opens first); if it raises (a full disk, Ctrl-C) or a move fails, they are removed and `folder` is
+    as it was."""
     stage = os.path.join(folder, f".staging{os.getpid()}")
-    os.mkdir(stage)
     try:
+        os.mkdir(stage)
         yield stage
         names = sorted(os.listdir(stage), key=lambda f: (f in last, last.index(f) if f in last else 0, f))
-        for f in names:
-            os.replace(os.path.join(stage, f), os.path.join(folder, f))
+        move_in(stage, folder, names)
     except OSError as e:
         if e.errno not in DISK_FULL:
             raise
         raise OSError(e.errno, f"{folder}: not written: the disk is full ({os.strerror(e.errno)}); nothing of this "
                                "run is left there, and what it held is as it was") from None
     finally:
-        for f in os.listdir(stage):  # this run's files alone: the folder is this process's
+        if os.path.isdir(stage):
+            for f in os.listdir(stage):  # this run's files alone (the folder is this process's), not the replaced
+                if not f.startswith(REPLACED):  # ones an undo that failed could not move back
+                    with contextlib.suppress(OSError):
+                        os.remove(os.path.join(stage, f))
             with contextlib.suppress(OSError):
-                os.remove(os.path.join(stage, f))
-        with contextlib.suppress(OSError):
-            os.rmdir(stage)
+                os.rmdir(stage)
+
+
+REPLACED = ".was."  # a file move_in replaces, kept in the staging folder until all are in
+
+
+def move_in(stage, folder, names, remove=()):
+    """Move the files `names` of `stage` into `folder` in that order (the last: the file a reader opens first),
+    replacing files of those names, and remove the files `remove` of `folder`: all of it, or none. The files it
+    replaces or removes go into `stage` first, the reader's first file first (so the folder stops looking complete
+    at once), and come back if a move fails (a full disk, Ctrl-C): removals, and renames to names that were there,
+    need no disk space."""
+    old = [f for f in dict.fromkeys([*reversed(names), *remove]) if os.path.lexists(os.path.join(folder, f))]
+    out, moved = [], []
+    try:
+        for f in old:
+            os.replace(os.path.join(folder, f), os.path.join(stage, REPLACED + f))
+            out.append(f)
+        for f in names:
+            os.replace(os.path.join(stage, f), os.path.join(folder, f))
+            moved.append(f)
+    except BaseException:
+        for f in reversed(moved):
+            os.remove(os.path.join(folder, f))
+        for f in reversed(out):
+            os.replace(os.path.join(stage, REPLACED + f), os.path.join(folder, f))
+        raise
+    for f in out:
+        os.remove(os.path.join(stage, REPLACED + f))
 
 
 LOCK_NAME = ".writer.lock"
@@ -132,8 +162,16 @@ def writer_lock(folder, outputs=()):
         yield
         return
     made = not os.path.lexists(folder)
-    os.makedirs(folder, exist_ok=True)
-    fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if made:  # a folder made, its lock file not: none left behind
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        if e.errno in DISK_FULL:
+            raise disk_full(folder, e.errno) from None
+        raise
     failed = True
     try:
         try:

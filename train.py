@@ -32,7 +32,7 @@ from launch import set_precision, start_processes
 from model import PRESETS, GPT, GPTConfig
 from prepare_data import load_meta
 from preflight import check_settings, check_window_starts, checked_model_config, resolve_settings
-from run_dir import claim_out_dir, data_fingerprint, open_outputs, read_start, restore
+from run_dir import claim_out_dir, data_fingerprint, kept_checkpoints, open_outputs, read_start, restore
 from stopping import GracefulStop, check_state, check_step, check_val_loss, mean_loss_and_stop
 from tokenizer import tiktoken_entry
 from windows import Split
@@ -336,9 +336,7 @@ def save(run, state, name):
     try:
         atomic_torch_save(ckpt, path)
     except OSError as e:  # e.g. a full disk: atomic_open left the previous files as they were
-        kept = [p for p in (os.path.join(cfg.out_dir, n) for n in ("ckpt.pt", "best.pt")) if os.path.isfile(p)]
-        kept = f"kept as they were: {', '.join(kept)}" if kept else "no checkpoint of this run is on disk yet"
-        raise OSError(f"{path}: not written ({e.strerror or e}); {kept}") from None
+        raise OSError(f"{path}: not written ({e.strerror or e}); {kept_checkpoints(cfg)}") from None
 
 
 # ----------------------------------------------------------------------------- logging
@@ -380,8 +378,7 @@ class Log:
 
     def record(self, **entry):
         if self.file:
-            self.file.write(json.dumps(entry) + "\n")
-            self.file.flush()
+            self.file.write(json.dumps(entry) + "\n")  # a whole line or none (run_dir.LineLog)
 
     def close(self):
         if self.file:

@@ -468,10 +468,10 @@ def main(argv=None):
                   f"x{args.long_factor}), {args.seeds} seeds, lr {args.lr}, {args.n_head} heads; data {args.data} "
                   f"({meta['encoding']} cut to {meta['vocab_size']}, {meta['splits']['train']['tokens']:,} train / "
                   f"{meta['splits']['val']['tokens']:,} val tokens)")
-        png = plot(result, os.path.join(args.out, "scaling.png"))
         failed = "".join(f"\nDiverged, left out: {name} {r['variant']} seed {r['seed']}: {r['diverged']}" for name, r in failed)
         compare.write_results(args.out, f"{header}\n\n{table(rows)}\n\n{reading(result)}{failed}\n",
-                              {"rows": rows, "analysis": result, "runs": every}, png)
+                              {"rows": rows, "analysis": result, "runs": every},
+                              ("scaling.png", lambda path: plot(result, path)))
     return rows, result
 
 

@@ -416,8 +416,7 @@ def main(argv=None):
                   f"Along training (T = tokens per binary parameter; gap in perplexity):\n\n{curve_table(rows)}\n\n"
                   f"{reading(rows)}\n"
                   + "".join(f"\nDiverged, left out: {r['point']} {d}" for r in rows for d in r["diverged"]))
-        png = plot(rows, os.path.join(args.out, "share.png"))
-        compare.write_results(args.out, report, {"rows": rows, "runs": records}, png)
+        compare.write_results(args.out, report, {"rows": rows, "runs": records}, ("share.png", lambda path: plot(rows, path)))
     return rows
 
 
