@@ -47,7 +47,7 @@ Design choices:
 """
 
 from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
-quiet_interrupt()
+quiet_interrupt(__name__)
 
 import argparse
 import bz2
@@ -569,12 +569,16 @@ def encoded(jobs, tok: tuple, workers: int):
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     with pool:  # leaving it terminates the workers
         pending = deque()
-        for job in jobs:
-            pending.append(pool.apply_async(encode_batch, (job,)))
-            if len(pending) >= 2 * workers:
+        try:
+            for job in jobs:
+                pending.append(pool.apply_async(encode_batch, (job,)))
+                if len(pending) >= 2 * workers:
+                    yield pending.popleft().get()
+            while pending:
                 yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+        finally:  # Pool.terminate hangs on a task or result still in a pipe: the window's land first (< a second)
+            for result in pending:
+                result.wait(60)
 
 
 # ---------------------------------------------------------------- main logic

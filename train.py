@@ -12,6 +12,9 @@ It reads as a run goes (settings, data, model and optimizer, the loop, evaluatio
 launch.py (processes), preflight.py (checks), run_dir.py (out_dir, exact resume), stopping.py (signals, divergence).
 """
 
+from common import config_parser, parse_settings, peak_flops, quiet_interrupt, run_main, setting, with_overrides
+quiet_interrupt(__name__)  # before the slow imports: a Ctrl-C during them is one line, exit 130
+
 import json
 import math
 import os
@@ -27,7 +30,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import atomic_torch_save, checkpoint_dict, load_weights, rng_state
-from common import config_parser, parse_settings, peak_flops, run_main, setting, with_overrides
 from launch import set_precision, start_processes
 from model import PRESETS, GPT, GPTConfig
 from prepare_data import load_meta
@@ -84,10 +86,6 @@ class TrainConfig:
 DEFAULTS = {"vocab_size": "the checkpoint's, else the data's", "dropout": "the checkpoint's or preset's; may change"}
 TrainConfig = with_overrides(TrainConfig, GPTConfig, "preset", lambda k: f"model.GPTConfig.{k} (default: "
                              + DEFAULTS.get(k, "the checkpoint's, else the preset's") + ")")
-
-
-def parse_config(argv=None) -> TrainConfig:
-    return parse_settings(config_parser(TrainConfig, __doc__.strip().split("\n\n")[0]), argv)
 
 
 # ----------------------------------------------------------------------------- data
@@ -432,6 +430,10 @@ def clock(seconds):
 
 
 # ----------------------------------------------------------------------------- command line
+def parse_config(argv=None) -> TrainConfig:
+    return parse_settings(config_parser(TrainConfig, __doc__.strip().split("\n\n")[0]), argv)
+
+
 def main(argv=None) -> int:
     train(parse_config(argv))
     return 0
