@@ -837,3 +837,24 @@ def test_windows_that_start_with_a_constant_input_are_counted_before_the_first_s
     capsys.readouterr()
     assert run_main(train.main, flags(data, out, max_steps=1, eval_interval=0, overwrite=True, input="affine")) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_the_re_prepare_command_names_the_recorded_source_or_says_it_is_unknown(tmp_path, capsys, monkeypatch):
+    """Data prepared from a relative path in another folder (by the real command line there): the command train.py
+    prints names the file as meta.json records it, a path from any folder; data whose meta.json records no inputs
+    (prepared before it did, from a relative path) gets a command that says its inputs are unknown."""
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": f"Letter {i}. " + "My dear sister. " * (i % 3)})
+                                                 + "\n" for i in range(300)))
+    made = subprocess.run([sys.executable, str(ROOT / "prepare_data.py"), "docs.jsonl", "--out", "data", "--vocab_size",
+                           "512", "--workers", "1", "--no-reserve_ones"], cwd=tmp_path, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    data, meta_path = tmp_path / "data", tmp_path / "data" / "meta.json"
+    assert json.loads(meta_path.read_text())["inputs"] == [str(tmp_path / "docs.jsonl")]
+    monkeypatch.chdir(ROOT)
+    fix = "prepare the data with the ids that keep text off them: python prepare_data.py"
+    for inputs in (str(tmp_path / "docs.jsonl"), "'<INPUTS: unknown, its meta.json does not record them>'"):
+        capsys.readouterr()
+        assert run_main(train.main, flags(data, tmp_path / "out", max_steps=1, eval_interval=0, overwrite=True)) == 0
+        assert f"{fix} {inputs} --out {data} --encoding gpt2 --vocab_size 512 --overwrite\n" in capsys.readouterr().err
+        old = {k: v for k, v in json.loads(meta_path.read_text()).items() if k != "inputs"}
+        meta_path.write_text(json.dumps({**old, "sources": ["docs.jsonl"]}))
