@@ -11,6 +11,7 @@ import errno
 import os
 import re
 import select
+import signal
 import stat
 import sys
 import typing
@@ -87,26 +88,56 @@ def atomic_write(path, data):
 def staged(folder, last=()):
     """Write several files into `folder` all or none. The block writes them into the staging folder it is
     given (inside `folder`, so that moving them is a rename, which needs no disk space); when it ends they
-    are moved into `folder`, replacing files of those names (the names in `last` last: the one a reader
-    opens first); if it raises (a full disk, Ctrl-C), they are removed and `folder` is as it was."""
+    are moved into `folder` (move_in), replacing files of those names (the names in `last` last: the one a
+    reader opens first); if it raises (a full disk, Ctrl-C) or a move fails, they are removed and `folder` is
+    as it was."""
     stage = os.path.join(folder, f".staging{os.getpid()}")
-    os.mkdir(stage)
     try:
+        os.mkdir(stage)
         yield stage
         names = sorted(os.listdir(stage), key=lambda f: (f in last, last.index(f) if f in last else 0, f))
-        for f in names:
-            os.replace(os.path.join(stage, f), os.path.join(folder, f))
+        move_in(stage, folder, names)
     except OSError as e:
         if e.errno not in DISK_FULL:
             raise
         raise OSError(e.errno, f"{folder}: not written: the disk is full ({os.strerror(e.errno)}); nothing of this "
                                "run is left there, and what it held is as it was") from None
     finally:
-        for f in os.listdir(stage):  # this run's files alone: the folder is this process's
+        if os.path.isdir(stage):
+            for f in os.listdir(stage):  # this run's files alone (the folder is this process's), not the replaced
+                if not f.startswith(REPLACED):  # ones an undo that failed could not move back
+                    with contextlib.suppress(OSError):
+                        os.remove(os.path.join(stage, f))
             with contextlib.suppress(OSError):
-                os.remove(os.path.join(stage, f))
-        with contextlib.suppress(OSError):
-            os.rmdir(stage)
+                os.rmdir(stage)
+
+
+REPLACED = ".was."  # a file move_in replaces, kept in the staging folder until all are in
+
+
+def move_in(stage, folder, names, remove=()):
+    """Move the files `names` of `stage` into `folder` in that order (the last: the file a reader opens first),
+    replacing files of those names, and remove the files `remove` of `folder`: all of it, or none. The files it
+    replaces or removes go into `stage` first, the reader's first file first (so the folder stops looking complete
+    at once), and come back if a move fails (a full disk, Ctrl-C): removals, and renames to names that were there,
+    need no disk space."""
+    old = [f for f in dict.fromkeys([*reversed(names), *remove]) if os.path.lexists(os.path.join(folder, f))]
+    out, moved = [], []
+    try:
+        for f in old:
+            os.replace(os.path.join(folder, f), os.path.join(stage, REPLACED + f))
+            out.append(f)
+        for f in names:
+            os.replace(os.path.join(stage, f), os.path.join(folder, f))
+            moved.append(f)
+    except BaseException:
+        for f in reversed(moved):
+            os.remove(os.path.join(folder, f))
+        for f in reversed(out):
+            os.replace(os.path.join(stage, REPLACED + f), os.path.join(folder, f))
+        raise
+    for f in out:
+        os.remove(os.path.join(stage, REPLACED + f))
 
 
 LOCK_NAME = ".writer.lock"
@@ -132,8 +163,16 @@ def writer_lock(folder, outputs=()):
         yield
         return
     made = not os.path.lexists(folder)
-    os.makedirs(folder, exist_ok=True)
-    fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if made:  # a folder made, its lock file not: none left behind
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        if e.errno in DISK_FULL:
+            raise disk_full(folder, e.errno) from None
+        raise
     failed = True
     try:
         try:
@@ -426,6 +465,11 @@ def run_main(main, argv=None, outlive_stdout=False):
     keeps its traceback. Set TRACEBACK=1 (or true, yes, on) to see the traceback of an expected error too.
     A reader of stdout that has had enough (`| head`) is no error: the script ends quietly with exit 0, or,
     with outlive_stdout (a training run: its files are the record), goes on without it (OutlivingStream)."""
+    if signal.getsignal(signal.SIGINT) is _note_interrupt:  # a script's imports are over: Ctrl-C raises again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _interrupted:  # and one came during them (quiet_interrupt)
+        print("interrupted", file=sys.stderr)
+        return 130
     if outlive_stdout:
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = OutlivingStream(sys.stdout, "stdout"), OutlivingStream(sys.stderr, "stderr")
@@ -449,24 +493,46 @@ def run_main(main, argv=None, outlive_stdout=False):
             sys.stdout, sys.stderr = saved
 
 
-def quiet_interrupt():
-    """Let a Ctrl-C that reaches the top level outside run_main (during a script's imports: torch's take
-    seconds) end as run_main ends one, one line and exit 130, not a traceback. A script calls it before
-    its slow imports. An interactive session (python -i, the REPL) keeps Python's own handling."""
-    hook = sys.excepthook
-    if getattr(hook, "quiet", False):  # set already (a script importing another)
+def quiet_interrupt(name):
+    """A script's first call, quiet_interrupt(__name__) (imported as a library, name is not "__main__", and it
+    does nothing): a Ctrl-C during the script's imports (torch's take seconds) ends it as run_main ends one, one
+    line and exit 130, not a traceback. The first SIGINT is noted, not raised, and run_main answers it once the
+    imports are done: a KeyboardInterrupt raised inside an import can be lost, or worse (numpy's C import turns
+    it into an ImportError of its own; one in an import lock's callback is "ignored" and the imports go on; one
+    inside torch's C++ start-up aborts the process with a C++ stack). A second SIGINT raises at once. An
+    interactive session (python -i) keeps Python's own handling, and so does a handler someone else set."""
+    interactive = sys.flags.interactive or hasattr(sys, "ps1")
+    if name != "__main__" or interactive or getattr(sys.excepthook, "quiet", False):
         return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        with contextlib.suppress(ValueError):  # not the main thread: no handler can be set
+            signal.signal(signal.SIGINT, _note_interrupt)
+    hook, unraisable = sys.excepthook, sys.unraisablehook
 
     def excepthook(kind, value, tb):
-        if issubclass(kind, KeyboardInterrupt) and not (sys.flags.interactive or hasattr(sys, "ps1")):
+        if issubclass(kind, KeyboardInterrupt) or _interrupted:  # whatever ends the imports after a Ctrl-C
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
                 print("interrupted", file=sys.stderr, flush=True)
             os._exit(130)  # else Python ends itself by SIGINT, after the traceback
         hook(kind, value, tb)
 
+    def unraisablehook(u):  # a second Ctrl-C in a callback: no "Exception ignored" report, run_main answers the first
+        if not issubclass(u.exc_type, KeyboardInterrupt):
+            unraisable(u)
+
     excepthook.quiet = True
-    sys.excepthook = excepthook
+    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
+
+
+_interrupted = False  # a SIGINT came during the imports (quiet_interrupt): run_main answers it
+
+
+def _note_interrupt(signum, frame):
+    global _interrupted
+    if _interrupted:  # the second: at once
+        raise KeyboardInterrupt
+    _interrupted = True
 
 
 def not_a_command(library, instead):

@@ -27,6 +27,9 @@ Design choices, up front:
   checks, each in a labelled section at the end. Fast decoding (KV cache, sampling, generate): decode.py.
 """
 
+from common import config_parser, parse_settings, quiet_interrupt, run_main, setting
+quiet_interrupt(__name__)  # before the slow imports: a Ctrl-C during them is one line, exit 130
+
 import math
 from dataclasses import dataclass
 
@@ -388,8 +391,6 @@ def constant_input_ids(model) -> list[int]:
 
 
 if __name__ == "__main__":  # python model.py --preset paper: the paper's parameter table, computed
-    from common import config_parser, parse_settings, run_main, setting  # the command line only: the model is torch
-
     @dataclass
     class TableConfig:
         preset: str = setting("paper", "model preset", choices=list(PRESETS))

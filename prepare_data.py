@@ -47,7 +47,7 @@ Design choices:
 """
 
 from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
-quiet_interrupt()
+quiet_interrupt(__name__)
 
 import argparse
 import bz2
@@ -78,8 +78,8 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from common import (DISK_FULL, atomic_open, atomic_write, config_parser, file_problem, one_line, parse_settings, run_main,
-                    setting, writer_lock)
+from common import (DISK_FULL, atomic_open, atomic_write, config_parser, file_problem, move_in, one_line, parse_settings,
+                    run_main, setting, writer_lock)
 from tokenizer import SMALL_VOCAB, get_tokenizer
 
 MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
@@ -569,12 +569,16 @@ def encoded(jobs, tok: tuple, workers: int):
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     with pool:  # leaving it terminates the workers
         pending = deque()
-        for job in jobs:
-            pending.append(pool.apply_async(encode_batch, (job,)))
-            if len(pending) >= 2 * workers:
+        try:
+            for job in jobs:
+                pending.append(pool.apply_async(encode_batch, (job,)))
+                if len(pending) >= 2 * workers:
+                    yield pending.popleft().get()
+            while pending:
                 yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+        finally:  # Pool.terminate hangs on a task or result still in a pipe: the window's land first (< a second)
+            for result in pending:
+                result.wait(60)
 
 
 # ---------------------------------------------------------------- main logic
@@ -700,14 +704,14 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
         old = _prepared_files(out, overwrite)
         staging = out / STAGING  # holds this run's files until all are written
         _clear_staging(staging)  # left by a killed run
-        staging.mkdir()
-        (staging / STAGING_MARK).write_text("staging folder of prepare_data.py: removed when its run ends\n")
-        streams = [chain.from_iterable(read_documents(s, text_field) for s in group) for group in groups]
-        dry = []  # the mixture's input that ran dry, if one did
-        docs = mix_documents(streams, weights, seed, dry) if weights is not None else chain.from_iterable(streams)
-        dtype = token_dtype(enc.n_vocab)
-        writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
-        try:
+        try:  # from here on a failure (Ctrl-C included) removes the staging folder
+            staging.mkdir()
+            (staging / STAGING_MARK).write_text("staging folder of prepare_data.py: removed when its run ends\n")
+            streams = [chain.from_iterable(read_documents(s, text_field) for s in group) for group in groups]
+            dry = []  # the mixture's input that ran dry, if one did
+            docs = mix_documents(streams, weights, seed, dry) if weights is not None else chain.from_iterable(streams)
+            dtype = token_dtype(enc.n_vocab)
+            writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
             jobs = batches(split_documents(docs, val_fraction))
             with contextlib.closing(encoded(jobs, tok, workers)) as results:  # closing stops the pool now
                 budget_met = write_documents(results, writers, max_tokens, total_bytes, progress)
@@ -725,11 +729,9 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
                     "reserve_zero": reserve_zero, "reserve_ones": reserve_ones, "dtype": dtype.name, "splits": splits,
                     "inputs": recorded, "sources": sources, "val_fraction": val_fraction, "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
             atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
-            # all written: from here on only removals and renames, which need no disk space
-            for p in old:  # meta.json first, so that the folder stops looking complete at once
-                p.unlink()
-            for name in [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"]:  # meta.json last
-                os.replace(staging / name, out / name)
+            # all written: from here on only renames and removals (all or none: common.move_in), meta.json last
+            move_in(staging, out, [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"],
+                    remove=[p.name for p in old])
             _clear_staging(staging)
         except BaseException as e:  # a bad input halfway, a full disk, Ctrl-C: the old data stays as it was
             with contextlib.suppress(ValueError, OSError):

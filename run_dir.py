@@ -9,7 +9,7 @@ import os
 import sys
 
 from checkpoint import load_optimizer_state, read_checkpoint, set_rng_state
-from common import LOCK_NAME, one_line, writer_lock
+from common import DISK_FULL, LOCK_NAME, one_line, writer_lock
 
 OUTPUTS = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run writes in out_dir, and all it ever replaces or removes there
 
@@ -73,7 +73,37 @@ def open_outputs(cfg):
     best = os.path.join(cfg.out_dir, "best.pt")
     if cfg.overwrite and os.path.isfile(best):
         os.remove(best)
-    return open(os.path.join(cfg.out_dir, "log.jsonl"), "a" if cfg.resume else "w")
+    return LineLog(os.path.join(cfg.out_dir, "log.jsonl"), cfg.resume, cfg)
+
+
+def kept_checkpoints(cfg):
+    """What a run stopped by a failed write leaves to resume from, for its message."""
+    kept = [p for p in (os.path.join(cfg.out_dir, n) for n in ("ckpt.pt", "best.pt")) if os.path.isfile(p)]
+    return f"kept as they were: {', '.join(kept)}" if kept else "no checkpoint of this run is on disk yet"
+
+
+class LineLog:
+    """log.jsonl, written a whole line at a time: a line cut short (a full disk, Ctrl-C mid-write) is taken back,
+    so its readers parse every line and a resumed run appends after whole lines."""
+
+    def __init__(self, path, append, cfg):
+        self.path, self.cfg = path, cfg
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC), 0o644)
+
+    def write(self, line):
+        data, end = line.encode(), os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            while data:  # a write may take part of it
+                data = data[os.write(self.fd, data):]
+        except BaseException as e:
+            os.ftruncate(self.fd, end)
+            if isinstance(e, OSError) and e.errno in DISK_FULL:
+                raise OSError(f"{self.path}: a line not written (the disk is full: {os.strerror(e.errno)}): the log "
+                              f"keeps its whole lines; {kept_checkpoints(self.cfg)}") from None
+            raise
+
+    def close(self):
+        os.close(self.fd)
 
 
 # ----------------------------------------------------------------------------- resume: where the checkpoint stopped

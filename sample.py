@@ -22,7 +22,7 @@ keeps its last block_size tokens (with a notice on stderr).
 """
 
 from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
-quiet_interrupt()
+quiet_interrupt(__name__)
 
 import math
 import os

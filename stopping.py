@@ -68,7 +68,28 @@ def stop_if_bad(run, state, why, step, **entry):
     run.log.record(event="diverged", step=step, problem=why, **entry)
     last = f"{run.cfg.ckpt_path} (step {state.saved_step})" if state.saved_step is not None else "none was written"
     raise FloatingPointError(f"{why} at step {step}: stopped without saving; the last good checkpoint is "
-                             f"untouched: {last}. Try a lower --lr or --grad_clip.")
+                             f"untouched: {last}. Most likely at fault: {likely_fault(run.cfg, step)}.")
+
+
+EXTREME_LR = 0.02  # an AdamW step moves each weight by up to about lr: here by the weights' own init scale (model.py)
+
+
+def likely_fault(cfg, step):
+    """The setting a divergence at `step` most likely comes from, read from the run's own settings, in this order:
+    a weight decay with lr x weight_decay >= 1 (AdamW's decoupled decay then zeroes or flips the matrices each step)
+    where the decay is what is extreme (above 1) or the lr is not; a divergence soon after a warmup reached a
+    moderate lr (the ramp too short); else the learning rate."""
+    lr, wd, warmup = cfg.lr, cfg.weight_decay, cfg.warmup_steps
+    if lr * wd >= 1 and (wd > 1 or lr < EXTREME_LR):
+        return (f"--weight_decay {wd:g}: AdamW's decoupled decay scales each weight matrix by 1 - lr x weight_decay = "
+                f"{1 - lr * wd:.3g} a step, which zeroes or flips it: use a weight decay far below 1 / lr = "
+                f"{1 / lr:.4g} (0.1 is usual)")
+    if lr < EXTREME_LR and warmup <= step <= warmup + max(warmup, 10):
+        return (f"--warmup_steps {warmup}: the run diverged {step - warmup} step(s) after its warmup reached --lr "
+                f"{lr:g}: a longer warmup (e.g. --warmup_steps {max(4 * warmup, 100)}) ramps up to it more gently, "
+                "or try a lower --lr")
+    when = ", during the warmup (below its peak)" if step < warmup else ""
+    return f"--lr {lr:g}{when}: try a lower --lr, or --grad_clip"
 
 
 def check_step(run, state, loss, norm):

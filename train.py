@@ -12,6 +12,9 @@ It reads as a run goes (settings, data, model and optimizer, the loop, evaluatio
 launch.py (processes), preflight.py (checks), run_dir.py (out_dir, exact resume), stopping.py (signals, divergence).
 """
 
+from common import config_parser, parse_settings, peak_flops, quiet_interrupt, run_main, setting, with_overrides
+quiet_interrupt(__name__)  # before the slow imports: a Ctrl-C during them is one line, exit 130
+
 import json
 import math
 import os
@@ -27,12 +30,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import atomic_torch_save, checkpoint_dict, load_weights, rng_state
-from common import config_parser, parse_settings, peak_flops, run_main, setting, with_overrides
 from launch import data_parallel, on_rank0, set_precision, start_processes, wait_for_all
 from model import PRESETS, GPT, GPTConfig
 from prepare_data import load_meta
 from preflight import check_settings, check_window_starts, checked_model_config, resolve_settings
-from run_dir import claim_out_dir, data_fingerprint, open_outputs, read_start, restore
+from run_dir import claim_out_dir, data_fingerprint, kept_checkpoints, open_outputs, read_start, restore
 from stopping import GracefulStop, check_state, check_step, check_val_loss, mean_loss_and_stop
 from tokenizer import tiktoken_entry
 from windows import Split
@@ -85,10 +87,6 @@ class TrainConfig:
 DEFAULTS = {"vocab_size": "the checkpoint's, else the data's", "dropout": "the checkpoint's or preset's; may change"}
 TrainConfig = with_overrides(TrainConfig, GPTConfig, "preset", lambda k: f"model.GPTConfig.{k} (default: "
                              + DEFAULTS.get(k, "the checkpoint's, else the preset's") + ")")
-
-
-def parse_config(argv=None) -> TrainConfig:
-    return parse_settings(config_parser(TrainConfig, __doc__.strip().split("\n\n")[0]), argv)
 
 
 # ----------------------------------------------------------------------------- data
@@ -337,9 +335,7 @@ def write_checkpoint(run, state, name, rngs):
     try:
         atomic_torch_save(ckpt, path)
     except OSError as e:  # e.g. a full disk: atomic_open left the previous files as they were
-        kept = [p for p in (os.path.join(cfg.out_dir, n) for n in ("ckpt.pt", "best.pt")) if os.path.isfile(p)]
-        kept = f"kept as they were: {', '.join(kept)}" if kept else "no checkpoint of this run is on disk yet"
-        raise OSError(f"{path}: not written ({e.strerror or e}); {kept}") from None
+        raise OSError(f"{path}: not written ({e.strerror or e}); {kept_checkpoints(cfg)}") from None
 
 
 # ----------------------------------------------------------------------------- logging
@@ -381,8 +377,7 @@ class Log:
 
     def record(self, **entry):
         if self.file:
-            self.file.write(json.dumps(entry) + "\n")
-            self.file.flush()
+            self.file.write(json.dumps(entry) + "\n")  # a whole line or none (run_dir.LineLog)
 
     def close(self):
         if self.file:
@@ -436,6 +431,10 @@ def clock(seconds):
 
 
 # ----------------------------------------------------------------------------- command line
+def parse_config(argv=None) -> TrainConfig:
+    return parse_settings(config_parser(TrainConfig, __doc__.strip().split("\n\n")[0]), argv)
+
+
 def main(argv=None) -> int:
     train(parse_config(argv))
     return 0

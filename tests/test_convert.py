@@ -23,7 +23,7 @@ from common import LOCK_NAME, run_main
 from checkpoint import checkpoint_dict, load_checkpoint
 from decode import generate
 from model import GPT, canonical_code, code_bits, get_config
-from tokenizer import get_tokenizer
+from tokenizer import get_tokenizer, load_text_codec
 from test_sample import char_tokenizer
 from tools import convert
 
@@ -305,6 +305,59 @@ def test_release_tokenizer_to_transformers(tmp_path):
         return seq[: seq.index(2, len(ids)) + 1] if 2 in seq[len(ids):] else seq
 
     assert cut(ours) == cut(theirs) and len(cut(ours)) > len(ids)
+
+
+# ------------------------------------------------------------------------------------ cl100k_base, uncut and cut
+CL100K_TEXT = SHAKESPEARE + "<|fim_prefix|>def f():<|fim_suffix|> return 1<|fim_middle|><|endofprompt|>"
+
+
+@pytest.fixture(scope="module", params=[None, 65536], ids=["uncut", "cut"])
+def cl100k(request, tmp_path_factory):
+    """A tiny model on cl100k_base, uncut (ids to 100,276 past the holes at 100,256 and 100,261-100,275) or cut to
+    65,536 (today's reserved ids), exported by `python -m tools.convert native2hf` and brought back by hf2native."""
+    pytest.importorskip("safetensors")
+    pytest.importorskip("tokenizers")
+    cut = request.param is not None
+    entry = {"kind": "tiktoken", "encoding": "cl100k_base", "vocab_size": request.param, "reserve_zero": cut,
+             "reserve_ones": cut}
+    enc = get_tokenizer("cl100k_base", request.param, cut, cut)
+    model = tiny("binary", vocab_size=enc.n_vocab, seed=3)
+    tmp = tmp_path_factory.mktemp("cl100k")
+    code, out, err = run("native2hf", save_native(model, tmp / "native", entry), tmp / "hf", real=True)
+    assert (code, err) == (0, ""), err
+    code, out, err = run("hf2native", tmp / "hf", tmp / "back")
+    assert (code, err) == (0, ""), err
+    return model, enc, entry, tmp
+
+
+def test_cl100k_export_comes_back_exact(cl100k):
+    model, enc, entry, tmp = cl100k
+    back, ckpt = load_checkpoint(str(tmp / "back"))
+    assert back.config == model.config and enc.n_vocab == (65536 if entry["vocab_size"] else 100277)
+    assert_same_model(model, back)
+    assert ckpt["tokenizer"] == entry
+    ids = enc.encode(CL100K_TEXT, allowed_special="all")
+    assert load_text_codec(ckpt, str(tmp / "back")).encode(CL100K_TEXT) == ids
+    assert (100276 in ids) == (entry["vocab_size"] is None)  # <|endofprompt|>: a special of the uncut encoding only
+    exported = load_text_codec({"tokenizer": {"kind": "hf", "file": "tokenizer.json"}}, str(tmp / "hf"))
+    assert exported.encode(CL100K_TEXT) == ids and exported.decode(ids) == CL100K_TEXT  # 1234567: 123 456 7
+
+
+def test_cl100k_export_is_the_same_model_and_tokenizer_in_transformers(cl100k):
+    transformers = pytest.importorskip("transformers")
+    model, enc, entry, tmp = cl100k
+    auto = transformers.AutoTokenizer.from_pretrained(str(tmp / "hf"))
+    ids = enc.encode(CL100K_TEXT, allowed_special="all")
+    assert auto(CL100K_TEXT, add_special_tokens=False)["input_ids"] == ids
+    assert auto.decode(ids) == CL100K_TEXT and auto.eos_token_id == enc.eot_token
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp / "hf"), dtype=torch.float32).eval()
+    x = torch.tensor([ids[: model.config.block_size]])
+    with torch.no_grad():
+        assert (model(x)[0] - hf(x).logits).abs().max().item() < 1e-4
+    prompt = x[:, :6]
+    theirs = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                         attention_mask=torch.ones_like(prompt))
+    assert torch.equal(generate(model, prompt, 12, temperature=0), theirs)
 
 
 # ------------------------------------------------------------------------------------ --layout auto

@@ -476,7 +476,8 @@ def test_a_diverged_state_is_never_saved(data_dir, tmp_path, capsys):
     assert run_main(train.main, flags(data_dir, fresh, lr=1e6, save_interval=1, eval_interval=0)) == 1
     err = capsys.readouterr().err
     assert re.fullmatch(r"error: validation diverged: loss \S+ above 2 ln V = 12\.48 at step 1: stopped without saving; "
-                        r"the last good checkpoint is untouched: none was written\. Try a lower --lr or --grad_clip\.\n", err), err
+                        r"the last good checkpoint is untouched: none was written\. Most likely at fault: --lr 1e\+06, "
+                        r"during the warmup \(below its peak\): try a lower --lr, or --grad_clip\.\n", err), err
     assert not (fresh / "ckpt.pt").exists() and train_log(fresh, "diverged")[0]["step"] == 1
     # the same on a resumed run: its last checkpoint survives byte for byte and still resumes
     run = tmp_path / "run"
@@ -489,6 +490,35 @@ def test_a_diverged_state_is_never_saved(data_dir, tmp_path, capsys):
     assert (run / "ckpt.pt").read_bytes() == good
     s = train.train(config(data_dir, run, max_steps=6, lr_decay_steps=10, resume=True))
     assert s["steps"] == 6 and s["final_val_loss"] < 6.3
+
+
+def test_a_divergence_names_the_setting_most_likely_at_fault(data_dir, tmp_path):
+    """--weight_decay 1e30 (AdamW's decoupled decay then multiplies each matrix by 1 - lr x wd, about -3e27) once
+    suggested a lower --lr: the message names the weight decay, from the run's own settings, and no lr change."""
+    rc, out, err = cli(*flags(data_dir, tmp_path, weight_decay=1e30, eval_interval=0))
+    assert (rc, err.count("\n")) == (1, 1) and err.startswith("error: ") and "at step 2: stopped without saving" in err
+    assert err.endswith("Most likely at fault: --weight_decay 1e+30: AdamW's decoupled decay scales each weight "
+                        "matrix by 1 - lr x weight_decay = -3e+27 a step, which zeroes or flips it: use a weight decay "
+                        "far below 1 / lr = 333.3 (0.1 is usual).\n"), err
+    assert "--lr" not in err and not (tmp_path / "ckpt.pt").exists()
+
+
+@pytest.mark.parametrize("settings, step, fault", [
+    (dict(lr=1e-3, weight_decay=1e30, warmup_steps=3), 2, "--weight_decay 1e+30: "),
+    (dict(lr=1.0, weight_decay=10, warmup_steps=3), 2, "--weight_decay 10: "),  # both extreme: the decay's is worse
+    (dict(lr=1e6, weight_decay=0.1, warmup_steps=3), 1, "--lr 1e+06, during the warmup (below its peak): "),
+    (dict(lr=1e6, weight_decay=0.1, warmup_steps=3), 5, "--lr 1e+06: try"),  # past the warmup, but no moderate lr
+    (dict(lr=6e-3, weight_decay=0.1, warmup_steps=0), 1, "--warmup_steps 0: the run diverged 1 step(s) after its "
+                                                         "warmup reached --lr 0.006: a longer warmup (e.g. "
+                                                         "--warmup_steps 100)"),
+    (dict(lr=6e-3, weight_decay=0.1, warmup_steps=50), 80, "--warmup_steps 50: the run diverged 30 step(s) after"),
+    (dict(lr=6e-3, weight_decay=0.1, warmup_steps=50), 101, "--lr 0.006: try a lower --lr, or --grad_clip"),
+    (dict(lr=6e-3, weight_decay=0.1, warmup_steps=50), 20, "--lr 0.006, during the warmup (below its peak): "),
+])
+def test_the_likely_fault_follows_the_runs_settings(settings, step, fault):
+    from stopping import likely_fault
+
+    assert likely_fault(SimpleNamespace(**settings), step).startswith(fault)
 
 
 def test_resume_on_data_of_another_tokenizer_says_so(data_dir, tmp_path, capsys):
@@ -882,3 +912,24 @@ def test_windows_that_start_with_a_constant_input_are_counted_before_the_first_s
     capsys.readouterr()
     assert run_main(train.main, flags(data, out, max_steps=1, eval_interval=0, overwrite=True, input="affine")) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_the_re_prepare_command_names_the_recorded_source_or_says_it_is_unknown(tmp_path, capsys, monkeypatch):
+    """Data prepared from a relative path in another folder (by the real command line there): the command train.py
+    prints names the file as meta.json records it, a path from any folder; data whose meta.json records no inputs
+    (prepared before it did, from a relative path) gets a command that says its inputs are unknown."""
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": f"Letter {i}. " + "My dear sister. " * (i % 3)})
+                                                 + "\n" for i in range(300)))
+    made = subprocess.run([sys.executable, str(ROOT / "prepare_data.py"), "docs.jsonl", "--out", "data", "--vocab_size",
+                           "512", "--workers", "1", "--no-reserve_ones"], cwd=tmp_path, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    data, meta_path = tmp_path / "data", tmp_path / "data" / "meta.json"
+    assert json.loads(meta_path.read_text())["inputs"] == [str(tmp_path / "docs.jsonl")]
+    monkeypatch.chdir(ROOT)
+    fix = "prepare the data with the ids that keep text off them: python prepare_data.py"
+    for inputs in (str(tmp_path / "docs.jsonl"), "'<INPUTS: unknown, its meta.json does not record them>'"):
+        capsys.readouterr()
+        assert run_main(train.main, flags(data, tmp_path / "out", max_steps=1, eval_interval=0, overwrite=True)) == 0
+        assert f"{fix} {inputs} --out {data} --encoding gpt2 --vocab_size 512 --overwrite\n" in capsys.readouterr().err
+        old = {k: v for k, v in json.loads(meta_path.read_text()).items() if k != "inputs"}
+        meta_path.write_text(json.dumps({**old, "sources": ["docs.jsonl"]}))

@@ -65,7 +65,7 @@ import sys
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
-quiet_interrupt()
+quiet_interrupt(__name__)
 
 import contextlib
 import copy
@@ -111,6 +111,8 @@ class BenchConfig:
     matmul_n: int | None = setting(None, "side of the measured square matmul (default: 2048 CPU, 8192 CUDA)")
     # sampling
     sample_preset: str = setting("small", "model preset for sampling")
+    sample_input: str = setting("binary", "input of the sampled model (its precision copies and int8 too)",
+                                choices=list(VARIANTS))
     prompt_len: int = setting(16, "prompt tokens")
     new_tokens: int = setting(64, "tokens generated")
     sample_batches: str = setting("1,8", "comma-separated batch sizes")
@@ -266,7 +268,7 @@ def hf_twin(model, tmp, device):
 
 def bench_sample(cfg, device, tmp, threads):
     torch.manual_seed(0)
-    model = M.GPT(M.get_config(cfg.sample_preset)).to(device).eval()
+    model = M.GPT(M.get_config(cfg.sample_preset, input=cfg.sample_input)).to(device).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(50)  # peaked logits: greedy picks are far from ties
     vocab = model.config.vocab_size
@@ -359,7 +361,8 @@ def bench_sample(cfg, device, tmp, threads):
                                                      / row["bandwidth_cpu"])
             rows.append(row)
     torch.set_num_threads(threads[0])
-    return {"preset": cfg.sample_preset, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens, "rows": rows,
+    return {"preset": cfg.sample_preset, "input": cfg.sample_input, "prompt_len": cfg.prompt_len,
+            "new_tokens": cfg.new_tokens, "rows": rows,
             "bandwidth_mb": cfg.bandwidth_mb,
             "weight_bytes": weight_bytes(model), "int8_weight_bytes": int8 and weight_bytes(int8),
             "int8_packed": int8 is not None and int8_packed}
@@ -662,7 +665,8 @@ def table(res) -> str:
                          f"{fmt(r['mfu_peak'] and 100 * r['mfu_peak'], '.1f')}{'%' if r['mfu_peak'] else ''} | {r['steps_timed']} |")
         lines.append("")
     if sa:
-        lines += [f"sampling: preset {sa['preset']}, prompt {sa['prompt_len']}, {sa['new_tokens']} new tokens, greedy, float32; "
+        lines += [f"sampling: preset {sa['preset']}, {sa['input']} input, prompt {sa['prompt_len']}, "
+                  f"{sa['new_tokens']} new tokens, greedy, float32; "
                   "tokens/s, and ratios to HF generate (matmuls alone: every weight times one row per token, the ceiling)",
                   "| threads | batch | KV cache | KV compiled | recompute | HF generate | matmuls alone | KV/HF | compiled/HF | "
                   "ceiling/HF | same tokens as HF (KV, compiled) |",
@@ -771,8 +775,8 @@ def table(res) -> str:
 # the settings each section reads (the others: device, sections, threads, json, read by the run as a whole):
 # one given for sections that are not run is refused, not ignored
 READ_BY = {"train": ("preset", "block_size", "batch_size", "train_repeats", "steps", "warmup", "compile", "matmul_n", "repeats"),
-           "sample": ("sample_preset", "prompt_len", "new_tokens", "sample_batches", "recompute", "sample_compile",
-                      "precisions", "int8", "bandwidth_mb", "repeats"),
+           "sample": ("sample_preset", "sample_input", "prompt_len", "new_tokens", "sample_batches", "recompute",
+                      "sample_compile", "precisions", "int8", "bandwidth_mb", "repeats"),
            "load": ("load_preset", "load_repeats", "load_tokens", "int8"),
            "prep": ("corpus", "prep_copies", "workers", "repeats"),
            "compile_cache": ("cache_preset", "cache_other", "prompt_len", "new_tokens", "cache_repeats")}

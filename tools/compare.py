@@ -31,7 +31,7 @@ import sys
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
-quiet_interrupt()
+quiet_interrupt(__name__)
 
 import hashlib
 import json
@@ -45,7 +45,7 @@ import torch
 
 from checkpoint import load_checkpoint
 from common import (atomic_write, config_parser, parse_settings, pick_device, preset_setting, resolve_presets, run_main,
-                    setting, writer_lock)
+                    setting, staged, writer_lock)
 from launch import pick_dtype
 from model import GPT, PRESETS, GPTConfig, code_bits, get_config
 from prepare_data import load_meta, prepare
@@ -337,11 +337,16 @@ def check_results(out, names):
                          "beside them): they are left alone; choose another --out")
 
 
-def write_results(out, report, results, png):
-    """results.md and results.json into out, atomically; the report (and where the plot went) to stdout."""
-    atomic_write(os.path.join(out, "results.md"), report)
-    atomic_write(os.path.join(out, "results.json"), json.dumps(results, indent=1))
-    print("\n" + report + (f"plot: {png}\n" if png else ""))
+def write_results(out, report, results, figure=None):
+    """results.md, results.json and the figure (name, draw: draw(path) writes it there -> path, or None without
+    matplotlib) into out, all or none (common.staged; results.json, which marks the folder as this study's, last);
+    the report, and where the figure went, to stdout."""
+    name, draw = figure or (None, None)
+    with staged(out, last=("results.json",)) as stage:
+        png = draw(os.path.join(stage, name)) if draw else None
+        atomic_write(os.path.join(stage, "results.md"), report)
+        atomic_write(os.path.join(stage, "results.json"), json.dumps(results, indent=1))
+    print("\n" + report + (f"plot: {os.path.join(out, name)}\n" if png else ""))
 
 
 def prepared(args):
@@ -400,9 +405,8 @@ def main(argv=None):
                   f"{args.block_size} tokens; {cfg.n_layer} layers x {cfg.n_embd}, {cfg.n_head} heads, vocab "
                   f"{cfg.vocab_size} (K = {cfg.code_bits} bits); data {args.data} ({meta['encoding']}, "
                   f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)")
-        png = plot(runs, os.path.join(args.out, "val_loss.png")) if runs else None
         write_results(args.out, f"{header}\n\n{table(rows)}\n\n{verdict(rows)}{diverged(every)}\n",
-                      {"rows": rows, "runs": every}, png)
+                      {"rows": rows, "runs": every}, ("val_loss.png", lambda path: plot(runs, path) if runs else None))
     return rows
 
 

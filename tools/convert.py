@@ -39,7 +39,7 @@ import sys
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
-quiet_interrupt()
+quiet_interrupt(__name__)
 
 import hashlib
 import json
@@ -588,7 +588,7 @@ def tiktoken_to_hf(enc):
     merges = [(a, b) for *_, a, b in sorted(merges)]
     tk = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True))
     tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(enc._pat_str), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(onig_pattern(enc._pat_str)), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tk.decoder = decoders.ByteLevel()
     for text, i in sorted(enc._special_tokens.items(), key=lambda kv: kv[1]):
@@ -596,6 +596,17 @@ def tiktoken_to_hf(enc):
         if tk.token_to_id(text) != i:
             raise ConversionError(f"special token {text} has id {i}, but tokenizer.json gives it {tk.token_to_id(text)}")
     return tk
+
+
+# an atom (\p{..}, an escape, a class, a character) with a possessive interval quantifier, {n,m}+
+POSSESSIVE_INTERVAL = re.compile(r"(\\[pP]\{\w+\}|\\.|\[(?:\\.|[^\]])*\]|[^\\()|])(\{\d+(?:,\d*)?\})\+")
+
+
+def onig_pattern(pattern):
+    r"""A tiktoken split regex as the tokenizers library's engine (Oniguruma) reads it the same: Oniguruma takes
+    `{n,m}+` for the interval repeated (one or more times), not possessive, so cl100k_base's `\p{N}{1,3}+` would keep
+    1234567 in one piece (tokens 123, 45, 67, not 123, 456, 7); an atomic group is the possessive it means."""
+    return POSSESSIVE_INTERVAL.sub(r"(?>\1\2)", pattern)
 
 
 def export_tokenizer(entry, ckpt_dir, out_dir, block_size):

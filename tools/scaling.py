@@ -38,7 +38,7 @@ import sys
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
-quiet_interrupt()
+quiet_interrupt(__name__)
 
 import json
 import math
@@ -468,10 +468,10 @@ def main(argv=None):
                   f"x{args.long_factor}), {args.seeds} seeds, lr {args.lr}, {args.n_head} heads; data {args.data} "
                   f"({meta['encoding']} cut to {meta['vocab_size']}, {meta['splits']['train']['tokens']:,} train / "
                   f"{meta['splits']['val']['tokens']:,} val tokens)")
-        png = plot(result, os.path.join(args.out, "scaling.png"))
         failed = "".join(f"\nDiverged, left out: {name} {r['variant']} seed {r['seed']}: {r['diverged']}" for name, r in failed)
         compare.write_results(args.out, f"{header}\n\n{table(rows)}\n\n{reading(result)}{failed}\n",
-                              {"rows": rows, "analysis": result, "runs": every}, png)
+                              {"rows": rows, "analysis": result, "runs": every},
+                              ("scaling.png", lambda path: plot(result, path)))
     return rows, result
 
 

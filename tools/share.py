@@ -36,7 +36,7 @@ import sys
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
-quiet_interrupt()
+quiet_interrupt(__name__)
 
 import math
 import statistics
@@ -437,8 +437,7 @@ def main(argv=None):
                   f"Along training (T = tokens per binary parameter; gap in perplexity):\n\n{curve_table(rows)}\n\n"
                   f"{reading(rows)}\n"
                   + "".join(f"\nDiverged, left out: {r['point']} {d}" for r in rows for d in r["diverged"]))
-        png = plot(rows, os.path.join(args.out, "share.png"))
-        compare.write_results(args.out, report, {"rows": rows, "runs": records}, png)
+        compare.write_results(args.out, report, {"rows": rows, "runs": records}, ("share.png", lambda path: plot(rows, path)))
     return rows
 
 
