@@ -56,7 +56,7 @@ def test_bogus_device_is_one_line(tiny_data, tmp_path, capsys):
 
 def test_unknown_option_value_is_refused_not_ignored(capsys):
     code, out, err = run(bench.main, ["--sections", "train,bogus"], capsys)  # once measured nothing and exited 0
-    assert (code, out, err) == (1, "", "error: unknown section(s) bogus: choose from train,sample,load,prep\n")
+    assert (code, out, err) == (1, "", "error: unknown section(s) bogus: choose from train,sample,load,prep,compile_cache\n")
     code, out, err = run(compare.main, ["--seeds", "0"], capsys)
     assert (code, out, err) == (1, "", "error: --seeds must be at least 1, got 0\n")
 
