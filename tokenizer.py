@@ -62,7 +62,11 @@ def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve
             name += tag
     pat_str = base["pat_str"]
     del base, ranks  # the uncut ranks are let go before the cut is built: a process holds only the cut
-    return tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=kept, special_tokens=specials)
+    enc = tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=kept, special_tokens=specials)
+    # and only once: its encoder holds them (in Rust), tiktoken keeps the dict only to pickle the encoding (which now
+    # fails loudly: rebuild a cut by get_tokenizer), ~7 MB at 65,536 tokens; mergeable_ranks() reads them back
+    enc._mergeable_ranks = None
+    return enc
 
 
 def encoding_parts(encoding: str) -> dict:
@@ -71,6 +75,15 @@ def encoding_parts(encoding: str) -> dict:
     needs only the ranks (an uncut cl100k_base held beside its cut: ~57 MiB more peak memory in sample.py)."""
     tiktoken.list_encoding_names()  # finds the constructors, once
     return tiktoken.registry.ENCODING_CONSTRUCTORS[encoding]()
+
+
+def mergeable_ranks(enc: tiktoken.Encoding) -> dict:
+    """Token bytes -> rank of an encoding: tiktoken's own dict, or, for a cut (get_tokenizer lets its dict go), read
+    back from its encoder: a cut's ids are every id below n_vocab, its special tokens' aside."""
+    if enc._mergeable_ranks is not None:
+        return enc._mergeable_ranks
+    specials = set(enc._special_tokens.values())
+    return {enc.decode_single_token_bytes(i): i for i in range(enc.n_vocab) if i not in specials}
 
 
 def all_ones_id(vocab_size: int) -> int:
@@ -116,7 +129,9 @@ class TiktokenText:
         return self.enc.decode(ids)
 
     def token_ids(self):
-        """Every id this encoding decodes (an uncut cl100k_base has gaps below its largest special id)."""
+        """Every id this encoding decodes (an uncut cl100k_base has gaps below its largest special id; a cut none)."""
+        if self.enc._mergeable_ranks is None:  # a cut (get_tokenizer)
+            return set(range(self.enc.n_vocab))
         return {*self.enc._mergeable_ranks.values(), *self.enc._special_tokens.values()}
 
     def decoder(self):

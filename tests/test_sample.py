@@ -427,3 +427,18 @@ def test_a_cut_tokenizer_holds_no_uncut_encoding():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stdout, r.stderr) == (0, "[]\n", "")
+
+
+def test_a_cut_holds_its_ranks_once():
+    """The cut's ranks live in its encoder alone (tiktoken's Python copy, ~7 MB at 65,536 tokens, kept only to pickle
+    it, goes): tokenizer.mergeable_ranks reads them back, and every id below the cut's size decodes."""
+    from tokenizer import encoding_parts, get_tokenizer, mergeable_ranks
+
+    plain, reserved = get_tokenizer("gpt2", 4096), get_tokenizer("gpt2", 4096, True, True)
+    assert plain._mergeable_ranks is None and reserved._mergeable_ranks is None
+    assert mergeable_ranks(plain) == {b: r for b, r in encoding_parts("gpt2")["mergeable_ranks"].items() if r < 4095}
+    ranks = mergeable_ranks(reserved)
+    assert sorted(ranks.values()) == [i for i in range(4096) if i != reserved.eot_token] and ranks[b"\x00"] == 0
+    assert all(reserved.decode_single_token_bytes(i) == b for b, i in ranks.items()) and ranks[b"\xff"] == 4095
+    assert TiktokenText(reserved).token_ids() == set(range(4096))
+    assert TiktokenText(get_tokenizer("gpt2")).token_ids() == set(range(50257))  # uncut: tiktoken's own, ranks kept

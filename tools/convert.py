@@ -53,7 +53,7 @@ from common import (LOCK_NAME, atomic_write, config_parser, file_problem, one_li
                     staged, writer_lock)
 from model import GPT, GPTConfig, canonical_code, code_bits
 from quantize import int8_checkpoint
-from tokenizer import file_in, load_text_codec
+from tokenizer import file_in, load_text_codec, mergeable_ranks
 
 # layout auto scores both layouts on this (any plain English works; a model that reads its input
 # through the wrong layout sees scrambled bits and cannot predict it)
@@ -568,7 +568,7 @@ def tiktoken_to_hf(enc):
         from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     except ImportError:
         raise ConversionError("writing tokenizer.json needs the tokenizers package: pip install tokenizers") from None
-    ranks = enc._mergeable_ranks
+    ranks = mergeable_ranks(enc)
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     rest = [n for n in range(256) if n not in bs]  # GPT-2's bytes_to_unicode: other bytes -> 256, 257, ...
     byte_char = {**{b: chr(b) for b in bs}, **{b: chr(256 + k) for k, b in enumerate(rest)}}
