@@ -246,6 +246,11 @@ def analyse(args, pts, records, metas):
     return rows
 
 
+def ppl_pct(gap):
+    """A gap in nats as a perplexity ratio - 1, in percent; inf where a fit's extrapolation overflows."""
+    return 100 * math.expm1(gap) if gap < 700 else math.inf
+
+
 def ms(xs, fmt, scale=1.0):
     """mean ± std of xs (times scale), or a dash when there is none."""
     if not xs:
@@ -283,9 +288,9 @@ def curve_table(rows, fractions=(1 / 8, 1 / 4, 1 / 2, 1)):
         fit = r["fit"]
         body.append([f"{r['text']} V={r['vocab']:,} {r['size']} ({100 * r['share']:.1f}%)", str(r["seeds"]), *cells,
                      "—" if not fit else f"{fit['b']:.2f} ({fit['b_range'][0]:.2f} to {fit['b_range'][1]:.2f})",
-                     "—" if not fit else f"{100 * (math.exp(fit['at_paper']) - 1):+.1f}% "
-                                         f"({100 * (math.exp(fit['at_paper_range'][0]) - 1):+.1f} to "
-                                         f"{100 * (math.exp(fit['at_paper_range'][1]) - 1):+.1f})"])
+                     "—" if not fit else f"{ppl_pct(fit['at_paper']):+.1f}% "
+                                         f"({ppl_pct(fit['at_paper_range'][0]):+.1f} to "
+                                         f"{ppl_pct(fit['at_paper_range'][1]):+.1f})"])
     header = [("point (table share)", "l"), ("seeds", "r")]
     header += [(f"at {f:g} of the run: T: gap", "r") for f in fractions]
     header += [("b in gap ~ T^-b (16-84%)", "r"), (f"gap at the paper's T = {PAPER['tokens_per_param']:.0f}", "r")]
@@ -365,7 +370,7 @@ def reading(rows):
     if axis:
         near = min(axis, key=lambda r: abs(r["share"] - PAPER["share"]))
         if fit := near["fit"]:
-            pct = lambda g: 100 * (math.exp(g) - 1)  # noqa: E731
+            pct = ppl_pct
             lo, hi = (pct(g) for g in fit["at_paper_range"])
             out.append(f"At the paper's regime (share {100 * PAPER['share']:.1f}%, "
                        f"T = {PAPER['tokens_per_param']:.0f}): our nearest point (V={near['vocab']:,}, share "
