@@ -4,6 +4,7 @@ the root on the import path of every test, tests/ included (`import model` works
 from pathlib import Path
 
 import pytest
+import torch
 
 from prepare_data import prepare
 
@@ -23,3 +24,12 @@ def tiny_data(tmp_path_factory):
         text.write_text("\n".join(lines))
     prepare([str(text)], str(folder / "data"), vocab_size=512, workers=1, progress=False)
     return str(folder / "data")
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Each test compiles from scratch: torch.compile allows a function 8 compiles a process (its recompile
+    limit), and the suite compiles GPT.forward for more models and cache sizes than that; one sample.py run
+    compiles it once per size class."""
+    yield
+    torch._dynamo.reset()
