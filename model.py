@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tokenizer import SMALL_VOCAB
+from tokenizer import MINI_VOCAB, SMALL_VOCAB
 
 
 # ----------------------------------------------------------------------------- the idea: a fixed binary code
@@ -132,7 +132,8 @@ class GPTConfig:
 PRESETS = {  # GPTConfig fields by name; the rest keep their defaults
     # the released checkpoints' shape: 32 x 1024, 32 heads, context 1024, V = 65,536, <pad> = 57,344
     "paper": dict(vocab_size=65536, block_size=1024, n_layer=32, n_head=32, n_embd=1024, pad_token_id=57344),
-    # the Shakespeare quickstart on a laptop CPU: GPT-2's tokenizer cut to 8,192 tokens (K = 13)
+    # CPU-sized: mini is train.py's default (the quick start; V = 512, K = 9), small the studies' (V = 8,192, K = 13)
+    "mini": dict(vocab_size=MINI_VOCAB, block_size=128, n_layer=4, n_head=4, n_embd=128),
     "small": dict(vocab_size=SMALL_VOCAB, block_size=256, n_layer=6, n_head=6, n_embd=384),
     "tiny": dict(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32),  # for tests: milliseconds a step
 }

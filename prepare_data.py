@@ -80,7 +80,7 @@ import tiktoken
 
 from common import (DISK_FULL, atomic_open, atomic_write, config_parser, file_problem, move_in, one_line, parse_settings,
                     run_main, setting, writer_lock)
-from tokenizer import SMALL_VOCAB, get_tokenizer
+from tokenizer import MINI_VOCAB, get_tokenizer
 
 MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
 DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
@@ -89,7 +89,7 @@ SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/da
 HUB = {"fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),
        "cosmopedia": ("HuggingFaceTB/cosmopedia", "web_samples_v2")}
 NAMED = ("shakespeare", *HUB)
-DEFAULT_VOCAB = {"shakespeare": SMALL_VOCAB}  # the quickstart's corpus: the small preset's vocabulary
+DEFAULT_VOCAB = {"shakespeare": MINI_VOCAB}  # the quick start's corpus: the mini preset's vocabulary
 EXTS = (".txt", ".jsonl", ".parquet")
 # compressed inputs: known by their first bytes (a gzip file needs no .gz), their suffix naming the compression
 MAGICS = {"gzip": re.compile(rb"\x1f\x8b"), "xz": re.compile(rb"\xfd7zXZ\x00"), "zstd": re.compile(rb"\x28\xb5\x2f\xfd"),
@@ -765,7 +765,7 @@ class PrepareConfig:
     out: str | None = setting(None, "output folder for train_*.bin, val_*.bin, meta.json (default for one named "
                                     "corpus: data/NAME)")
     encoding: str = setting("gpt2", f"tiktoken encoding: {', '.join(tiktoken.list_encoding_names())}")
-    vocab_size: int | None = setting(None, f"keep the first N-1 BPE ranks, EOT = N-1 (default: {SMALL_VOCAB} for "
+    vocab_size: int | None = setting(None, f"keep the first N-1 BPE ranks, EOT = N-1 (default: {MINI_VOCAB} for "
                                            "shakespeare, else the full encoding)")
     reserve_zero: bool = setting(True, "give id 0 (the all-zero binary code) to the NUL byte, which text does not "
                                        "contain; without it the ids are the encoding's own (as in data prepared "

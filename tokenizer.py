@@ -2,7 +2,8 @@
 Tokenizers: text <-> token ids, the one home of every script that turns text into ids or back.
 
 - get_tokenizer: a tiktoken encoding, optionally cut to a smaller vocabulary (what prepare_data.py
-  writes shards with, and what a native checkpoint's tokenizer entry names); SMALL_VOCAB, the default cut.
+  writes shards with, and what a native checkpoint's tokenizer entry names); MINI_VOCAB and SMALL_VOCAB,
+  the default cuts.
 - tiktoken_entry: that "tokenizer" entry, which train.py saves with every checkpoint.
 - TiktokenText, HFText: the two text codecs sample.py decodes with, a tiktoken encoding (native runs)
   or a tokenizer.json (converted releases; needs the `tokenizers` package), each with its end-of-text id.
@@ -19,8 +20,10 @@ import tiktoken
 import tiktoken.registry  # encoding_parts
 
 EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]  # end-of-text names, most common first
-# GPT-2's tokenizer cut to 8,192 tokens (K = 13 code bits): the vocabulary of the quick start (prepare_data.py's
-# default for shakespeare), the small preset and the studies; it keeps the output head (V x n_embd) CPU-sized
+# GPT-2's tokenizer cut to 512 tokens (K = 9 code bits): the quick start's vocabulary (prepare_data.py's default for
+# shakespeare, the mini preset); on a CPU's budget a small cut learns more per byte (docs/quickstart.md)
+MINI_VOCAB = 512
+# cut to 8,192 tokens (K = 13): the small preset's and the studies'; it keeps the output head (V x n_embd) CPU-sized
 SMALL_VOCAB = 8192
 
 

@@ -1,7 +1,7 @@
 """
 Train the binary-code GPT of model.py on token shards written by prepare_data.py.
 
-    python prepare_data.py shakespeare && python train.py    # the small model on tiny Shakespeare: one CPU or GPU
+    python prepare_data.py shakespeare && python train.py    # the mini model on tiny Shakespeare: one CPU or GPU
     python train.py --resume                                  # continue out/ckpt.pt (bit for bit on a CPU)
     torchrun --standalone --nproc_per_node=8 train.py --preset=paper --vocab_size=65536 --data_dir=data/paper \
         --batch_size=16 --grad_accum=4 --compile --max_steps=2000 --warmup_steps=100 --lr=6e-4 --min_lr=6e-5 \
@@ -46,12 +46,12 @@ class TrainConfig:
     # data and output
     data_dir: str = setting("data/shakespeare", "folder written by prepare_data.py (meta.json + shards)")
     out_dir: str = setting("out", "where ckpt.pt, best.pt and log.jsonl go (one run at a time: a second is refused)")
-    preset: str = setting("small", f"model preset from model.PRESETS: {' | '.join(PRESETS)}")
-    # optimisation (defaults: the small preset on a CPU in a few minutes; a GPU wants more of everything)
-    batch_size: int = setting(8, "sequences per micro-step per process")
+    preset: str = setting("mini", f"model preset from model.PRESETS: {' | '.join(PRESETS)}")
+    # optimisation (defaults: the quick start's, from a timed search, docs/quickstart.md; bigger models want less lr)
+    batch_size: int = setting(16, "sequences per micro-step per process")
     grad_accum: int = setting(1, "micro-steps per optimizer step")
-    max_steps: int = setting(200, "optimizer steps to train for (in total, counting resumed ones)")
-    lr: float = setting(1e-3, "peak learning rate")
+    max_steps: int = setting(600, "optimizer steps to train for (in total, counting resumed ones)")
+    lr: float = setting(3e-3, "peak learning rate")
     min_lr: float | None = setting(None, "learning rate at the end of the cosine decay (default: lr / 10)")
     warmup_steps: int = setting(20, "linear warmup steps")
     lr_decay_steps: int | None = setting(None, "step where the cosine reaches min_lr (default: max_steps)")
@@ -60,7 +60,7 @@ class TrainConfig:
     beta2: float = setting(0.95, "AdamW beta2")
     grad_clip: float = setting(1.0, "clip the global gradient norm to this (0: off; negative or nan is refused)")
     # evaluation, logging, checkpoints
-    eval_interval: int = setting(50, "evaluate every this many steps, and at the end (0: never)")
+    eval_interval: int = setting(200, "evaluate every this many steps, and at the end (0: never)")
     eval_steps: int = setting(8, "validation batches per process per evaluation")
     log_interval: int = setting(10, "print a log line every this many steps (log.jsonl gets every step)")
     save_interval: int = setting(100, "write ckpt.pt every this many steps (0: only at the end or on a signal)")

@@ -97,7 +97,7 @@ PREPARE = dict(inputs=["a.txt"], out="o", encoding="gpt2", vocab_size=None, rese
 
 @pytest.mark.parametrize("argv, values", [
     (["a.txt", "--out", "o"], {}),
-    (["shakespeare"], dict(inputs=["shakespeare"], out=os.path.join("data", "shakespeare"), vocab_size=8192)),
+    (["shakespeare"], dict(inputs=["shakespeare"], out=os.path.join("data", "shakespeare"), vocab_size=512)),
     (["notes/", "more.jsonl", "--out", "data/mine", "--vocab_size", "8e3"],
      dict(inputs=["notes/", "more.jsonl"], out="data/mine", vocab_size=8000)),
     (["--overwrite", "--no-reserve_zero", "--no-reserve_ones", "a.txt", "b.txt", "--out", "o", "--mix", "0.7", "--max_tokens", "1e9",

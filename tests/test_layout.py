@@ -103,12 +103,15 @@ def test_training_pulls_in_no_int8_code():
     assert (r.returncode, r.stdout, r.stderr) == (0, "\n", "")
 
 
-def test_the_small_preset_has_the_default_vocabulary():
-    """8,192 has one home, tokenizer.SMALL_VOCAB: the small preset, prepare_data.py's default for shakespeare and the
-    studies' default read it (no other file writes the number as code)."""
+def test_the_presets_have_the_default_vocabularies():
+    """The default cuts have one home each in tokenizer.py: MINI_VOCAB (512), read by the mini preset (train.py's
+    default) and prepare_data.py's default for shakespeare; SMALL_VOCAB (8,192), by the small preset and the studies'
+    default (no other file writes the numbers as code)."""
     from model import PRESETS
     from prepare_data import DEFAULT_VOCAB
-    from tokenizer import SMALL_VOCAB
+    from tokenizer import MINI_VOCAB, SMALL_VOCAB
     from tools.compare import DataSettings
+    from train import TrainConfig
 
-    assert PRESETS["small"]["vocab_size"] == DEFAULT_VOCAB["shakespeare"] == DataSettings().vocab_size == SMALL_VOCAB
+    assert PRESETS[TrainConfig().preset]["vocab_size"] == DEFAULT_VOCAB["shakespeare"] == MINI_VOCAB == 512
+    assert PRESETS["small"]["vocab_size"] == DataSettings().vocab_size == SMALL_VOCAB == 8192

@@ -292,7 +292,7 @@ def test_command_line_defaults_to_data_shakespeare(tmp_path):
     assert r.returncode == 0 and r.stderr == "" and r.stdout.splitlines()[-1] == "wrote data/shakespeare", r.stderr
     meta = P.load_meta(tmp_path / "data" / "shakespeare")
     assert meta["sources"] == [str(tmp_path / "cache" / "tinyshakespeare.txt")]
-    assert meta["vocab_size"] == 8192  # the small preset's vocabulary, unless --vocab_size says otherwise
+    assert meta["vocab_size"] == 512  # the mini preset's vocabulary (train.py's default), unless --vocab_size says otherwise
     assert sorted(os.listdir(tmp_path)) == ["cache", "data"] and os.listdir(tmp_path / "data") == ["shakespeare"]
 
 

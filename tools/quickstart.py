@@ -390,10 +390,21 @@ def grid_table(records, ref):
     return "\n".join(rows)
 
 
+def choice(records, ref):
+    """The search's pick, computed: the lowest loss per byte of the configurations that meet every target."""
+    ok = [r for r in records if verdict(r, ref)[1]]
+    return min(ok, key=lambda r: r["per_byte"]) if ok else None
+
+
 def report(records, ref, grid):
     parts = [f"Machine: {machine()}.", table(records, ref)]
     if grid:
         parts.append(grid_table(records, ref))
+    if grid and ref:
+        best = choice(records, ref)
+        parts.append("No configuration meets every target." if best is None else
+                     f"Chosen (the lowest nats/byte of those meeting every target): {best['name']}, "
+                     f"{best['per_byte']:.4f} nats/byte in {best['train_s']:.1f} s.")
     if ref:
         parts += [verdict(r, ref)[0] for r in records]
     for r in records + ([ref] if ref else []):
