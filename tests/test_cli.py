@@ -4,6 +4,7 @@ that style last (prepare_data, compare, scaling) read a command line into the va
 --quick's and --gpu's included."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -48,6 +49,11 @@ def test_a_library_run_as_a_script_says_what_to_run_instead():
         assert err.startswith(f"{f} is a library, not a command: ") and LIBRARIES[f] in err, err
 
 
+def as_in_a_terminal():
+    """A child's Ctrl-C as in a terminal: a shell's background job (a CI runner's `cmd &`) inherits SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 FAST = {"tools/gpu_check.py", "tools/lines.py"}  # import neither torch nor numpy: no slow import to interrupt
 
 
@@ -72,7 +78,8 @@ def test_ctrl_c_during_the_imports_is_one_line_and_exit_130(tmp_path, stand_in):
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     commands = [[s] for s in SCRIPTS if s not in FAST] + [["-m", "tools.convert"]]
     runs = {" ".join(c): subprocess.Popen([sys.executable, *c, "--help"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True) for c in commands}
+                                          stderr=subprocess.PIPE, text=True, preexec_fn=as_in_a_terminal)
+            for c in commands}
     for c, p in runs.items():
         out, err = p.communicate(timeout=120)
         assert (p.returncode, out, err) == (130, "", "interrupted\n"), c
@@ -85,7 +92,7 @@ def test_one_ctrl_c_during_the_imports_is_answered_when_they_end(tmp_path):
                                        "del sys.modules['numpy']\nsys.path.remove(os.path.dirname(__file__))\n"
                                        "import numpy\nopen(__file__ + '.done', 'w').close()\n")
     r = subprocess.run([sys.executable, "prepare_data.py", "--help"], cwd=ROOT, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120, preexec_fn=as_in_a_terminal)
     assert (r.returncode, r.stdout, r.stderr) == (130, "", "interrupted\n") and (tmp_path / "numpy.py.done").exists()
 
 
