@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from prepare_data import prepare
 from tools import compare
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository's
@@ -141,6 +142,29 @@ def test_a_rerun_with_other_settings_or_data_is_refused_not_mixed_in(data, tmp_p
     assert (p.returncode, stderr) == (1, f"error: {run} was trained on other data than {moved} holds now (its meta.json "
                                          "changed since): use another --out (or remove that folder to train it again)\n")
     assert files(out) == before
+
+
+def test_runs_moved_beside_their_data_prepared_again_read_back(data, tmp_path):
+    """A folder of runs unpacked elsewhere (docs/runs' archives), its data prepared again from the same text at
+    another path: the runs are read back (nothing trained), since the data is compared by content, not path."""
+    out = tmp_path / "out"
+    compare.main(["--data", data, "--out", str(out), "--variants", "learned", "--steps", "4", *TINY])
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(out, elsewhere / "out")
+    text = shutil.copy(Path(data).parent / "text.txt", tmp_path / "text.txt")
+    prepare([str(text)], str(elsewhere / "data"), vocab_size=512, workers=1, progress=False)
+    assert json.loads((elsewhere / "data" / "meta.json").read_text())["inputs"] == [str(text)]  # another path
+    run = elsewhere / "out" / "learned-seed0"
+    before = files(run)
+    compare.main(["--data", str(elsewhere / "data"), "--out", str(elsewhere / "out"), "--variants", "learned",
+                  "--steps", "4", *TINY])
+    assert files(run) == before  # read back, not trained again
+    # a final.json written before (the hash of meta.json's bytes, paths and all) still reads back where it was made
+    final = json.loads((out / "learned-seed0" / "final.json").read_text())
+    (out / "learned-seed0" / "final.json").write_text(json.dumps({**final, "data": compare.data_hash(data, legacy=True)}))
+    before = files(out / "learned-seed0")
+    compare.main(["--data", data, "--out", str(out), "--variants", "learned", "--steps", "4", *TINY])
+    assert files(out / "learned-seed0") == before
 
 
 def test_a_variant_named_twice_is_refused(data, tmp_path):

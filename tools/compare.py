@@ -143,8 +143,10 @@ def run_config(args, variant, seed):
     )
 
 
-# where and how a run executes, not what it trains: a run is continued or read back under other values of these
-PLACE = ("out_dir", "device", "compile", "resume", "overwrite")
+# where and how a run executes, not what it trains: a run is continued or read back under other values of these.
+# The data is compared by content, not path (final.json's hash here, train.py's fingerprint on resume): a folder
+# of runs unpacked or moved elsewhere, beside its data prepared again, reads back.
+PLACE = ("out_dir", "data_dir", "device", "compile", "resume", "overwrite")
 
 
 def check_settings(cfg):
@@ -159,7 +161,7 @@ def check_settings(cfg):
         with open(log) as f:
             starts = [e["train_config"] for e in map(json.loads, f) if e.get("event") == "start"]
         for was in starts:  # a setting added since that run is at its default there: it did what the default does
-            was = {**asdict(TrainConfig()), **was, "data_dir": os.path.abspath(was["data_dir"])}
+            was = {**asdict(TrainConfig()), **was}
             if diff := [k for k in asked if was.get(k) != asked[k]]:
                 raise ValueError(f"{cfg.out_dir} was trained with {', '.join(f'{k}={was.get(k)}' for k in diff)}, "
                                  f"but this command asks for {', '.join(f'{k}={asked[k]}' for k in diff)}: its results "
@@ -172,15 +174,21 @@ def check_settings(cfg):
     if os.path.exists(final):
         with open(final) as f:
             was = json.load(f).get("data")
-        if was is not None and was != data_hash(cfg.data_dir):
+        if was is not None and was not in (data_hash(cfg.data_dir), data_hash(cfg.data_dir, legacy=True)):
             raise ValueError(f"{cfg.out_dir} was trained on other data than {cfg.data_dir} holds now (its meta.json "
                              "changed since): use another --out (or remove that folder to train it again)")
 
 
-def data_hash(data_dir):
-    """A fingerprint of a prepared folder: its meta.json names every shard and its token count."""
+def data_hash(data_dir, legacy=False):
+    """A fingerprint of a prepared folder's contents: its meta.json (the tokenizer, every shard, each split's token,
+    byte and document counts) less the paths the text was read from, so the same text prepared elsewhere matches.
+    legacy: the hash of meta.json's bytes, paths and all, that final.json held before."""
     with open(os.path.join(data_dir, "meta.json"), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:16]
+        raw = f.read()
+    if not legacy:
+        meta = {k: v for k, v in json.loads(raw).items() if k not in ("inputs", "sources")}
+        raw = json.dumps(meta, sort_keys=True).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
 
 
 def run_one(args, meta, variant, seed):
