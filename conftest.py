@@ -1,6 +1,7 @@
 """Fixtures shared by the test files that train small models. This file sits at the root so that pytest puts
 the root on the import path of every test, tests/ included (`import model` works there as here)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,9 @@ def fresh_compiler():
     compiles it once per size class."""
     yield
     torch._dynamo.reset()
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (the -n of pytest.ini) each worker takes its share of the cores: N workers each running
+    torch on every core would fight over them."""
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))))
