@@ -13,7 +13,8 @@ Design choices, up front:
 - Runs live in <out>/<input>-seed<k>/. A finished run (its final.json, written last) is read back, not
   retrained; an interrupted one resumes from its checkpoint. Stop and rerun freely. Either only when
   the run was trained with the settings asked for now (its log's start records say) on the data its
-  final.json names (a hash of meta.json): a rerun with another --steps, --lr, ... into the same --out
+  final.json names (a hash of meta.json less its input paths: a folder of runs moved or unpacked elsewhere
+  reads back beside the same text prepared there): a rerun with another --steps, --lr, ... into the same --out
   is refused, naming what differs. One comparison writes a folder at a time (a second is refused
   while the first holds <out>/.writer.lock).
 - The curve's evaluations use eval_batches fixed validation batches; the final validation loss, computed
