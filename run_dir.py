@@ -5,6 +5,7 @@ where it stopped (optimizer, step, data position, RNG streams), on the data it w
 """
 
 import hashlib
+import json
 import os
 import sys
 
@@ -156,10 +157,22 @@ def check_training_state(ckpt, source):
                          "start from its weights with --init_from")
 
 
-def data_fingerprint(folder, meta):
-    """A short hash of meta.json's bytes and every shard's name and size: what a checkpoint's data position
-    indexes. Preparing the folder again (other text, other settings) changes it."""
-    h = hashlib.sha256(open(os.path.join(folder, "meta.json"), "rb").read())
+def meta_identity(raw: bytes, legacy=False) -> bytes:
+    """meta.json's bytes less the paths its text was read from ("inputs", "sources"), canonical: what the data is,
+    wherever the text lay. legacy: the bytes as they are, paths and all (what the fingerprints hashed before)."""
+    if legacy:
+        return raw
+    meta = {k: v for k, v in json.loads(raw).items() if k not in ("inputs", "sources")}
+    return json.dumps(meta, sort_keys=True).encode()
+
+
+def data_fingerprint(folder, legacy=False):
+    """A short hash of meta_identity and every shard's name and size: what a checkpoint's data position indexes.
+    Preparing the folder again from other text or settings changes it; from the same text at another path does not."""
+    with open(os.path.join(folder, "meta.json"), "rb") as f:
+        raw = f.read()
+    meta = json.loads(raw)
+    h = hashlib.sha256(meta_identity(raw, legacy))
     for split in sorted(meta["splits"]):
         for name in meta["splits"][split]["shards"]:
             h.update(f"\n{split}/{name}:{os.path.getsize(os.path.join(folder, name))}".encode())
@@ -174,7 +187,7 @@ def check_same_data(run, ckpt, source):
     if saved is None and run.rank == 0:
         print(f"note: {source} predates data fingerprints: cannot check that {run.cfg.data_dir} holds the data it was "
               "reading", file=sys.stderr)
-    elif saved is not None and saved != run.data_id:
+    elif saved is not None and saved not in (run.data_id, data_fingerprint(run.cfg.data_dir, legacy=True)):
         raise ValueError(f"{source} was reading other data than {run.cfg.data_dir} now holds (fingerprint {saved}, now "
                          f"{run.data_id}: meta.json or the shards changed): its saved position would index other "
                          "windows. Resume on the data it was reading, or start from its weights with --init_from")

@@ -141,7 +141,7 @@ def set_up(cfg, rank, world, device, distributed, out_lock):
     flops = raw_model.flops_per_token(mcfg.block_size)
     log = Log(cfg, rank == 0, world, mcfg.block_size, flops, cfg.peak_flops or peak_flops(device))
     run = Run(cfg, rank, world, device, distributed, model, raw_model, optimizer, train_split, val_split, autocast,
-              tiktoken_entry(meta), data_fingerprint(cfg.data_dir, meta), log)
+              tiktoken_entry(meta), data_fingerprint(cfg.data_dir), log)
     state = State()
     if cfg.resume:
         restore(run, state, ckpt, source)  # optimizer, step, data position, RNG: exactly where it stopped

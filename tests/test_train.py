@@ -25,6 +25,7 @@ import torch
 import launch
 import prepare_data
 import preflight
+import run_dir
 import train
 from common import LOCK_NAME, run_main
 from checkpoint import load_checkpoint
@@ -633,6 +634,25 @@ def test_resume_on_other_data_is_refused(data_dir, tmp_path):
     rc, out, err = cli(*flags(data_dir, run, max_steps=3, resume=True))
     assert (rc, err) == (0, f"note: {run / 'ckpt.pt'} predates data fingerprints: cannot check that {data_dir} holds "
                             "the data it was reading\n")
+
+
+def test_resume_beside_the_same_text_prepared_elsewhere_continues(data_dir, tmp_path):
+    """The data is its content, not the path its text was read from: a run resumes on the same text prepared again
+    from another path (to the same steps and weights as an unbroken run), and a checkpoint whose fingerprint
+    hashed meta.json's paths too (before) still resumes where it was made."""
+    whole = train.train(config(data_dir, tmp_path / "whole", max_steps=6))
+    train.train(config(data_dir, tmp_path / "run", max_steps=3))
+    text = shutil.copy(data_dir.parent / "corpus.txt", tmp_path / "moved.txt")
+    prepare([str(text)], str(tmp_path / "again"), vocab_size=512, workers=1, progress=False)
+    assert json.loads((tmp_path / "again" / "meta.json").read_text())["inputs"] == [str(text)]
+    resumed = train.train(config(tmp_path / "again", tmp_path / "run", max_steps=6, resume=True))
+    assert resumed["final_val_loss"] == whole["final_val_loss"]
+    a, b = (torch.load(tmp_path / r / "ckpt.pt", weights_only=True)["model"] for r in ("whole", "run"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ckpt = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)
+    ckpt["data"]["fingerprint"] = run_dir.data_fingerprint(str(tmp_path / "again"), legacy=True)
+    torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
+    assert train.train(config(tmp_path / "again", tmp_path / "run", max_steps=7, resume=True))["steps"] == 7
 
 
 def test_fine_tuning_a_tokenizer_json_model_on_tiktoken_data_is_refused(data_dir, tmp_path):

@@ -50,6 +50,7 @@ from common import (atomic_write, config_parser, parse_settings, pick_device, pr
 from launch import pick_dtype
 from model import GPT, PRESETS, GPTConfig, code_bits, get_config
 from prepare_data import load_meta, prepare
+from run_dir import meta_identity
 from tokenizer import SMALL_VOCAB
 from train import TrainConfig, train
 from windows import Split
@@ -181,15 +182,11 @@ def check_settings(cfg):
 
 
 def data_hash(data_dir, legacy=False):
-    """A fingerprint of a prepared folder's contents: its meta.json (the tokenizer, every shard, each split's token,
-    byte and document counts) less the paths the text was read from, so the same text prepared elsewhere matches.
-    legacy: the hash of meta.json's bytes, paths and all, that final.json held before."""
+    """A fingerprint of a prepared folder's contents: run_dir.meta_identity (meta.json: the tokenizer, every shard,
+    each split's token, byte and document counts; not the paths the text was read from), so the same text prepared
+    elsewhere matches. legacy: the hash of meta.json's bytes, paths and all, that final.json held before."""
     with open(os.path.join(data_dir, "meta.json"), "rb") as f:
-        raw = f.read()
-    if not legacy:
-        meta = {k: v for k, v in json.loads(raw).items() if k not in ("inputs", "sources")}
-        raw = json.dumps(meta, sort_keys=True).encode()
-    return hashlib.sha256(raw).hexdigest()[:16]
+        return hashlib.sha256(meta_identity(f.read(), legacy)).hexdigest()[:16]
 
 
 def run_one(args, meta, variant, seed):
