@@ -46,420 +46,38 @@ Design choices:
   unmarked .partial folder is refused by name, with or without --overwrite.
 """
 
-from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
 quiet_interrupt(__name__)
 
 import argparse
-import bz2
 import contextlib
-import glob
-import gzip
-import io
 import json
-import lzma
 import math
 import multiprocessing as mp
 import os
 import random
 import re
-import shlex
 import signal
-import stat
-import struct
 import sys
 import time
-import urllib.request
-import zlib
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
 
 import numpy as np
 import tiktoken
 
-from common import (DISK_FULL, atomic_open, atomic_write, config_parser, file_problem, move_in, one_line, parse_settings,
-                    run_main, setting, writer_lock)
-from tokenizer import MINI_VOCAB, get_tokenizer
+from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
+from bincode_gpt.files import atomic_write, DISK_FULL, move_in, writer_lock
+from bincode_gpt.shards import is_meta, MAGIC, PREPARED_DEFAULTS, ShardWriter, token_dtype, VERSION
+from bincode_gpt.inputs import check_inputs, NAMED, read_documents, resolve_input
+from bincode_gpt.tokenizer import get_tokenizer
 
-MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
-DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 PIECE_CHARS = 1 << 18  # size of the units sent to workers; does not change the output
-SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-HUB = {"fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),
-       "cosmopedia": ("HuggingFaceTB/cosmopedia", "web_samples_v2")}
-NAMED = ("shakespeare", *HUB)
-DEFAULT_VOCAB = {"shakespeare": MINI_VOCAB}  # the quick start's corpus: the mini preset's vocabulary
-EXTS = (".txt", ".jsonl", ".parquet")
-# compressed inputs: known by their first bytes (a gzip file needs no .gz), their suffix naming the compression
-MAGICS = {"gzip": re.compile(rb"\x1f\x8b"), "xz": re.compile(rb"\xfd7zXZ\x00"), "zstd": re.compile(rb"\x28\xb5\x2f\xfd"),
-          "bz2": re.compile(rb"BZh[1-9](\x31\x41\x59\x26\x53\x59|\x17\x72\x45\x38\x50\x90)")}  # a block or the end
-PACKED = {".gz": "gzip", ".gzip": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
-
-
-class ShardError(ValueError):
-    """A shard file or a prepared data folder is missing, malformed or truncated."""
-
-
-# ---------------------------------------------------------------- tokenizer
-def token_dtype(n_vocab: int) -> np.dtype:
-    return DTYPES[2] if n_vocab <= 1 << 16 else DTYPES[4]
-
-
-# ---------------------------------------------------------------- shards and meta.json
-def write_shard(path, tokens: np.ndarray) -> None:
-    """Write 1-d `tokens` atomically to `path`; uint16/uint32 are kept, other integers narrowed."""
-    tokens = np.asarray(tokens)
-    if tokens.dtype not in (np.uint16, np.uint32):
-        if tokens.dtype.kind not in "ui" or tokens.size and (tokens.min() < 0 or tokens.max() >= 1 << 32):
-            raise ValueError(f"{path}: token ids must be integers in [0, 2**32), got {tokens.dtype}")
-        tokens = tokens.astype(token_dtype(int(tokens.max(initial=0)) + 1))
-    tokens = np.ascontiguousarray(tokens.ravel(), DTYPES[tokens.itemsize])  # little-endian on any host
-    with atomic_open(path) as f:
-        f.write(HEADER.pack(MAGIC, VERSION, tokens.itemsize, tokens.size))
-        f.write(tokens.data)
-
-
-def read_shard(path) -> np.ndarray:
-    """A read-only memmap of the tokens in a shard; ShardError if it is malformed."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(HEADER.size)
-    if len(head) < HEADER.size:
-        raise ShardError(f"{path}: truncated header ({size} bytes)")
-    magic, version, width, count = HEADER.unpack(head)
-    if magic != MAGIC:
-        raise ShardError(f"{path}: not a token shard (magic {magic!r})")
-    if version != VERSION or width not in DTYPES:
-        raise ShardError(f"{path}: unsupported shard version {version} / token width {width}")
-    body = size - HEADER.size
-    if body != count * width:
-        what = "truncated" if body < count * width else "longer than its header says"
-        raise ShardError(f"{path}: {what}: header says {count} tokens ({count * width} bytes), body has {body}")
-    if count == 0:  # np.memmap cannot map zero bytes
-        empty = np.zeros(0, DTYPES[width])
-        empty.flags.writeable = False
-        return empty
-    return np.memmap(path, dtype=DTYPES[width], mode="r", offset=HEADER.size, shape=(count,))
-
-
-def load_meta(folder) -> dict:
-    """meta.json of a prepared folder; ShardError naming the file if it is missing, lacks what its
-    readers use (vocab_size, encoding, the splits' shards and token counts) or lists missing shards."""
-    path = Path(folder) / "meta.json"
-    if not os.fspath(folder):  # else meta.json would be looked for in the current folder
-        raise ValueError("--data_dir is '' (empty): name a folder")
-    problem = file_problem(path)
-    if problem == "no such file":
-        raise ShardError(f"{folder}: no meta.json; prepare the data first "
-                         "(`python prepare_data.py shakespeare` writes the default, data/shakespeare)")
-    if problem:
-        raise ShardError(f"{path}: {problem}; prepare the data again, or point at the folder it is in")
-    try:
-        meta = json.loads(path.read_bytes())
-    except ValueError as e:  # not JSON, or not UTF-8
-        raise ShardError(f"{path}: not valid JSON ({e})") from None
-    if not is_meta(meta):
-        raise ShardError(f"{path}: malformed: needs a positive vocab_size, an encoding and splits "
-                         '{"train": {"shards": [file names], "tokens": N}, ...}; prepare the folder again')
-    missing = [s for split in meta["splits"].values() for s in split["shards"] if not (Path(folder) / s).is_file()]
-    if missing:
-        raise ShardError(f"{folder}: missing shards {missing[:3]}")
-    return meta
-
-
-def is_meta(meta) -> bool:
-    """Whether parsed JSON is a prepared folder's meta.json (what its readers use is there and well-formed)."""
-    splits = meta.get("splits") if isinstance(meta, dict) else None
-    return bool(isinstance(splits, dict) and all(map(_is_split, splits.values())) and splits.get("train", {}).get("shards")
-                and type(meta.get("vocab_size")) is int and meta["vocab_size"] > 0 and isinstance(meta.get("encoding"), str)
-                and isinstance(meta.get("reserve_zero", False), bool) and isinstance(meta.get("reserve_ones", False), bool))
-
-
-def _is_split(split) -> bool:
-    """{"shards": [names], "tokens": N, ...}; a name is a plain file name, so it cannot reach outside the folder."""
-    return (isinstance(split, dict) and type(split.get("tokens")) is int and isinstance(split.get("shards"), list)
-            and all(isinstance(s, str) and s == Path(s).name and s not in ("", "..") for s in split["shards"]))
-
-
-class ShardWriter:
-    """Buffers one split's tokens and writes them out in shards of exactly `shard_tokens`."""
-
-    def __init__(self, out_dir: Path, split: str, shard_tokens: int, dtype: np.dtype):
-        self.out_dir, self.split, self.size, self.dtype = out_dir, split, shard_tokens, dtype
-        self.buf, self.buffered, self.shards = [], 0, []
-        self.tokens = self.bytes = self.documents = 0
-
-    def add(self, tokens: np.ndarray, nbytes: int) -> None:
-        """One whole document (its tokens end with EOT) and its UTF-8 size."""
-        self.buf.append(tokens)
-        self.buffered += len(tokens)
-        self.tokens, self.bytes, self.documents = self.tokens + len(tokens), self.bytes + nbytes, self.documents + 1
-        if self.buffered >= self.size:
-            flat = np.concatenate(self.buf)
-            full = len(flat) - len(flat) % self.size
-            for i in range(0, full, self.size):
-                self._write(flat[i:i + self.size])
-            self.buf, self.buffered = [flat[full:]], len(flat) - full
-
-    def _write(self, tokens: np.ndarray) -> None:
-        name = f"{self.split}_{len(self.shards):06d}.bin"
-        write_shard(self.out_dir / name, tokens.astype(self.dtype, copy=False))
-        self.shards.append(name)
-
-    def close(self) -> dict:
-        if self.buffered:
-            self._write(np.concatenate(self.buf))
-        return {"shards": self.shards, "tokens": self.tokens, "bytes": self.bytes, "documents": self.documents}
-
-
-# ---------------------------------------------------------------- inputs
-def resolve_inputs(inputs: list[str]) -> list[str]:
-    """Expand folders and globs to sorted files, fetch named corpora; fail before any work."""
-    return [f for arg in inputs for f in resolve_input(arg)]
-
-
-def resolve_input(arg: str) -> list[str]:
-    """The files (or the one Hub source) one named input stands for."""
-    if os.path.isdir(arg):
-        files = sorted(str(p) for p in Path(arg).rglob("*") if input_type(p) in EXTS and not p.is_dir())
-        if not files:
-            raise ValueError(f"{arg}: folder holds no {'/'.join(EXTS)} files (nor compressed ones: {', '.join(PACKED)})")
-        return [regular_file(f) for f in files]
-    if os.path.lexists(arg):
-        return [regular_file(arg)]
-    if arg in HUB or arg.startswith("hf:"):
-        return [arg]
-    if arg == "shakespeare":
-        return [download(SHAKESPEARE_URL, Path(os.environ.get("BCGPT_CORPUS_CACHE", "data")) / "tinyshakespeare.txt")]
-    if any(c in arg for c in "*?["):
-        files = sorted(f for f in glob.glob(arg, recursive=True) if not os.path.isdir(f))
-        if not files:
-            raise ValueError(f"{arg}: no files match this pattern")
-        return [regular_file(f) for f in files]
-    raise ValueError(f"{arg}: no such file or folder (named inputs: {', '.join(NAMED)}, hf:REPO[:CONFIG])")
-
-
-KINDS = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISFIFO: "a named pipe (FIFO)",
-         stat.S_ISSOCK: "a socket"}
-
-
-def regular_file(path: str) -> str:
-    """`path` if it is a regular file (or a symlink to one); else a ValueError saying what it is: a
-    device or a pipe is not text to read to its end."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
-    if stat.S_ISREG(mode):
-        return path
-    kind = next((k for test, k in KINDS.items() if test(mode)), "not a regular file")
-    link = f"a symlink to {os.path.realpath(path)}, " if os.path.islink(path) else ""
-    raise ValueError(f"{path}: {link}{kind}, not a file: give a text file, a folder or a named corpus")
-
-
-def download(url: str, path: Path) -> str:
-    """`path`, downloading `url` there unless it is already there."""
-    if not path.exists():
-        print(f"downloading {url} -> {path}", file=sys.stderr)
-        try:
-            with urllib.request.urlopen(url, timeout=60) as r:
-                data = r.read()
-        except OSError as e:
-            raise OSError(f"could not download {url} ({e}); save it as {path} by hand, "
-                          f"or set BCGPT_CORPUS_CACHE to a folder that holds {path.name}") from None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, data)
-    return str(path)
-
-
-def input_type(path) -> str:
-    """The type of an input file by its name, in any case, a compression suffix dropped: docs.JSONL.GZ -> .jsonl."""
-    name = Path(path).name.lower()
-    for suffix in PACKED:
-        name = name.removesuffix(suffix)
-    return Path(name).suffix
-
-
-def compression(path) -> str | None:
-    """gzip, bz2, xz, zstd or None (plain), by the file's first bytes; a ValueError if its suffix names a
-    compression its bytes are not."""
-    with open(path, "rb") as f:
-        head = f.read(10)
-    found = next((name for name, magic in MAGICS.items() if magic.match(head)), None)
-    named = PACKED.get(Path(path).suffix.lower())
-    if named and found != named:
-        raise ValueError(f"{path}: named {Path(path).suffix} but is not {named} data (it starts with {head[:4]!r})")
-    return found
-
-
-def open_input(path, packing: str | None):
-    """`path` as a binary file that decompresses as it is read (standard library; zstd through the optional
-    zstandard package)."""
-    if packing == "zstd":
-        raw = zstandard(path).ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True, closefd=True)
-        return io.BufferedReader(raw)
-    return {"gzip": gzip.open, "bz2": bz2.open, "xz": lzma.open, None: open}[packing](path, "rb")
-
-
-def zstandard(path):
-    """The optional zstandard package, or a ValueError saying that `path` needs it."""
-    try:
-        import zstandard
-    except ImportError:
-        raise ValueError(f"{path}: zstd-compressed: reading it needs the optional zstandard package "
-                         "(pip install zstandard), or decompress it first (unzstd)") from None
-    return zstandard
-
-
-def broken_archive(e: BaseException) -> bool:
-    """Whether a decompressor's exception says its data is truncated or corrupt."""
-    zstd = sys.modules.get("zstandard")
-    return isinstance(e, (EOFError, OSError, zlib.error, lzma.LZMAError, *([zstd.ZstdError] if zstd else [])))
-
-
-def check_inputs(sources: list[str], text_field: str) -> int | None:
-    """Open every input and read its first document, so that a missing, unreadable, undecodable or
-    empty input (or a missing optional package) fails before any work; a compressed file is read to its
-    end, so that a truncated or corrupt one fails then too (decompressing is fast beside tokenizing).
-    Returns the inputs' uncompressed bytes (for the progress line), None if one streams from the Hub."""
-    total = 0
-    for source in sources:
-        local = os.path.isfile(source)
-        size = uncompressed_size(source) if local else None  # first: a truncated archive may end in its first document
-        with contextlib.closing(read_documents(source, text_field)) as docs:
-            if next(docs, None) is None:
-                raise ValueError(f"{source}: no documents (no record has a non-empty {text_field!r})")
-        total = total + size if local and total is not None else None
-    return total
-
-
-def uncompressed_size(path) -> int:
-    """The bytes of a file once decompressed; a ValueError naming it if its archive is truncated or corrupt."""
-    packing = compression(path)
-    if packing is None:
-        return os.path.getsize(path)
-    size = 0
-    try:
-        if packing == "zstd":  # zstandard's reader ends quietly at a cut-off frame: its decompressor says so
-            return zstd_size(path)
-        with open_input(path, packing) as f:
-            while chunk := f.read(1 << 20):
-                size += len(chunk)
-    except Exception as e:
-        if not broken_archive(e):
-            raise
-        raise ValueError(f"{path}: not readable {packing} data, truncated or corrupt ({one_line(e)})") from None
-    return size
-
-
-def zstd_size(path) -> int:
-    """The decompressed size of a file of zstd frames; EOFError if the last one is cut off."""
-    size, obj, dctx = 0, None, zstandard(path).ZstdDecompressor()
-    with open(path, "rb") as f:
-        while data := f.read(1 << 20):
-            while data:
-                obj = obj if obj and not obj.eof else dctx.decompressobj()
-                size += len(obj.decompress(data))
-                data = obj.unused_data if obj.eof else b""
-    if obj is None or not obj.eof:
-        raise EOFError("the last zstd frame is cut off")
-    return size
-
-
-def read_documents(source: str, text_field: str = "text"):
-    """The documents (str) of one input: a file (compressed or not), a Hub alias or hf:REPO[:CONFIG]."""
-    if source in HUB or source.startswith("hf:"):
-        repo, config = HUB[source] if source in HUB else (source[3:].split(":", 1) + [None])[:2]
-        yield from hub_documents(repo, config, text_field)
-        return
-    packing = compression(source)
-    try:
-        yield from file_documents(source, packing, text_field)
-    except Exception as e:
-        if packing is None or not broken_archive(e):
-            raise
-        raise ValueError(f"{source}: not readable {packing} data, truncated or corrupt ({one_line(e)})") from None
-
-
-def file_documents(source: str, packing: str | None, text_field: str):
-    """The documents of a .txt (one), .jsonl or .parquet file, by its type (input_type); `packing` its compression."""
-    kind = input_type(source)
-    if os.path.getsize(source) == 0:
-        raise ValueError(f"{source}: empty file")
-    elif kind == ".jsonl":
-        offset = 0  # of the line, in the uncompressed bytes
-        with open_input(source, packing) as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        record = json.loads(decode_utf8(line, source, offset).removeprefix(BOM))
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{source}:{lineno}: invalid JSON ({e.msg})") from None
-                    except RecursionError:  # the parser recurses once per bracket
-                        raise ValueError(f"{source}:{lineno}: JSON nested too deeply to read (not a text record)") from None
-                    yield from record_texts([record], text_field, f"{source}:{lineno}")
-                offset += len(line)
-    elif kind == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ValueError(f"{source}: reading .parquet needs the optional pyarrow package (pip install pyarrow)") from None
-        if packing:  # parquet reads its footer first: a compressed file is decompressed into memory (its columns
-            with open_input(source, packing) as f:  # are compressed inside the file anyway, so this is rare)
-                data = f.read()
-        table = pq.ParquetFile(io.BytesIO(data) if packing else source)
-        if text_field not in table.schema_arrow.names:
-            raise ValueError(f"{source}: no column {text_field!r} (has {table.schema_arrow.names}; try --text_field)")
-        for batch in table.iter_batches(columns=[text_field]):  # nulls skipped; a value that is no string refused
-            yield from record_texts(({text_field: t} for t in batch.column(0).to_pylist() if t is not None), text_field,
-                                    source)
-    else:
-        with open_input(source, packing) as f:
-            data = f.read()
-        if not data:
-            raise ValueError(f"{source}: empty file (once decompressed)")
-        text = decode_utf8(data, source).removeprefix(BOM)
-        if not text.strip():
-            raise ValueError(f"{source}: empty file (only whitespace)")
-        yield text
-
-
-BOM = "\ufeff"  # a byte-order mark (Windows editors write one at a file's start) is not text: dropped at document starts
-
-
-def decode_utf8(data: bytes, name: str, offset: int = 0) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{name}: not valid UTF-8 at byte offset {offset + e.start}") from None
-
-
-def record_texts(records, text_field: str, name: str):
-    """The non-empty `text_field` strings of dict records (JSONL lines, Hub rows)."""
-    for record in records:
-        text = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(text, str):
-            raise ValueError(f"{name}: record has no string field {text_field!r} (try --text_field)")
-        try:
-            text.encode("utf-8")  # a JSON "\\ud800" escape decodes to a lone surrogate, which is no text
-        except UnicodeEncodeError as e:
-            raise ValueError(f"{name}: {text_field!r} holds a lone surrogate (\\u{ord(text[e.start]):04x}) at character "
-                             f"{e.start}, which is not Unicode text") from None
-        text = text.removeprefix(BOM)
-        if text:
-            yield text
-
-
-def hub_documents(repo: str, config: str | None, text_field: str = "text"):
-    """Stream a Hugging Face Hub dataset's train split through the optional `datasets`."""
-    try:
-        import datasets
-    except ImportError:
-        raise ValueError(f"hf:{repo}: streaming from the Hugging Face Hub needs the optional "
-                         "datasets package (pip install datasets)") from None
-    stream = datasets.load_dataset(repo, config, split="train", streaming=True)
-    yield from record_texts(stream, text_field, f"hf:{repo}")
+# the quick start's corpus at the mini preset's vocabulary, model.MINI_VOCAB (written here, not imported: importing
+# model.py would import torch, which this script never needs; a test holds the two equal)
+DEFAULT_VOCAB = {"shakespeare": 512}
 
 
 # ---------------------------------------------------------------- documents -> splits
@@ -729,7 +347,7 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
                     "reserve_zero": reserve_zero, "reserve_ones": reserve_ones, "dtype": dtype.name, "splits": splits,
                     "inputs": recorded, "sources": sources, "val_fraction": val_fraction, "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
             atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
-            # all written: from here on only renames and removals (all or none: common.move_in), meta.json last
+            # all written: from here on only renames and removals (all or none: files.move_in), meta.json last
             move_in(staging, out, [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"],
                     remove=[p.name for p in old])
             _clear_staging(staging)
@@ -765,7 +383,7 @@ class PrepareConfig:
     out: str | None = setting(None, "output folder for train_*.bin, val_*.bin, meta.json (default for one named "
                                     "corpus: data/NAME)")
     encoding: str = setting("gpt2", f"tiktoken encoding: {', '.join(tiktoken.list_encoding_names())}")
-    vocab_size: int | None = setting(None, f"keep the first N-1 BPE ranks, EOT = N-1 (default: {MINI_VOCAB} for "
+    vocab_size: int | None = setting(None, f"keep the first N-1 BPE ranks, EOT = N-1 (default: {DEFAULT_VOCAB['shakespeare']} for "
                                            "shakespeare, else the full encoding)")
     reserve_zero: bool = setting(True, "give id 0 (the all-zero binary code) to the NUL byte, which text does not "
                                        "contain; without it the ids are the encoding's own (as in data prepared "
@@ -773,13 +391,13 @@ class PrepareConfig:
     reserve_ones: bool = setting(True, "give id 2^K-1 (the all-ones binary code; end-of-text's in a cut to a power of "
                                        "two) to the byte 0xFF, which UTF-8 text never contains; without it that id "
                                        "keeps its token (as in data prepared before this option)")
-    val_fraction: float = setting(0.1, "share of documents (or characters) for val")
+    val_fraction: float = setting(PREPARED_DEFAULTS["val_fraction"], "share of documents (or characters) for val")
     shard_tokens: int = setting(100_000_000, "tokens per shard file, e.g. 1e8")
-    text_field: str = setting("text", "record field holding the text in .jsonl/.parquet/Hub")
+    text_field: str = setting(PREPARED_DEFAULTS["text_field"], "record field holding the text in .jsonl/.parquet/Hub")
     mix: list[float] | None = setting(None, "document weights per named input (a folder is one), e.g. 0.7 (two inputs) "
                                             "or 0.5,0.3,0.2 (default: concatenate)", type=parse_weights)
-    max_tokens: int | None = setting(None, "token budget for train+val, whole documents, e.g. 1e9 (default: no limit)")
-    seed: int = setting(0, "seed of the --mix draws")
+    max_tokens: int | None = setting(PREPARED_DEFAULTS["max_tokens"], "token budget for train+val, whole documents, e.g. 1e9 (default: no limit)")
+    seed: int = setting(PREPARED_DEFAULTS["seed"], "seed of the --mix draws")
     workers: int | None = setting(None, "tokenizer processes; 1 = no pool (default: one per CPU core)")
     overwrite: bool = setting(False, "replace prepared data already in --out")
 
@@ -795,33 +413,6 @@ def parse_config(argv: list[str] | None = None) -> PrepareConfig:
     if a.vocab_size is None and len(a.inputs) == 1:
         a.vocab_size = DEFAULT_VOCAB.get(a.inputs[0])
     return a
-
-
-def prepared_from(meta: dict) -> list[str] | None:
-    """The inputs `meta`'s data was prepared from, named so that they are found from any folder: those it
-    records as named (absolute paths, since issue 35), else the files it records if they are found from
-    here (older data recorded them as named, relative to a folder now unknown); None if unknown."""
-    if isinstance(meta.get("inputs"), list) and meta["inputs"]:
-        return meta["inputs"]
-    sources = meta.get("sources")
-    found = isinstance(sources, list) and sources and all(
-        isinstance(s, str) and (os.path.isabs(s) or os.path.exists(s) or s in HUB or s.startswith("hf:")) for s in sources)
-    return sources if found else None
-
-
-def prepare_command(meta: dict, out: str, shard_tokens: int | None = None) -> str:
-    """The command line that prepares the inputs `meta` (a meta.json) names again into `out`, as it was
-    prepared but with today's default ids: what train.py prints for data made before a default."""
-    flags = [*(prepared_from(meta) or ["<INPUTS: unknown, its meta.json does not record them>"]), "--out", out, "--encoding", meta["encoding"], "--vocab_size", str(meta["vocab_size"])]
-    defaults = {f.name: f.default for f in fields(PrepareConfig)}
-    for name in ("val_fraction", "text_field", "max_tokens", "seed"):
-        if meta.get(name, defaults[name]) != defaults[name]:
-            flags += [f"--{name}", str(meta[name])]
-    if meta.get("mix") is not None:
-        flags += ["--mix", ",".join(map(str, meta["mix"]))]
-    if shard_tokens is not None:
-        flags += ["--shard_tokens", str(shard_tokens)]
-    return shlex.join(["python", "prepare_data.py", *flags, "--overwrite"])
 
 
 def main(argv: list[str] | None = None) -> int:

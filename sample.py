@@ -21,7 +21,7 @@ tokenizer's end-of-text token (<|endoftext|>, </s>), and never draws an id the t
 keeps its last block_size tokens (with a notice on stderr).
 """
 
-from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
 quiet_interrupt(__name__)
 
 import math
@@ -32,11 +32,13 @@ from dataclasses import dataclass
 
 import torch
 
-from checkpoint import check_finite, is_int8, load_checkpoint
-from common import available_memory, config_parser, parse_settings, pick_device, run_main, setting
-from decode import check_cuda_graphs, memory_bytes, stream
+from bincode_gpt.checkpoint import check_finite, is_int8, load_checkpoint
+from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
+from bincode_gpt.decode import check_cuda_graphs, stream
+from bincode_gpt.devices import pick_device
+from bincode_gpt.memory import available_memory, memory_bytes
+from bincode_gpt.tokenizer import load_text_codec
 from model import constant_input_ids
-from tokenizer import load_text_codec
 
 CARD_PROMPT = "Question: What is the capital of France?\nAnswer:"  # the released models' card
 PROMPT_FILE_LIMIT = 16 * 2**20  # bytes; a prompt keeps only its last block_size tokens anyway
@@ -197,7 +199,7 @@ def main(argv=None):
     device = pick_device(cfg.device)
     check_cuda_graphs(cfg.cuda_graphs, cfg.compile, device)  # before reading the checkpoint
     if cfg.quantize:
-        from quantize import check_quantize, quantize_int8  # int8 only: float sampling never loads quantize.py
+        from bincode_gpt.quantize import check_quantize, quantize_int8  # int8 only: float sampling never loads quantize.py
 
         check_quantize(cfg.quantize, device, getattr(torch, cfg.dtype))  # before reading the checkpoint
     torch.manual_seed(cfg.seed)
@@ -205,7 +207,7 @@ def main(argv=None):
     # built on the CPU from the file's map, then moved: only the weights reach the device, each cast on its way
     model, ckpt = load_checkpoint(cfg.ckpt, "cpu", int8=True, pack=not cfg.compile)
     if is_int8(ckpt):  # int8 weights: what --quantize int8 cannot do, this cannot either
-        from quantize import check_quantize
+        from bincode_gpt.quantize import check_quantize
 
         check_quantize("int8", device, getattr(torch, cfg.dtype))
     check_finite(model.state_dict(), cfg.ckpt, "sample from")  # a diverged model would print "!!!!!!" greedily

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import checkpoint_dict, load_checkpoint
+from bincode_gpt.checkpoint import checkpoint_dict, load_checkpoint
 from model import (
     GPT,
     AffineCodeInput,
@@ -23,7 +23,7 @@ from model import (
     rotary_cos_sin,
     rotate,
 )
-from decode import check_ids, generate
+from bincode_gpt.decode import check_ids, generate
 
 PAPER_V, PAPER_K, PAPER_PAD = 65536, 16, 57344
 
@@ -278,7 +278,7 @@ def test_no_token_text_can_produce_enters_the_model_as_a_constant_vector(encodin
     the binary input (both layouts) and the affine input (several seeds, both layouts), read as the
     decoder reads it (the lifted vector): an id whose input is constant is a byte UTF-8 text never holds,
     NUL, or past the tokenizer; end-of-text never is."""
-    from tokenizer import get_tokenizer
+    from bincode_gpt.tokenizer import get_tokenizer
     enc = get_tokenizer(encoding, vocab_size, reserve_zero=True, reserve_ones=True)
     V, K = enc.n_vocab, code_bits(enc.n_vocab)
     ids = torch.arange(V)
@@ -510,7 +510,7 @@ def test_kv_cache_matches_recomputing_the_sequence(variant):
         seq = torch.cat([seq, naive_step_logits(model, seq).argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(cached, seq)
     # and the logits, step by step, to float tolerance
-    from decode import KVCache
+    from bincode_gpt.decode import KVCache
 
     cache = KVCache(model.config, 3, cached.shape[1], "cpu", torch.float32)
     step_logits = model(prompt, cache=cache)[0][:, -1]
@@ -533,7 +533,7 @@ def test_generation_continues_past_block_size():
 def test_kv_cache_holds_the_size_class_of_the_positions_a_generation_reaches():
     """A cache of the positions' size class (the next power of two, at least 64), at most block_size slots:
     memory for what is generated, not for the whole context; its rotary tables reach the class."""
-    from decode import KVCache, size_class
+    from bincode_gpt.decode import KVCache, size_class
 
     assert [size_class(n) for n in (1, 10, 64, 65, 128, 1000, 1024, 1025)] == [64, 64, 64, 128, 128, 1024, 1024, 2048]
     config = tiny(block_size=256).config
@@ -549,7 +549,7 @@ def test_kv_cache_holds_the_size_class_of_the_positions_a_generation_reaches():
 def test_kv_cache_follows_the_model_dtype(dtype):
     """Half-precision weights: the cache (keys, values, rotary tables) is in that dtype too, and the
     cached greedy tokens are those of recomputing the sequence in that dtype."""
-    from decode import KVCache
+    from bincode_gpt.decode import KVCache
 
     model = tiny().to(dtype)
     with torch.no_grad():
@@ -594,7 +594,7 @@ def test_compiled_step_compiles_once_per_size_class_and_gives_the_eager_tokens()
 
 def test_a_generation_updates_its_cache_in_place():
     """Static addresses, as CUDA graphs need them: stepping never reassigns a cache tensor nor moves its memory."""
-    from decode import KVCache
+    from bincode_gpt.decode import KVCache
 
     model = tiny()
     cache = KVCache(model.config, 2, 20, "cpu", torch.float32)
@@ -619,7 +619,7 @@ def test_the_cuda_graph_path_keeps_one_static_cache(monkeypatch):
     lifted here): the step compiled with mode="reduce-overhead"'s options over one cache per model, marked as
     static addresses and reused by each generation of its size class (a recorded graph replays on the same
     addresses), replaced for another class; the same tokens as eager, and one compile for the class."""
-    import decode
+    from bincode_gpt import decode
 
     monkeypatch.setattr(decode, "check_cuda_graphs", lambda *a: None)
     model = tiny(n_layer=1, n_head=1)  # a shape of its own, as above
@@ -656,7 +656,7 @@ def test_greedy_and_seeded_sampling_are_deterministic():
 
 
 def test_top_k_and_top_p_restrict_the_support():
-    from decode import sample_next
+    from bincode_gpt.decode import sample_next
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     gen = torch.Generator().manual_seed(0)

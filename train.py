@@ -12,7 +12,8 @@ It reads as a run goes (settings, data, model and optimizer, the loop, evaluatio
 launch.py (processes), preflight.py (checks), run_dir.py (out_dir, exact resume), stopping.py (signals, divergence).
 """
 
-from common import config_parser, parse_settings, peak_flops, quiet_interrupt, run_main, setting, with_overrides
+from bincode_gpt.cli import config_parser, parse_settings, quiet_interrupt, run_main, setting, with_overrides
+from bincode_gpt.devices import peak_flops
 quiet_interrupt(__name__)  # before the slow imports: a Ctrl-C during them is one line, exit 130
 
 import json
@@ -29,15 +30,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import atomic_torch_save, checkpoint_dict, load_weights, rng_state
-from launch import data_parallel, on_rank0, set_precision, start_processes, wait_for_all
-from model import PRESETS, GPT, GPTConfig
-from prepare_data import load_meta
-from preflight import check_settings, check_window_starts, checked_model_config, resolve_settings
-from run_dir import claim_out_dir, data_fingerprint, kept_checkpoints, open_outputs, read_start, restore
-from stopping import GracefulStop, check_state, check_step, check_val_loss, mean_loss_and_stop
-from tokenizer import tiktoken_entry
-from windows import Split
+from bincode_gpt.checkpoint import atomic_torch_save, checkpoint_dict, load_weights, rng_state
+from bincode_gpt.launch import data_parallel, on_rank0, set_precision, start_processes, wait_for_all
+from bincode_gpt.preflight import check_settings, check_window_starts, checked_model_config, resolve_settings
+from bincode_gpt.run_dir import claim_out_dir, data_fingerprint, kept_checkpoints, open_outputs, read_start, restore
+from bincode_gpt.shards import load_meta
+from bincode_gpt.stopping import GracefulStop, check_state, check_step, check_val_loss, mean_loss_and_stop
+from bincode_gpt.tokenizer import tiktoken_entry
+from bincode_gpt.windows import Split
+from model import GPT, PRESETS, GPTConfig
 
 
 # ----------------------------------------------------------------------------- settings

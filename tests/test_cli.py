@@ -1,4 +1,4 @@
-"""Every script's command line is one style, common.config_parser (issue 16): `python X.py --help` works
+"""Every script's command line is one style, bincode_gpt.cli.config_parser (issue 16): `python X.py --help` works
 for each (a tool: `python -m tools.X --help` from the repository root, or `python tools/X.py --help`), and the three scripts that came to
 that style last (prepare_data, compare, scaling) read a command line into the values they read before it,
 --quick's and --gpu's included."""
@@ -17,9 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 SCRIPTS = ["model.py", "prepare_data.py", "sample.py", "train.py", "tools/bench.py", "tools/code_figure.py",
            "tools/compare.py", "tools/convert.py", "tools/gpu_check.py", "tools/lines.py", "tools/quantize_quality.py",
            "tools/quickstart.py", "tools/scaling.py", "tools/share.py"]
-LIBRARIES = {"checkpoint.py": "python sample.py --ckpt FILE", "common.py": "python -m tools.NAME --help",
-             "quantize.py": "python -m tools.quantize_quality --ckpt X --data_dir 'D D'",
-             "tokenizer.py": "python prepare_data.py --help"}
+LIBRARIES = {"bincode_gpt/checkpoint.py": "python sample.py --ckpt FILE", "bincode_gpt/cli.py": "python -m tools.NAME --help",
+             "bincode_gpt/quantize.py": "python -m tools.quantize_quality --ckpt X --data_dir 'D D'",
+             "bincode_gpt/tokenizer.py": "python prepare_data.py --help"}
 
 
 def test_every_script_has_help():
@@ -41,8 +41,8 @@ def test_every_script_has_help():
 
 def test_a_library_run_as_a_script_says_what_to_run_instead():
     """Issue 35: `python quantize.py --ckpt X --data_dir D` (its old quality command) once exited 0 having done nothing."""
-    runs = {f: subprocess.Popen([sys.executable, f, "--ckpt", "X", "--data_dir", "D D"], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for f in LIBRARIES}
+    runs = {f: subprocess.Popen([sys.executable, "-m", f[:-3].replace("/", "."), "--ckpt", "X", "--data_dir", "D D"],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for f in LIBRARIES}
     for f, p in runs.items():
         out, err = p.communicate(timeout=120)
         assert (p.returncode, out, err.count("\n")) == (2, "", 1), f
@@ -55,6 +55,7 @@ def as_in_a_terminal():
 
 
 FAST = {"tools/gpu_check.py", "tools/lines.py"}  # import neither torch nor numpy: no slow import to interrupt
+PLAIN = {"model.py"}  # standalone: torch and the standard library only, so Python's own Ctrl-C (a traceback)
 
 
 # stand-ins for torch and numpy that each get a Ctrl-C (SIGINT) as they are imported, and meet the second as such
@@ -76,7 +77,7 @@ def test_ctrl_c_during_the_imports_is_one_line_and_exit_130(tmp_path, stand_in):
     for name in ("torch", "numpy"):
         (tmp_path / f"{name}.py").write_text(STAND_INS[stand_in])
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    commands = [[s] for s in SCRIPTS if s not in FAST] + [["-m", "tools.convert"]]
+    commands = [[s] for s in SCRIPTS if s not in FAST | PLAIN] + [["-m", "tools.convert"]]
     runs = {" ".join(c): subprocess.Popen([sys.executable, *c, "--help"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, preexec_fn=as_in_a_terminal)
             for c in commands}

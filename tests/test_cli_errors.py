@@ -1,5 +1,5 @@
 """One case per class of issue 9 (bad input, malformed file, refused replacement, path traversal, unknown
-option, interruption) through the scripts' real command lines: main() under common.run_main exactly as
+option, interruption) through the scripts' real command lines: main() under cli.run_main exactly as
 `python X.py` runs it, a few as subprocesses. Each asserts the exact `error:` line, or the bytes that
 must survive. The full hostile pass (~100 cases) is kept outside the repository; these are its cheap
 representatives."""
@@ -15,7 +15,8 @@ import pytest
 
 import prepare_data
 import train
-from common import LOCK_NAME, run_main
+from bincode_gpt.cli import run_main
+from bincode_gpt.files import LOCK_NAME
 from tools import bench, compare, convert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
@@ -143,7 +144,7 @@ def test_a_failed_torch_save_keeps_the_old_file(tmp_path, monkeypatch):
     """torch reports a full disk as RuntimeError ('unexpected pos ...'): it becomes an OSError, the old bytes stay."""
     import torch
 
-    from checkpoint import atomic_torch_save
+    from bincode_gpt.checkpoint import atomic_torch_save
 
     path = tmp_path / "ckpt.pt"
     atomic_torch_save({"step": 1}, path)
@@ -192,8 +193,8 @@ def test_traceback_env_turns_tracebacks_on_only_when_true(tmp_path, value, trace
 def shard_text(folder, split="train", vocab_size=512):
     import numpy as np
 
-    from prepare_data import read_shard
-    from tokenizer import get_tokenizer
+    from bincode_gpt.shards import read_shard
+    from bincode_gpt.tokenizer import get_tokenizer
 
     ids = np.concatenate([read_shard(os.path.join(folder, f)) for f in sorted(os.listdir(folder)) if f.startswith(split)])
     return get_tokenizer("gpt2", vocab_size, True).decode(ids.tolist())
@@ -245,7 +246,7 @@ def test_native2hf_refuses_a_value_float16_cannot_hold(tmp_path, capsys):
     pytest.importorskip("safetensors")
     import torch
 
-    from checkpoint import checkpoint_dict
+    from bincode_gpt.checkpoint import checkpoint_dict
     from model import GPT, get_config
 
     model = GPT(get_config("tiny"))
@@ -298,7 +299,7 @@ def test_a_full_disk_under_torch_save_says_the_disk_is_full(tmp_path, monkeypatc
 
     import torch
 
-    from checkpoint import atomic_torch_save
+    from bincode_gpt.checkpoint import atomic_torch_save
 
     def full_disk(obj, f):
         try:
@@ -318,7 +319,7 @@ def test_check_finite_finds_nan_and_inf_anywhere_in_any_dtype():
     still sees one bad value at any position, of any float dtype, in any block."""
     import torch
 
-    from checkpoint import all_finite, check_finite
+    from bincode_gpt.checkpoint import all_finite, check_finite
 
     for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
         for shape in ((5,), (3000, 1000), (1, 2**20 + 3)):
@@ -340,7 +341,7 @@ def test_quantize_refuses_a_nan_checkpoint_naming_the_tensor(tiny_data, tmp_path
     """It printed 'validation loss ... float32 nan, int8 nan (nan%)' and exit 0."""
     import torch
 
-    from checkpoint import checkpoint_dict
+    from bincode_gpt.checkpoint import checkpoint_dict
     from model import GPT, get_config
     from tools import quantize_quality
 

@@ -19,11 +19,12 @@ import sys
 import pytest
 import torch
 
-from common import LOCK_NAME, run_main
-from checkpoint import checkpoint_dict, load_checkpoint
-from decode import generate
+from bincode_gpt.checkpoint import checkpoint_dict, load_checkpoint
+from bincode_gpt.cli import run_main
+from bincode_gpt.decode import generate
+from bincode_gpt.files import LOCK_NAME
+from bincode_gpt.tokenizer import get_tokenizer, load_text_codec
 from model import GPT, canonical_code, code_bits, get_config
-from tokenizer import get_tokenizer, load_text_codec
 from test_sample import char_tokenizer
 from tools import convert
 
@@ -477,11 +478,11 @@ def test_out_is_never_the_source_or_around_it(tmp_path):
 
 
 def test_a_conversion_into_an_out_being_written_is_refused(tmp_path):
-    """A second writer of OUT (a real process holding common.writer_lock, as a running conversion does) -> refused."""
+    """A second writer of OUT (a real process holding files.writer_lock, as a running conversion does) -> refused."""
     model = tiny("binary", pad_token_id=3)
     src = write_hf(tmp_path / "hf", to_convention(model, "nanogpt"), bvv_config(model))
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from common import writer_lock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from bincode_gpt.files import writer_lock\n"
                                f"with writer_lock({str(out)!r}): print('held', flush=True); time.sleep(60)"],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

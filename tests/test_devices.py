@@ -11,14 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import checkpoint
-import launch
+from bincode_gpt import checkpoint, launch
 import sample
 import train
-from checkpoint import (OPTIMIZER_KERNEL, checkpoint_dict, load_checkpoint, load_optimizer_state, load_weights,
-                        read_checkpoint)
-from common import PEAK_FLOPS, has_bf16, peak_flops
-from launch import pick_dtype
+from bincode_gpt.checkpoint import (checkpoint_dict, load_checkpoint, load_optimizer_state, load_weights, OPTIMIZER_KERNEL, read_checkpoint)
+from bincode_gpt.devices import has_bf16, PEAK_FLOPS, peak_flops
+from bincode_gpt.launch import pick_dtype
 from model import GPT, apply_rotary, get_config, rotary_cos_sin
 from tools import convert
 

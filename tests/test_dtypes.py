@@ -11,10 +11,10 @@ import torch
 
 import sample
 import train
-from checkpoint import load_checkpoint
-from common import run_main
+from bincode_gpt.checkpoint import load_checkpoint
+from bincode_gpt.cli import run_main
 from test_sample import expected_text
-from tokenizer import load_text_codec
+from bincode_gpt.tokenizer import load_text_codec
 from tools import bench, convert
 
 INPUTS = ("binary", "affine", "learned")

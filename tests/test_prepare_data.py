@@ -12,8 +12,10 @@ if (SHARED / "tiktoken-cache").is_dir():  # offline: use the checked-in BPE file
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken-cache"))
 
 import prepare_data as P  # noqa: E402
-from common import LOCK_NAME, run_main  # noqa: E402
-from tokenizer import get_tokenizer  # noqa: E402
+from bincode_gpt import inputs, shards
+from bincode_gpt.files import LOCK_NAME  # noqa: E402
+from bincode_gpt.cli import run_main
+from bincode_gpt.tokenizer import get_tokenizer  # noqa: E402
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"corpus not found at {SHAKESPEARE}")
@@ -39,7 +41,7 @@ def words(n, seed=0, vocab=("the", "king", "queen", "café", "naïve", "over", "
 
 
 def shard_tokens(out, meta, split):
-    return np.concatenate([P.read_shard(out / s) for s in meta["splits"][split]["shards"]] or [np.zeros(0, int)])
+    return np.concatenate([shards.read_shard(out / s) for s in meta["splits"][split]["shards"]] or [np.zeros(0, int)])
 
 
 def main(capsys, *argv):
@@ -72,26 +74,26 @@ def prepared(tmp_path):
 def test_shard_round_trip_and_header(tmp_path, dtype, width):
     tokens = np.array([0, 1, 255, 50256, np.iinfo(dtype).max], dtype=dtype)
     path = tmp_path / "s.bin"
-    P.write_shard(path, tokens)
+    shards.write_shard(path, tokens)
     raw = path.read_bytes()
     assert raw[:8] == b"BCGPTTOK"
     assert struct.unpack("<IIQ", raw[8:24]) == (1, width, 5) and raw[24:32] == bytes(8)
     assert len(raw) == 32 + 5 * width
-    back = P.read_shard(path)
+    back = shards.read_shard(path)
     assert back.dtype == np.dtype(dtype) and np.array_equal(back, tokens)
     assert not back.flags.writeable
     assert os.listdir(tmp_path) == ["s.bin"]
 
 
 def test_write_shard_narrows_wide_ints_and_empty(tmp_path):
-    P.write_shard(tmp_path / "a.bin", np.array([1, 2, 70000], dtype=np.int64))
-    assert P.read_shard(tmp_path / "a.bin").dtype == np.uint32
-    P.write_shard(tmp_path / "b.bin", np.array([1, 2, 3], dtype=np.int64))
-    assert P.read_shard(tmp_path / "b.bin").dtype == np.uint16
-    P.write_shard(tmp_path / "c.bin", np.zeros(0, np.uint16))
-    assert len(P.read_shard(tmp_path / "c.bin")) == 0
+    shards.write_shard(tmp_path / "a.bin", np.array([1, 2, 70000], dtype=np.int64))
+    assert shards.read_shard(tmp_path / "a.bin").dtype == np.uint32
+    shards.write_shard(tmp_path / "b.bin", np.array([1, 2, 3], dtype=np.int64))
+    assert shards.read_shard(tmp_path / "b.bin").dtype == np.uint16
+    shards.write_shard(tmp_path / "c.bin", np.zeros(0, np.uint16))
+    assert len(shards.read_shard(tmp_path / "c.bin")) == 0
     with pytest.raises(ValueError, match=r"d.bin: token ids must be integers in \[0, 2\*\*32\)"):
-        P.write_shard(tmp_path / "d.bin", np.array([-1]))
+        shards.write_shard(tmp_path / "d.bin", np.array([-1]))
 
 
 @pytest.mark.parametrize("damage,msg", [
@@ -104,36 +106,36 @@ def test_write_shard_narrows_wide_ints_and_empty(tmp_path):
 ])
 def test_bad_shards_raise_shard_error_naming_file(tmp_path, damage, msg):
     path = tmp_path / "bad.bin"
-    P.write_shard(path, np.arange(10, dtype=np.uint16))
+    shards.write_shard(path, np.arange(10, dtype=np.uint16))
     path.write_bytes(damage(path.read_bytes()))
-    with pytest.raises(P.ShardError, match=msg) as e:
-        P.read_shard(path)
+    with pytest.raises(shards.ShardError, match=msg) as e:
+        shards.read_shard(path)
     assert str(path) in str(e.value) and isinstance(e.value, ValueError)
 
 
 def test_crash_mid_write_leaves_no_shard(tmp_path, monkeypatch):
     path = tmp_path / "s.bin"
-    P.write_shard(path, np.arange(3, dtype=np.uint16))
+    shards.write_shard(path, np.arange(3, dtype=np.uint16))
 
     def disk_full(fd):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(OSError):
-        P.write_shard(path, np.arange(100, dtype=np.uint16))  # old shard must survive intact
+        shards.write_shard(path, np.arange(100, dtype=np.uint16))  # old shard must survive intact
     with pytest.raises(OSError):
-        P.write_shard(tmp_path / "new.bin", np.arange(100, dtype=np.uint16))
-    assert np.array_equal(P.read_shard(path), np.arange(3))
+        shards.write_shard(tmp_path / "new.bin", np.arange(100, dtype=np.uint16))
+    assert np.array_equal(shards.read_shard(path), np.arange(3))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.bin"]
 
 
 # ---------------------------------------------------------------- meta.json
 def test_load_meta_missing_folder_or_shards(tmp_path, prepared):
-    with pytest.raises(P.ShardError, match=f"{tmp_path}: no meta.json; prepare the data first"):
-        P.load_meta(tmp_path)
+    with pytest.raises(shards.ShardError, match=f"{tmp_path}: no meta.json; prepare the data first"):
+        shards.load_meta(tmp_path)
     out, _ = prepared
     (out / "train_000001.bin").unlink()
-    with pytest.raises(P.ShardError, match=r"missing shards \['train_000001.bin'\]"):
-        P.load_meta(out)
+    with pytest.raises(shards.ShardError, match=r"missing shards \['train_000001.bin'\]"):
+        shards.load_meta(out)
 
 
 @pytest.mark.parametrize("edit", [
@@ -151,17 +153,17 @@ def test_load_meta_missing_folder_or_shards(tmp_path, prepared):
 def test_malformed_meta_is_a_shard_error_naming_the_file(prepared, edit):
     out, _ = prepared
     meta = json.loads((out / "meta.json").read_text())
-    P.write_shard(out.parent / "escape.bin", np.arange(3))  # exists, but outside the folder
+    shards.write_shard(out.parent / "escape.bin", np.arange(3))  # exists, but outside the folder
     (out / "meta.json").write_text(json.dumps(edit(meta)))
-    with pytest.raises(P.ShardError, match=f"^{out / 'meta.json'}: malformed: needs a positive vocab_size"):
-        P.load_meta(out)
+    with pytest.raises(shards.ShardError, match=f"^{out / 'meta.json'}: malformed: needs a positive vocab_size"):
+        shards.load_meta(out)
 
 
 @pytest.mark.parametrize("raw", [b"{", b"", b'{"vocab_size": 5\xff}'])
 def test_meta_that_is_not_json(tmp_path, raw):
     (tmp_path / "meta.json").write_bytes(raw)
-    with pytest.raises(P.ShardError, match=f"^{tmp_path / 'meta.json'}: not valid JSON"):
-        P.load_meta(tmp_path)
+    with pytest.raises(shards.ShardError, match=f"^{tmp_path / 'meta.json'}: not valid JSON"):
+        shards.load_meta(tmp_path)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -218,19 +220,19 @@ def test_reserve_ones_is_the_default_and_older_data_keeps_its_ids(tmp_path, caps
     """prepare_data.py moves end-of-text off the all-ones id by default and meta.json says so;
     --no-reserve_ones writes the ids of data prepared before the option, and a meta.json or checkpoint
     entry without the key rebuilds exactly that tokenizer."""
-    from tokenizer import load_text_codec, tiktoken_entry
+    from bincode_gpt.tokenizer import load_text_codec, tiktoken_entry
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": f"Chapter {i}. " + words(3, seed=i)}) + "\n" for i in range(40)))
     args = [str(docs), "--vocab_size", "512", "--workers", "1"]
     assert main(capsys, *args, "--out", tmp_path / "new")[0] == 0
     assert main(capsys, *args, "--out", tmp_path / "old", "--no-reserve_ones")[0] == 0
-    new, old = P.load_meta(tmp_path / "new"), P.load_meta(tmp_path / "old")
+    new, old = shards.load_meta(tmp_path / "new"), shards.load_meta(tmp_path / "old")
     assert (new["reserve_ones"], new["eot_token"], old["reserve_ones"], old["eot_token"]) == (True, 187, False, 511)
     a, b = (np.concatenate([shard_tokens(tmp_path / d, m, s) for s in ("train", "val")]).tolist() for d, m in (("new", new), ("old", old)))
     assert a.count(187) == b.count(511) == 40 and 511 not in a and a == [{511: 187, 187: 511}.get(t, t) for t in b]
     del old["reserve_ones"]  # data prepared before the option
     (tmp_path / "old" / "meta.json").write_text(json.dumps(old))
-    entry = tiktoken_entry(P.load_meta(tmp_path / "old"))
+    entry = tiktoken_entry(shards.load_meta(tmp_path / "old"))
     assert entry["reserve_ones"] is False and load_text_codec({"tokenizer": entry}, "old.pt").enc.eot_token == 511
     assert load_text_codec({"tokenizer": tiktoken_entry(new)}, "new.pt").enc.eot_token == 187
 
@@ -260,7 +262,7 @@ def test_shakespeare_char_split_matches_reference(tmp_path, gpt2, shakespeare):
     swap = {0: 188, 188: 0}
     assert [swap.get(t, t) for t in tokens.tolist()] == gpt2.encode(shakespeare[cut:]) + [gpt2.eot_token]
     assert meta["vocab_size"] == 50257 and meta["eot_token"] == 50256 and meta["dtype"] == "uint16"
-    assert P.load_meta(tmp_path) == meta
+    assert shards.load_meta(tmp_path) == meta
 
 
 def test_named_corpus_is_downloaded_once_into_the_cache(tmp_path, monkeypatch, capsys):
@@ -269,7 +271,7 @@ def test_named_corpus_is_downloaded_once_into_the_cache(tmp_path, monkeypatch, c
     monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: (_ for _ in ()).throw(offline))
     rc, err = main(capsys, "shakespeare", "--out", tmp_path / "a", "--workers", "1")
     assert rc == 1 and err.splitlines()[-1] == (
-        f"error: could not download {P.SHAKESPEARE_URL} (network unreachable); save it as "
+        f"error: could not download {inputs.SHAKESPEARE_URL} (network unreachable); save it as "
         f"{tmp_path / 'cache' / 'tinyshakespeare.txt'} by hand, or set BCGPT_CORPUS_CACHE to a folder "
         "that holds tinyshakespeare.txt")
     assert not (tmp_path / "a").exists() and not (tmp_path / "cache").exists()
@@ -280,7 +282,7 @@ def test_named_corpus_is_downloaded_once_into_the_cache(tmp_path, monkeypatch, c
     for out in ("a", "b"):  # the second run finds it in the cache
         meta = P.prepare(["shakespeare"], tmp_path / out, workers=1, progress=False)
         assert meta["sources"] == [str(tmp_path / "cache" / "tinyshakespeare.txt")]
-    assert urls == [P.SHAKESPEARE_URL] and os.listdir(tmp_path / "cache") == ["tinyshakespeare.txt"]
+    assert urls == [inputs.SHAKESPEARE_URL] and os.listdir(tmp_path / "cache") == ["tinyshakespeare.txt"]
     assert (tmp_path / "cache" / "tinyshakespeare.txt").read_text() == text
 
 
@@ -290,7 +292,7 @@ def test_command_line_defaults_to_data_shakespeare(tmp_path):
     (tmp_path / "cache" / "tinyshakespeare.txt").write_text(words(200))
     r = cli("shakespeare", "--workers", "1", cwd=tmp_path, env={**os.environ, "BCGPT_CORPUS_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0 and r.stderr == "" and r.stdout.splitlines()[-1] == "wrote data/shakespeare", r.stderr
-    meta = P.load_meta(tmp_path / "data" / "shakespeare")
+    meta = shards.load_meta(tmp_path / "data" / "shakespeare")
     assert meta["sources"] == [str(tmp_path / "cache" / "tinyshakespeare.txt")]
     assert meta["vocab_size"] == 512  # the mini preset's vocabulary (train.py's default), unless --vocab_size says otherwise
     assert sorted(os.listdir(tmp_path)) == ["cache", "data"] and os.listdir(tmp_path / "data") == ["shakespeare"]
@@ -307,11 +309,11 @@ def test_meta_and_shards_agree(tmp_path, gpt2):
         tokens = shard_tokens(out, meta, split)
         assert len(tokens) == s["tokens"] == len(gpt2.encode_ordinary(part)) + 1
         assert s["bytes"] == len(part.encode()) and s["documents"] == 1
-        assert all(len(P.read_shard(out / f)) == 5000 for f in s["shards"][:-1])  # fixed-size shards
+        assert all(len(shards.read_shard(out / f)) == 5000 for f in s["shards"][:-1])  # fixed-size shards
     assert meta["splits"]["train"]["shards"][:2] == ["train_000000.bin", "train_000001.bin"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [LOCK_NAME, "meta.json"] + meta["splits"]["train"]["shards"] + meta["splits"]["val"]["shards"])
-    assert P.load_meta(out) == meta
+    assert shards.load_meta(out) == meta
 
 
 def test_document_split_and_cut_tokenizer(tmp_path, gpt2):
@@ -385,7 +387,7 @@ def records(prefix, n):
 
 
 def test_mix_documents_ratio_and_determinism():
-    a, b = P.record_texts(records("A", 5000), "text", "a"), P.record_texts(records("B", 5000), "text", "b")
+    a, b = inputs.record_texts(records("A", 5000), "text", "a"), inputs.record_texts(records("B", 5000), "text", "b")
     docs = list(P.mix_documents([a, b], [0.7, 0.3], seed=1))
     share = sum(d.startswith("A") for d in docs[:2000]) / 2000
     assert abs(share - 0.7) < 0.04
@@ -498,7 +500,7 @@ def test_failure_halfway_leaves_no_shards(tmp_path, monkeypatch):
         (tmp_path / f"{i:02d}.txt").write_text(words(100, seed=i))
     (tmp_path / "zz.jsonl").write_bytes(b'{"text": "passes the up-front check"}\n{"text": "\xff"}\n')
     written = []
-    monkeypatch.setattr(P, "write_shard", lambda path, t, w=P.write_shard: written.append(path) or w(path, t))
+    monkeypatch.setattr(shards, "write_shard", lambda path, t, w=shards.write_shard: written.append(path) or w(path, t))
     with pytest.raises(ValueError, match="zz.jsonl: not valid UTF-8 at byte offset 48"):
         P.prepare([str(tmp_path)], tmp_path / "out", shard_tokens=100, workers=2, progress=False)
     assert len(written) > 10 and not (tmp_path / "out").exists()  # the folder it made goes too
@@ -528,7 +530,7 @@ def test_refuses_prepared_folder_unless_overwrite(tmp_path, capsys, prepared):
     assert rc == 1 and err == f"error: {out}: already holds prepared data (meta.json); pass --overwrite to replace it\n"
     assert snapshot(out) == before
     assert main(capsys, tmp_path / "b.txt", "--out", out, "--overwrite")[0] == 0
-    meta = P.load_meta(out)  # no stale shards from the bigger first run
+    meta = shards.load_meta(out)  # no stale shards from the bigger first run
     assert sorted(os.listdir(out)) == sorted([LOCK_NAME, "meta.json", *meta["splits"]["train"]["shards"], *meta["splits"]["val"]["shards"]])
     assert len(meta["splits"]["train"]["shards"]) < len([n for n in before if n.startswith("train_")])
 
@@ -580,7 +582,7 @@ def test_reserve_zero_gives_id_0_to_the_nul_byte_and_meta_records_it(tmp_path, c
     text.write_text("Hello! Who's there? Nay, answer me!\n" * 50 + "a NUL \x00 byte")
     assert main(capsys, str(text), "--out", tmp_path / "r", "--vocab_size", "1000", "--workers", "1")[0] == 0
     assert main(capsys, str(text), "--out", tmp_path / "p", "--vocab_size", "1000", "--workers", "1", "--no-reserve_zero")[0] == 0
-    r, p = P.load_meta(tmp_path / "r"), P.load_meta(tmp_path / "p")
+    r, p = shards.load_meta(tmp_path / "r"), shards.load_meta(tmp_path / "p")
     assert r["reserve_zero"] is True and p["reserve_zero"] is False
     reserved, plain = ([*shard_tokens(tmp_path / d, m, "train").tolist(), *shard_tokens(tmp_path / d, m, "val").tolist()]
                        for d, m in (("r", r), ("p", p)))
@@ -591,7 +593,7 @@ def test_reserve_zero_gives_id_0_to_the_nul_byte_and_meta_records_it(tmp_path, c
     # data prepared before the option: no key, read as the plain ids
     meta = {k: v for k, v in p.items() if k != "reserve_zero"}
     (tmp_path / "p" / "meta.json").write_text(json.dumps(meta))
-    assert "reserve_zero" not in P.load_meta(tmp_path / "p")
+    assert "reserve_zero" not in shards.load_meta(tmp_path / "p")
 
 
 # ---------------------------------------------------------------- one writer, and only the project's files (issue 18)
@@ -611,7 +613,7 @@ def wait_for(path, proc, seconds=60):
 
 def consistent(out):
     """meta.json agrees with the shards: every listed shard, each split's token count, ids inside the vocabulary."""
-    meta = P.load_meta(out)
+    meta = shards.load_meta(out)
     for split in ("train", "val"):
         tokens = shard_tokens(out, meta, split)
         assert len(tokens) == meta["splits"][split]["tokens"] and tokens.max() < meta["vocab_size"]
@@ -718,8 +720,8 @@ def test_bad_inputs_of_every_kind_are_one_line_naming_them(tmp_path):
                                          "give a text file, a folder or a named corpus"),
         ([tmp_path], o, f"{tmp_path / 'pipe.txt'}: a named pipe (FIFO), not a file: give a text file, a folder or a named corpus"),
     ]
-    for inputs, out, msg in cases:
-        r = cli(*inputs, "--out", out, "--workers", "1")
+    for named, out, msg in cases:
+        r = cli(*named, "--out", out, "--workers", "1")
         assert (r.returncode, r.stdout, r.stderr) == (1, "", f"error: {msg}\n"), msg
     assert not o.exists()  # the records past the first were read as the folder's writer, which removes the folder it made
 
@@ -734,7 +736,7 @@ def test_mix_counts_the_inputs_named_not_their_files(tmp_path):
                                            "got [0.2, 0.3, 0.5] for 2 inputs\n")
     r = cli(tmp_path / "a", tmp_path / "b", "--mix", "0.5", "--out", tmp_path / "o", "--workers", "1")
     assert r.returncode == 0, r.stderr
-    text = get_tokenizer("gpt2", None, reserve_zero=True).decode(np.concatenate([shard_tokens(tmp_path / "o", P.load_meta(tmp_path / "o"), s)
+    text = get_tokenizer("gpt2", None, reserve_zero=True).decode(np.concatenate([shard_tokens(tmp_path / "o", shards.load_meta(tmp_path / "o"), s)
                                                     for s in ("train", "val")]).tolist())
     docs = text.split("<|endoftext|>")[:-1]  # folder a's two files are one stream: its second file is reached
     assert {d[:2] for d in docs} == {"a0", "a1", "b0"} and sum(d.startswith("a") for d in docs) == 20
@@ -768,7 +770,7 @@ def jsonl_records(n, seed=0):
 
 
 def tokens_of(out):
-    meta = P.load_meta(out)
+    meta = shards.load_meta(out)
     return [shard_tokens(out, meta, s).tolist() for s in ("train", "val")]
 
 
@@ -841,11 +843,11 @@ def test_the_re_prepare_command_names_the_inputs_from_any_folder(tmp_path, monke
     (tmp_path / "a.txt").write_text(words(200))
     monkeypatch.chdir(tmp_path)
     meta = P.prepare(["a.txt"], "o", workers=1, progress=False)
-    assert P.prepared_from(meta) == [str(tmp_path / "a.txt")]
-    assert P.prepare_command(meta, "o").startswith(f"python prepare_data.py {tmp_path / 'a.txt'} --out o ")
+    assert shards.prepared_from(meta) == [str(tmp_path / "a.txt")]
+    assert shards.prepare_command(meta, "o").startswith(f"python prepare_data.py {tmp_path / 'a.txt'} --out o ")
     monkeypatch.chdir("/")  # data prepared before meta.json recorded its inputs: relative sources, found or unknown
     old = {k: v for k, v in meta.items() if k != "inputs"} | {"sources": ["a.txt"]}
-    assert P.prepared_from(old) is None
-    assert P.prepare_command(old, "o").startswith("python prepare_data.py '<INPUTS: unknown, its meta.json does not record them>'")
-    assert P.prepared_from({**old, "sources": ["shakespeare-not-here", "hf:x/y"]}) is None
-    assert P.prepared_from({**old, "sources": [str(tmp_path / "a.txt"), "hf:x/y"]}) == [str(tmp_path / "a.txt"), "hf:x/y"]
+    assert shards.prepared_from(old) is None
+    assert shards.prepare_command(old, "o").startswith("python prepare_data.py '<INPUTS: unknown, its meta.json does not record them>'")
+    assert shards.prepared_from({**old, "sources": ["shakespeare-not-here", "hf:x/y"]}) is None
+    assert shards.prepared_from({**old, "sources": [str(tmp_path / "a.txt"), "hf:x/y"]}) == [str(tmp_path / "a.txt"), "hf:x/y"]

@@ -14,15 +14,14 @@ import torch.nn.functional as F
 
 import sample
 import train
-from checkpoint import load_checkpoint
-from decode import KVCache, compiled_step, generate
+from bincode_gpt.checkpoint import load_checkpoint
+from bincode_gpt.decode import compiled_step, generate, KVCache
+from bincode_gpt.shards import load_meta
 from model import canonical_code
-from prepare_data import load_meta
-from quantize import (PACK_MIN_BYTES, SCHEME, Int8Linear, check_quantize, drop_pages, file_mappings, int8_rows, quantize_int8, start_packing,
-                      wait_packed, weight_only_copy)
+from bincode_gpt.quantize import (check_quantize, drop_pages, file_mappings, int8_rows, Int8Linear, PACK_MIN_BYTES, quantize_int8, SCHEME, start_packing, wait_packed, weight_only_copy)
+from bincode_gpt.windows import Split
 from tools import convert
 from tools.quantize_quality import main as quantize_main
-from windows import Split
 
 
 @pytest.fixture(scope="module")
@@ -191,8 +190,8 @@ def test_packing_stops_once_the_main_thread_ends(tmp_path):
     script.write_text(
         "import atexit, sys, time, torch\n"
         f"sys.path.insert(0, {os.getcwd()!r})\n"
-        "import quantize\n"
-        "from decode import generate\nfrom model import GPT, get_config\n"
+        "from bincode_gpt import quantize\n"
+        "from bincode_gpt.decode import generate\nfrom model import GPT, get_config\n"
         "done = []\n"
         "pack = quantize.Int8Linear.pack\n"
         "def slow(layer):\n"
@@ -261,7 +260,7 @@ def test_sample_compile_runs_an_int8_model_on_its_rows(trained, int8_ckpt, capsy
     """sample.py --compile on an int8 checkpoint, and with --quantize int8: no packing thread (the compiled
     step reads the plain rows), and the text is what the compiled int8 model generates."""
     model, folder, _, _ = trained
-    import quantize
+    from bincode_gpt import quantize
 
     def refuse(*args, **kwargs):
         raise AssertionError("packing started for a compiled model")
@@ -409,7 +408,7 @@ def test_sample_never_casts_an_int8_model_its_thread_may_be_packing(int8_ckpt, m
 def test_packing_an_int8_checkpoint_drops_each_layers_file_pages(trained, int8_ckpt, monkeypatch):
     """Each layer's rows, once packed, go to drop_pages with the file's mappings (and once more at the end:
     a forward may have paged some back in); rounded rows of --quantize int8 are never handed to it."""
-    import quantize
+    from bincode_gpt import quantize
 
     file = os.path.join(int8_ckpt, "ckpt.pt")
     model, _ = load_checkpoint(int8_ckpt, int8=True)  # tiny: under PACK_MIN_BYTES, nothing packed yet

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SHAKESPEARE
-from prepare_data import load_meta
+from bincode_gpt.shards import load_meta
 from tools import quickstart
 
 ROOT = Path(__file__).resolve().parent.parent

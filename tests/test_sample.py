@@ -11,12 +11,11 @@ import tiktoken
 import torch
 
 import sample
-from checkpoint import checkpoint_dict
-from common import run_main
-from decode import generate, stream
+from bincode_gpt.checkpoint import checkpoint_dict
+from bincode_gpt.cli import run_main
+from bincode_gpt.decode import generate, stream
+from bincode_gpt.tokenizer import load_text_codec, TiktokenText
 from model import GPT, get_config
-from tokenizer import load_text_codec
-from tokenizer import TiktokenText
 from tools import convert
 
 
@@ -422,7 +421,7 @@ def test_a_start_token_with_a_constant_input_is_named_once(tmp_path, capsys):
 
 def test_a_cut_tokenizer_holds_no_uncut_encoding():
     """Issue 35: sample.py on a cut held tiktoken's cached uncut encoding too (~57 MiB for cl100k_base)."""
-    code = ("import tiktoken.registry, tokenizer; tokenizer.get_tokenizer('gpt2', 4096, True, True); "
+    code = ("import tiktoken.registry; from bincode_gpt import tokenizer; tokenizer.get_tokenizer('gpt2', 4096, True, True); "
             "print(sorted(tiktoken.registry.ENCODINGS))")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
@@ -432,7 +431,7 @@ def test_a_cut_tokenizer_holds_no_uncut_encoding():
 def test_a_cut_holds_its_ranks_once():
     """The cut's ranks live in its encoder alone (tiktoken's Python copy, ~7 MB at 65,536 tokens, kept only to pickle
     it, goes): tokenizer.mergeable_ranks reads them back, and every id below the cut's size decodes."""
-    from tokenizer import encoding_parts, get_tokenizer, mergeable_ranks
+    from bincode_gpt.tokenizer import encoding_parts, get_tokenizer, mergeable_ranks
 
     plain, reserved = get_tokenizer("gpt2", 4096), get_tokenizer("gpt2", 4096, True, True)
     assert plain._mergeable_ranks is None and reserved._mergeable_ranks is None

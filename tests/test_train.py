@@ -22,17 +22,17 @@ import numpy as np
 import pytest
 import torch
 
-import launch
 import prepare_data
-import preflight
-import run_dir
+from bincode_gpt import launch, preflight, run_dir, shards
 import train
-from common import LOCK_NAME, run_main
-from checkpoint import load_checkpoint
+from bincode_gpt.checkpoint import load_checkpoint
+from bincode_gpt.cli import run_main
+from bincode_gpt.files import LOCK_NAME
+from bincode_gpt.shards import ShardError, write_shard
+from bincode_gpt.tokenizer import get_tokenizer
+from bincode_gpt.windows import Split
 from model import GPT, canonical_code
-from prepare_data import ShardError, prepare, write_shard
-from tokenizer import get_tokenizer
-from windows import Split
+from prepare_data import prepare
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository's
 CORPUS = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -93,7 +93,7 @@ def weights(out_dir, name="ckpt.pt"):
 
 
 def files(folder):
-    """{name: bytes} of every file in folder but the writer lock (common.writer_lock), which holds the pid of
+    """{name: bytes} of every file in folder but the writer lock (files.writer_lock), which holds the pid of
     the last process that took it."""
     return {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file() and p.name != LOCK_NAME}
 
@@ -517,7 +517,7 @@ def test_a_divergence_names_the_setting_most_likely_at_fault(data_dir, tmp_path)
     (dict(lr=6e-3, weight_decay=0.1, warmup_steps=50), 20, "--lr 0.006, during the warmup (below its peak): "),
 ])
 def test_the_likely_fault_follows_the_runs_settings(settings, step, fault):
-    from stopping import likely_fault
+    from bincode_gpt.stopping import likely_fault
 
     assert likely_fault(SimpleNamespace(**settings), step).startswith(fault)
 
@@ -913,7 +913,7 @@ def test_windows_that_start_with_a_constant_input_are_counted_before_the_first_s
     data, out = tmp_path / "data", tmp_path / "out"
     assert run_main(prepare_data.main, [str(docs), "--out", str(data), "--vocab_size", "512", "--workers", "1",
                                         "--no-reserve_ones"]) == 0
-    tokens = prepare_data.read_shard(data / "train_000000.bin")
+    tokens = shards.read_shard(data / "train_000000.bin")
     n = (len(tokens) - 1) // 32
     count = int((tokens[: n * 32 : 32] == 511).sum())  # windows of 33 tokens at stride 32 (tiny: block_size 32)
     assert count > 10
@@ -928,7 +928,7 @@ def test_windows_that_start_with_a_constant_input_are_counted_before_the_first_s
         assert run_main(train.main, flags(data, out, max_steps=1, eval_interval=0, overwrite=True, **quiet)) == 0
         assert capsys.readouterr().err == ""
     assert run_main(prepare_data.main, [*command.split()[2:], "--workers", "1"]) == 0
-    assert prepare_data.load_meta(data)["eot_token"] == 187
+    assert shards.load_meta(data)["eot_token"] == 187
     capsys.readouterr()
     assert run_main(train.main, flags(data, out, max_steps=1, eval_interval=0, overwrite=True, input="affine")) == 0
     assert capsys.readouterr().err == ""

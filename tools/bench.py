@@ -8,14 +8,14 @@ Benchmark training, sampling, loading and data preparation of the binary-code GP
 
 Design choices, up front:
 - Training is timed through train.py's own loop (train.train), not a copy of it: a small random-token
-  dataset (prepare_data.write_shard + meta.json) is written once to a temp dir, each input variant runs
+  dataset (shards.write_shard + meta.json) is written once to a temp dir, each input variant runs
   warmup+steps optimizer steps with evaluation and periodic saves off, and the per-step `dt` of
   out_dir/log.jsonl is read back; warm-up steps are dropped. The final checkpoint train() writes is
   outside the timed steps. Variants are interleaved over `repeats` rounds (binary, affine, learned,
   binary, ...) so machine noise hits all of them alike; each figure is the median of all kept steps.
 - MFU = model.flops_per_token(block) * tokens/s / rate, against (a) the dense matmul rate this bench
   measures (a square matmul in the training dtype, timed in every round, median) and (b) the datasheet peak
-  (common.PEAK_FLOPS on CUDA; no datasheet figure on a CPU: "-").
+  (devices.PEAK_FLOPS on CUDA; no datasheet figure on a CPU: "-").
 - Defaults per device: CPU, the 'small' preset at block 128, batch 8, float32; CUDA, the 'paper' preset
   at block 1024, batch 8, bf16 autocast and torch.compile (train.py's own settings), one train() call per
   variant (each compiles afresh) with more timed steps advised (--steps=20).
@@ -64,7 +64,7 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
 quiet_interrupt(__name__)
 
 import contextlib
@@ -80,14 +80,16 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-import decode as D
+import bincode_gpt.decode as D
 import model as M
 import prepare_data as P
-import quantize as Q
+from bincode_gpt import inputs, shards
+import bincode_gpt.quantize as Q
 import train as T
-from checkpoint import checkpoint_dict
-from common import config_parser, has_bf16, parse_int, parse_settings, peak_flops, pick_device, run_main, setting
-from tokenizer import get_tokenizer
+from bincode_gpt.checkpoint import checkpoint_dict
+from bincode_gpt.cli import config_parser, parse_int, parse_settings, run_main, setting
+from bincode_gpt.devices import has_bf16, peak_flops, pick_device
+from bincode_gpt.tokenizer import get_tokenizer
 
 VARIANTS = ("binary", "affine", "learned")
 SECTIONS = ("train", "sample", "load", "prep", "compile_cache")
@@ -163,9 +165,9 @@ def write_random_data(folder, vocab_size, tokens=200_000, seed=0):
     splits = {}
     for split, n in (("train", tokens), ("val", tokens // 10)):
         name = f"{split}_000000.bin"
-        P.write_shard(os.path.join(folder, name), rng.integers(0, vocab_size - 1, n).astype(np.uint16 if vocab_size <= 65536 else np.uint32))
+        shards.write_shard(os.path.join(folder, name), rng.integers(0, vocab_size - 1, n).astype(np.uint16 if vocab_size <= 65536 else np.uint32))
         splits[split] = {"shards": [name], "tokens": n, "bytes": 0, "documents": 1}
-    meta = {"version": P.VERSION, "encoding": "gpt2", "vocab_size": vocab_size, "eot_token": vocab_size - 1,
+    meta = {"version": shards.VERSION, "encoding": "gpt2", "vocab_size": vocab_size, "eot_token": vocab_size - 1,
             "dtype": "uint16" if vocab_size <= 65536 else "uint32", "splits": splits}
     with open(os.path.join(folder, "meta.json"), "w") as f:
         json.dump(meta, f)
@@ -373,10 +375,10 @@ LOAD_CHILD = """
 import os, sys, time
 t0 = time.perf_counter()
 import torch
-from checkpoint import check_finite, load_checkpoint
-from decode import stream
+from bincode_gpt.checkpoint import check_finite, load_checkpoint
+from bincode_gpt.decode import stream
 from model import GPT, GPTConfig
-from quantize import quantize_int8
+from bincode_gpt.quantize import quantize_int8
 path, way, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
 torch.set_num_threads(int(sys.argv[4]))
 t1 = time.perf_counter()
@@ -407,7 +409,7 @@ def run_load_child(path, way, tokens, threads):
     since the interpreter started running the child's code, peak RSS in bytes, CPU seconds) of a fresh process."""
     import subprocess
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where checkpoint.py and model.py are
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where model.py and bincode_gpt/ are
     run = subprocess.run([sys.executable, "-c", LOAD_CHILD, path, way, str(tokens), str(threads)], cwd=root,
                          stdout=subprocess.PIPE, text=True)
     if run.returncode:
@@ -449,7 +451,7 @@ import json, sys, time
 t0 = time.perf_counter()
 import torch
 from torch._dynamo.utils import counters
-import decode
+from bincode_gpt import decode
 from model import GPT, get_config
 preset, device, way = sys.argv[1:4]
 prompt_len, new_tokens, until, threads = map(int, sys.argv[4:8])
@@ -538,7 +540,7 @@ def parallel_scaling(work, arg, procs):
 
 def bench_prep(cfg, tmp):
     workers = cfg.workers or os.cpu_count() or 1
-    source = P.resolve_inputs([cfg.corpus or "shakespeare"])[0]
+    source = inputs.resolve_inputs([cfg.corpus or "shakespeare"])[0]
     with open(source, encoding="utf-8-sig") as f:  # a byte-order mark is not text, nor one in each copy
         text = f.read()
     corpus = os.path.join(tmp, "corpus.txt")

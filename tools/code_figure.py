@@ -17,14 +17,15 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
 quiet_interrupt(__name__)
 
 from dataclasses import dataclass
 
 import torch
 
-from common import atomic_open, config_parser, parse_settings, run_main, setting
+from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
+from bincode_gpt.files import atomic_open
 from model import BinaryCodeInput, code_bits, lift_index
 
 MARK = "bincode-gpt tools/code_figure.py"  # in the PNG's metadata: the one kind of file --out may replace

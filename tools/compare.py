@@ -31,7 +31,7 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
 quiet_interrupt(__name__)
 
 import hashlib
@@ -44,16 +44,17 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from checkpoint import load_checkpoint
-from common import (atomic_write, config_parser, parse_settings, pick_device, preset_setting, resolve_presets, run_main,
-                    setting, staged, writer_lock)
-from launch import pick_dtype
-from model import GPT, PRESETS, GPTConfig, code_bits, get_config
-from prepare_data import load_meta, prepare
-from run_dir import meta_identity
-from tokenizer import SMALL_VOCAB
+from bincode_gpt.checkpoint import load_checkpoint
+from bincode_gpt.cli import config_parser, parse_settings, preset_setting, resolve_presets, run_main, setting
+from bincode_gpt.devices import pick_device
+from bincode_gpt.files import atomic_write, staged, writer_lock
+from bincode_gpt.launch import pick_dtype
+from bincode_gpt.run_dir import meta_identity
+from bincode_gpt.shards import load_meta
+from bincode_gpt.windows import Split
+from model import GPT, PRESETS, SMALL_VOCAB, GPTConfig, code_bits, get_config
+from prepare_data import prepare
 from train import TrainConfig, train
-from windows import Split
 
 VARIANTS = ("learned", "binary", "affine")
 
@@ -345,7 +346,7 @@ def check_results(out, names):
 
 def write_results(out, report, results, figure=None):
     """results.md, results.json and the figure (name, draw: draw(path) writes it there -> path, or None without
-    matplotlib) into out, all or none (common.staged; results.json, which marks the folder as this study's, last);
+    matplotlib) into out, all or none (files.staged; results.json, which marks the folder as this study's, last);
     the report, and where the figure went, to stdout."""
     name, draw = figure or (None, None)
     with staged(out, last=("results.json",)) as stage:

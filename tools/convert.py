@@ -38,7 +38,7 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
 quiet_interrupt(__name__)
 
 import hashlib
@@ -48,12 +48,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from checkpoint import atomic_torch_save, check_finite, checkpoint_dict, load_checkpoint, model_from_weights
-from common import (LOCK_NAME, atomic_write, config_parser, file_problem, one_line, parse_settings, run_main, setting,
-                    staged, writer_lock)
+from bincode_gpt.checkpoint import (atomic_torch_save, check_finite, checkpoint_dict, load_checkpoint, model_from_weights)
+from bincode_gpt.cli import config_parser, one_line, parse_settings, run_main, setting
+from bincode_gpt.files import atomic_write, file_problem, LOCK_NAME, staged, writer_lock
+from bincode_gpt.quantize import int8_checkpoint
+from bincode_gpt.tokenizer import file_in, load_text_codec, mergeable_ranks
 from model import GPT, GPTConfig, canonical_code, code_bits
-from quantize import int8_checkpoint
-from tokenizer import file_in, load_text_codec, mergeable_ranks
 
 # layout auto scores both layouts on this (any plain English works; a model that reads its input
 # through the wrong layout sees scrambled bits and cannot predict it)

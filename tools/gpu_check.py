@@ -39,7 +39,9 @@ from dataclasses import dataclass
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import atomic_write, config_parser, parse_settings, pick_device, run_main, setting
+from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
+from bincode_gpt.devices import pick_device
+from bincode_gpt.files import atomic_write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # runs a root script as its __main__ and says its peak memory on stderr at exit, however it exits

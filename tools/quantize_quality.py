@@ -15,7 +15,7 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
 quiet_interrupt(__name__)
 
 from dataclasses import dataclass
@@ -23,13 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from checkpoint import check_finite, load_checkpoint
-from common import config_parser, parse_settings, run_main, setting
-from decode import generate
-from prepare_data import load_meta
-from quantize import quantize_int8, weight_only_copy
-from preflight import check_tokenizer
-from windows import Split
+from bincode_gpt.checkpoint import check_finite, load_checkpoint
+from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
+from bincode_gpt.decode import generate
+from bincode_gpt.preflight import check_tokenizer
+from bincode_gpt.quantize import quantize_int8, weight_only_copy
+from bincode_gpt.shards import load_meta
+from bincode_gpt.windows import Split
 
 
 @dataclass

@@ -48,7 +48,7 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
 quiet_interrupt(__name__)
 
 import functools
@@ -65,10 +65,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from checkpoint import load_checkpoint
-from common import atomic_write, config_parser, parse_settings, run_main, setting, writer_lock
-from prepare_data import load_meta, read_shard
-from tokenizer import get_tokenizer
+from bincode_gpt.checkpoint import load_checkpoint
+from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
+from bincode_gpt.files import atomic_write, writer_lock
+from bincode_gpt.shards import load_meta, read_shard
+from bincode_gpt.tokenizer import get_tokenizer
 from tools import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

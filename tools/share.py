@@ -35,7 +35,7 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
 quiet_interrupt(__name__)
 
 import math
@@ -46,7 +46,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from common import config_parser, parse_settings, preset_setting, resolve_presets, run_main, setting, writer_lock
+from bincode_gpt.cli import config_parser, parse_settings, preset_setting, resolve_presets, run_main, setting
+from bincode_gpt.files import writer_lock
 from model import GPT, code_bits, get_config
 from tools import compare, scaling
 

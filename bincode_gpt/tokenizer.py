@@ -2,8 +2,7 @@
 Tokenizers: text <-> token ids, the one home of every script that turns text into ids or back.
 
 - get_tokenizer: a tiktoken encoding, optionally cut to a smaller vocabulary (what prepare_data.py
-  writes shards with, and what a native checkpoint's tokenizer entry names); MINI_VOCAB and SMALL_VOCAB,
-  the default cuts.
+  writes shards with, and what a native checkpoint's tokenizer entry names).
 - tiktoken_entry: that "tokenizer" entry, which train.py saves with every checkpoint.
 - TiktokenText, HFText: the two text codecs sample.py decodes with, a tiktoken encoding (native runs)
   or a tokenizer.json (converted releases; needs the `tokenizers` package), each with its end-of-text id.
@@ -20,11 +19,6 @@ import tiktoken
 import tiktoken.registry  # encoding_parts
 
 EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]  # end-of-text names, most common first
-# GPT-2's tokenizer cut to 512 tokens (K = 9 code bits): the quick start's vocabulary (prepare_data.py's default for
-# shakespeare, the mini preset); on a CPU's budget a small cut learns more per byte (docs/quickstart.md)
-MINI_VOCAB = 512
-# cut to 8,192 tokens (K = 13): the small preset's and the studies'; it keeps the output head (V x n_embd) CPU-sized
-SMALL_VOCAB = 8192
 
 
 @lru_cache(maxsize=8)  # building a cut encoding takes ~0.2 s
@@ -224,6 +218,6 @@ def load_text_codec(ckpt, ckpt_path):
 if __name__ == "__main__":
     import sys
 
-    from common import not_a_command
-    sys.exit(not_a_command("tokenizer.py", "tokenize a corpus by `python prepare_data.py --help` (--encoding, "
+    from bincode_gpt.cli import not_a_command
+    sys.exit(not_a_command("bincode_gpt/tokenizer.py", "tokenize a corpus by `python prepare_data.py --help` (--encoding, "
                                            "--vocab_size); sample.py decodes a checkpoint's tokens"))

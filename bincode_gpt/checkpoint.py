@@ -18,8 +18,9 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from common import DISK_FULL, atomic_open, available_memory, disk_full, file_problem, one_line
-from decode import memory_bytes
+from bincode_gpt.cli import one_line
+from bincode_gpt.files import atomic_open, DISK_FULL, disk_full, file_problem
+from bincode_gpt.memory import available_memory, memory_bytes
 from model import GPT, GPTConfig
 
 
@@ -171,7 +172,7 @@ def load_checkpoint(path, device="cpu", int8=False, pack=True):
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: its model_config does not fit GPTConfig ({e})") from None
     if is_int8(ckpt):
-        from quantize import check_quantize, pack_int8, split_int8  # int8 only: training never loads quantize.py
+        from bincode_gpt.quantize import check_quantize, pack_int8, split_int8  # int8 only: training never loads quantize.py
 
         check_quantize("int8", device)
         file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
@@ -207,6 +208,6 @@ def is_int8(ckpt):
 if __name__ == "__main__":
     import sys
 
-    from common import not_a_command
-    sys.exit(not_a_command("checkpoint.py", "sample from a checkpoint by `python sample.py --ckpt FILE`, convert one by "
+    from bincode_gpt.cli import not_a_command
+    sys.exit(not_a_command("bincode_gpt/checkpoint.py", "sample from a checkpoint by `python sample.py --ckpt FILE`, convert one by "
                                             "`python -m tools.convert --help`"))

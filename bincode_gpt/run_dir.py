@@ -9,8 +9,9 @@ import json
 import os
 import sys
 
-from checkpoint import load_optimizer_state, read_checkpoint, set_rng_state
-from common import DISK_FULL, LOCK_NAME, one_line, writer_lock
+from bincode_gpt.checkpoint import load_optimizer_state, read_checkpoint, set_rng_state
+from bincode_gpt.cli import one_line
+from bincode_gpt.files import DISK_FULL, LOCK_NAME, writer_lock
 
 OUTPUTS = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run writes in out_dir, and all it ever replaces or removes there
 
@@ -28,7 +29,7 @@ def read_start(cfg):
 
 
 def claim_out_dir(cfg, out_lock, ckpt_stamp):
-    """Make rank 0 (`out_lock`: train()'s ExitStack) out_dir's one writer until the run ends: common.writer_lock
+    """Make rank 0 (`out_lock`: train()'s ExitStack) out_dir's one writer until the run ends: files.writer_lock
     refuses a second run into it, even one started in the same second, and removes the temp files of a
     writer killed mid-save. What out_dir holds is checked (check_out_dir) under the lock; a folder no run
     has locked yet is checked before it too, so a refusal leaves a user's folder exactly as it was. A

@@ -100,20 +100,6 @@ class KVCache:
         return self.k[layer], self.v[layer], self.written  # the mask broadcasts over (B, H, 1, size)
 
 
-def memory_bytes(config, batch_size=0, positions=0, dtype=torch.float32):
-    """An upper bound on the memory GPT(config) takes besides its weights, built even on the meta device
-    (rotary tables of block_size positions, made from float64 angles; the code table; the lift), and with
-    batch_size > 0, a KVCache reaching `positions` (keys and values, its rotary tables of every position of its
-    size class): so a size that cannot fit is refused up front, with the number, not by the allocator."""
-    head_dim, item = config.n_embd // config.n_head, torch.empty((), dtype=dtype).element_size()
-    total = 32 * config.block_size * head_dim + 4 * config.vocab_size * config.code_bits + 8 * config.n_embd
-    if batch_size:
-        reach = size_class(positions)
-        total += 2 * config.n_layer * batch_size * config.n_embd * min(reach, config.block_size) * item
-        total += 32 * reach * head_dim
-    return total
-
-
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None, allowed=None):
     """(B, V) logits -> (B, 1) token ids: greedy at temperature 0, else top-k / nucleus sampling. `allowed`
     (V bools): the ids that may be drawn (a vocabulary padded past its tokenizer: the rest mean no text).

@@ -37,7 +37,7 @@ import threading
 import torch
 import torch.nn as nn
 
-from decode import copy_model
+from bincode_gpt.decode import copy_model
 
 
 QUANTIZE = ("int8",)  # the choices of --quantize
@@ -346,6 +346,6 @@ def compiles_weight_only(model):
 if __name__ == "__main__":  # it had a quality command once; `python quantize.py --ckpt X --data_dir D` still says where it went
     import shlex
 
-    from common import not_a_command
-    sys.exit(not_a_command("quantize.py", "sample with int8 weights by `python sample.py --quantize int8`; measure what "
+    from bincode_gpt.cli import not_a_command
+    sys.exit(not_a_command("bincode_gpt/quantize.py", "sample with int8 weights by `python sample.py --quantize int8`; measure what "
                                           f"int8 costs by `{shlex.join(['python', '-m', 'tools.quantize_quality', *sys.argv[1:]])}`"))

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import torch
 
-from prepare_data import ShardError, read_shard
+from bincode_gpt.shards import read_shard, ShardError
 
 
 class Split:

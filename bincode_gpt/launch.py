@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import has_bf16, pick_device
+from bincode_gpt.devices import has_bf16, pick_device
 
 
 def start_processes(cfg):
@@ -89,7 +89,7 @@ def launch():
 
 
 def pick_dtype(cfg, device):
-    """--dtype auto: bfloat16 on a CUDA GPU with bfloat16 units (common.has_bf16), else float32. bfloat16 is
+    """--dtype auto: bfloat16 on a CUDA GPU with bfloat16 units (devices.has_bf16), else float32. bfloat16 is
     autocast on CUDA and CPU; elsewhere (MPS) it is refused rather than run in float32 under its name."""
     dtype = cfg.dtype
     if dtype == "auto":

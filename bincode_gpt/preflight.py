@@ -13,12 +13,12 @@ from dataclasses import fields, replace
 import numpy as np
 import torch
 
-from checkpoint import check_buildable, check_finite
-from common import available_memory, one_line
-from decode import memory_bytes
+from bincode_gpt.checkpoint import check_buildable, check_finite
+from bincode_gpt.cli import one_line
+from bincode_gpt.memory import available_memory, memory_bytes
+from bincode_gpt.shards import prepare_command
+from bincode_gpt.tokenizer import all_ones_id, reserved_note, tiktoken_entry
 from model import PRESETS, GPTConfig, constant_input_ids, get_config
-from prepare_data import prepare_command
-from tokenizer import all_ones_id, reserved_note, tiktoken_entry
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # train.TrainConfig overrides each; None keeps the preset's
 

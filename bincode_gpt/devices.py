@@ -1,0 +1,72 @@
+"""
+Devices: which one a script runs on, whether it has bfloat16 units, and its peak FLOP/s (for MFU).
+"""
+
+
+# dense (no 2:4 sparsity) bf16 tensor-core peak FLOP/s of one device, from the vendor's datasheet, by the exact name
+# torch.cuda.get_device_name returns: a name not here gets no MFU (--peak_flops gives one), never a neighbour's
+# figure ("NVIDIA L40" is not an L4, "NVIDIA RTX A1000" not an A100, an H100 PCIe not an SXM one)
+PEAK_FLOPS = {
+    "NVIDIA B200": 2250e12,
+    "NVIDIA H200": 989e12,  # SXM
+    "NVIDIA H200 NVL": 835e12,
+    "NVIDIA GH200 480GB": 989e12,
+    "NVIDIA H100 80GB HBM3": 989e12,  # SXM5
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA H100 NVL": 835e12,
+    "NVIDIA H800": 989e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100-PCIE-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA A800-SXM4-80GB": 312e12,
+    "NVIDIA A10": 125e12,
+    "NVIDIA A40": 149.7e12,
+    "NVIDIA L40S": 362e12,
+    "NVIDIA L40": 181e12,
+    "NVIDIA L4": 121e12,
+    "NVIDIA RTX A6000": 154.8e12,
+    "NVIDIA RTX 6000 Ada Generation": 364.2e12,
+}
+
+
+def peak_flops(device):
+    """Peak FLOP/s of one device, for MFU: PEAK_FLOPS's entry for this GPU's exact name, else None (no CPU figure)."""
+    import torch
+
+    if device.type == "cuda":
+        return PEAK_FLOPS.get(torch.cuda.get_device_name(device))
+    return None
+
+
+def has_bf16(device):
+    """Whether `device` is a CUDA GPU with bfloat16 tensor cores (compute capability 8.0 on: Ampere and later),
+    where --dtype auto picks bfloat16. torch.cuda.is_bf16_supported() also counts emulation: a V100 or T4 would
+    then pick a bfloat16 slower than its float32."""
+    import torch
+
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def pick_device(name="auto"):
+    """'auto' -> cuda, then mps, then cpu. An explicit name must be usable here, or ValueError says why."""
+    import torch  # here, not at the top: prepare_data.py needs no torch, and importing it takes seconds
+
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        return torch.device("mps" if mps is not None and mps.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but this PyTorch build sees no CUDA GPU: use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) are visible")
+    if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"device {name!r} asked for, but MPS is not available here: use --device cpu")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"unsupported device {name!r}: use auto, cpu, cuda, cuda:N or mps")
+    return device

@@ -1,0 +1,36 @@
+"""
+Memory arithmetic, one home: how much a device has free now, and how much a model, a KV cache or a training
+step will take, so that a size that cannot fit is refused up front with the numbers, not by the allocator.
+"""
+
+import torch
+
+from bincode_gpt.decode import size_class
+
+
+def available_memory(device):
+    """Bytes that new tensors on `device` can take now (CUDA: free GPU memory; CPU: Linux's MemAvailable),
+    or None where that cannot be told (MPS, a CPU without /proc/meminfo): then nothing is refused on it."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            return None
+    return None
+
+
+def memory_bytes(config, batch_size=0, positions=0, dtype=torch.float32):
+    """An upper bound on the memory GPT(config) takes besides its weights, built even on the meta device
+    (rotary tables of block_size positions, made from float64 angles; the code table; the lift), and with
+    batch_size > 0, a KVCache reaching `positions` (keys and values, its rotary tables of every position of its
+    size class): so a size that cannot fit is refused up front, with the number, not by the allocator."""
+    head_dim, item = config.n_embd // config.n_head, torch.empty((), dtype=dtype).element_size()
+    total = 32 * config.block_size * head_dim + 4 * config.vocab_size * config.code_bits + 8 * config.n_embd
+    if batch_size:
+        reach = size_class(positions)
+        total += 2 * config.n_layer * batch_size * config.n_embd * min(reach, config.block_size) * item
+        total += 32 * reach * head_dim
+    return total

@@ -1,0 +1,163 @@
+"""
+The token shard format that prepare_data.py writes and training reads, and meta.json, the folder's index.
+
+Shard file (little-endian): 32-byte header = b"BCGPTTOK", uint32 version (1), uint32 token width in bytes
+(2 or 4), uint64 token count, 8 zero bytes; then the tokens (uint16 when the vocabulary fits, else uint32).
+"""
+
+import json
+import os
+import shlex
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from bincode_gpt.files import atomic_open, file_problem
+from bincode_gpt.inputs import HUB
+
+# prepare_data.py's defaults of the settings meta.json records, which prepare_command leaves out
+PREPARED_DEFAULTS = {"val_fraction": 0.1, "text_field": "text", "max_tokens": None, "seed": 0}
+
+MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
+DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+
+
+class ShardError(ValueError):
+    """A shard file or a prepared data folder is missing, malformed or truncated."""
+
+
+def token_dtype(n_vocab: int) -> np.dtype:
+    return DTYPES[2] if n_vocab <= 1 << 16 else DTYPES[4]
+
+
+def write_shard(path, tokens: np.ndarray) -> None:
+    """Write 1-d `tokens` atomically to `path`; uint16/uint32 are kept, other integers narrowed."""
+    tokens = np.asarray(tokens)
+    if tokens.dtype not in (np.uint16, np.uint32):
+        if tokens.dtype.kind not in "ui" or tokens.size and (tokens.min() < 0 or tokens.max() >= 1 << 32):
+            raise ValueError(f"{path}: token ids must be integers in [0, 2**32), got {tokens.dtype}")
+        tokens = tokens.astype(token_dtype(int(tokens.max(initial=0)) + 1))
+    tokens = np.ascontiguousarray(tokens.ravel(), DTYPES[tokens.itemsize])  # little-endian on any host
+    with atomic_open(path) as f:
+        f.write(HEADER.pack(MAGIC, VERSION, tokens.itemsize, tokens.size))
+        f.write(tokens.data)
+
+
+def read_shard(path) -> np.ndarray:
+    """A read-only memmap of the tokens in a shard; ShardError if it is malformed."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(HEADER.size)
+    if len(head) < HEADER.size:
+        raise ShardError(f"{path}: truncated header ({size} bytes)")
+    magic, version, width, count = HEADER.unpack(head)
+    if magic != MAGIC:
+        raise ShardError(f"{path}: not a token shard (magic {magic!r})")
+    if version != VERSION or width not in DTYPES:
+        raise ShardError(f"{path}: unsupported shard version {version} / token width {width}")
+    body = size - HEADER.size
+    if body != count * width:
+        what = "truncated" if body < count * width else "longer than its header says"
+        raise ShardError(f"{path}: {what}: header says {count} tokens ({count * width} bytes), body has {body}")
+    if count == 0:  # np.memmap cannot map zero bytes
+        empty = np.zeros(0, DTYPES[width])
+        empty.flags.writeable = False
+        return empty
+    return np.memmap(path, dtype=DTYPES[width], mode="r", offset=HEADER.size, shape=(count,))
+
+
+def load_meta(folder) -> dict:
+    """meta.json of a prepared folder; ShardError naming the file if it is missing, lacks what its
+    readers use (vocab_size, encoding, the splits' shards and token counts) or lists missing shards."""
+    path = Path(folder) / "meta.json"
+    if not os.fspath(folder):  # else meta.json would be looked for in the current folder
+        raise ValueError("--data_dir is '' (empty): name a folder")
+    problem = file_problem(path)
+    if problem == "no such file":
+        raise ShardError(f"{folder}: no meta.json; prepare the data first "
+                         "(`python prepare_data.py shakespeare` writes the default, data/shakespeare)")
+    if problem:
+        raise ShardError(f"{path}: {problem}; prepare the data again, or point at the folder it is in")
+    try:
+        meta = json.loads(path.read_bytes())
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ShardError(f"{path}: not valid JSON ({e})") from None
+    if not is_meta(meta):
+        raise ShardError(f"{path}: malformed: needs a positive vocab_size, an encoding and splits "
+                         '{"train": {"shards": [file names], "tokens": N}, ...}; prepare the folder again')
+    missing = [s for split in meta["splits"].values() for s in split["shards"] if not (Path(folder) / s).is_file()]
+    if missing:
+        raise ShardError(f"{folder}: missing shards {missing[:3]}")
+    return meta
+
+
+def is_meta(meta) -> bool:
+    """Whether parsed JSON is a prepared folder's meta.json (what its readers use is there and well-formed)."""
+    splits = meta.get("splits") if isinstance(meta, dict) else None
+    return bool(isinstance(splits, dict) and all(map(_is_split, splits.values())) and splits.get("train", {}).get("shards")
+                and type(meta.get("vocab_size")) is int and meta["vocab_size"] > 0 and isinstance(meta.get("encoding"), str)
+                and isinstance(meta.get("reserve_zero", False), bool) and isinstance(meta.get("reserve_ones", False), bool))
+
+
+def _is_split(split) -> bool:
+    """{"shards": [names], "tokens": N, ...}; a name is a plain file name, so it cannot reach outside the folder."""
+    return (isinstance(split, dict) and type(split.get("tokens")) is int and isinstance(split.get("shards"), list)
+            and all(isinstance(s, str) and s == Path(s).name and s not in ("", "..") for s in split["shards"]))
+
+
+class ShardWriter:
+    """Buffers one split's tokens and writes them out in shards of exactly `shard_tokens`."""
+
+    def __init__(self, out_dir: Path, split: str, shard_tokens: int, dtype: np.dtype):
+        self.out_dir, self.split, self.size, self.dtype = out_dir, split, shard_tokens, dtype
+        self.buf, self.buffered, self.shards = [], 0, []
+        self.tokens = self.bytes = self.documents = 0
+
+    def add(self, tokens: np.ndarray, nbytes: int) -> None:
+        """One whole document (its tokens end with EOT) and its UTF-8 size."""
+        self.buf.append(tokens)
+        self.buffered += len(tokens)
+        self.tokens, self.bytes, self.documents = self.tokens + len(tokens), self.bytes + nbytes, self.documents + 1
+        if self.buffered >= self.size:
+            flat = np.concatenate(self.buf)
+            full = len(flat) - len(flat) % self.size
+            for i in range(0, full, self.size):
+                self._write(flat[i:i + self.size])
+            self.buf, self.buffered = [flat[full:]], len(flat) - full
+
+    def _write(self, tokens: np.ndarray) -> None:
+        name = f"{self.split}_{len(self.shards):06d}.bin"
+        write_shard(self.out_dir / name, tokens.astype(self.dtype, copy=False))
+        self.shards.append(name)
+
+    def close(self) -> dict:
+        if self.buffered:
+            self._write(np.concatenate(self.buf))
+        return {"shards": self.shards, "tokens": self.tokens, "bytes": self.bytes, "documents": self.documents}
+
+
+def prepared_from(meta: dict) -> list[str] | None:
+    """The inputs `meta`'s data was prepared from, named so that they are found from any folder: those it
+    records as named (absolute paths, since issue 35), else the files it records if they are found from
+    here (older data recorded them as named, relative to a folder now unknown); None if unknown."""
+    if isinstance(meta.get("inputs"), list) and meta["inputs"]:
+        return meta["inputs"]
+    sources = meta.get("sources")
+    found = isinstance(sources, list) and sources and all(
+        isinstance(s, str) and (os.path.isabs(s) or os.path.exists(s) or s in HUB or s.startswith("hf:")) for s in sources)
+    return sources if found else None
+
+
+def prepare_command(meta: dict, out: str, shard_tokens: int | None = None) -> str:
+    """The command line that prepares the inputs `meta` (a meta.json) names again into `out`, as it was
+    prepared but with today's default ids: what train.py prints for data made before a default."""
+    flags = [*(prepared_from(meta) or ["<INPUTS: unknown, its meta.json does not record them>"]), "--out", out, "--encoding", meta["encoding"], "--vocab_size", str(meta["vocab_size"])]
+    for name, default in PREPARED_DEFAULTS.items():
+        if meta.get(name, default) != default:
+            flags += [f"--{name}", str(meta[name])]
+    if meta.get("mix") is not None:
+        flags += ["--mix", ",".join(map(str, meta["mix"]))]
+    if shard_tokens is not None:
+        flags += ["--shard_tokens", str(shard_tokens)]
+    return shlex.join(["python", "prepare_data.py", *flags, "--overwrite"])
