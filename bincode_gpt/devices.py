@@ -3,40 +3,44 @@ Devices: which one a script runs on, whether it has bfloat16 units, and its peak
 """
 
 
-# dense (no 2:4 sparsity) bf16 tensor-core peak FLOP/s of one device, from the vendor's datasheet, by the exact name
-# torch.cuda.get_device_name returns: a name not here gets no MFU (--peak_flops gives one), never a neighbour's
-# figure ("NVIDIA L40" is not an L4, "NVIDIA RTX A1000" not an A100, an H100 PCIe not an SXM one)
+# dense (no 2:4 sparsity) tensor-core peak FLOP/s of one device from the vendor's datasheet, (bfloat16, TF32): a
+# float32 run's matmuls run in TF32 on CUDA (launch.set_precision), so its MFU is against the TF32 peak. By the exact
+# name torch.cuda.get_device_name returns: a name not here gets no MFU (--peak_flops gives one), never a
+# neighbour's figure ("NVIDIA L40" is not an L4, "NVIDIA RTX A1000" not an A100, an H100 PCIe not an SXM one)
 PEAK_FLOPS = {
-    "NVIDIA B200": 2250e12,
-    "NVIDIA H200": 989e12,  # SXM
-    "NVIDIA H200 NVL": 835e12,
-    "NVIDIA GH200 480GB": 989e12,
-    "NVIDIA H100 80GB HBM3": 989e12,  # SXM5
-    "NVIDIA H100 PCIe": 756e12,
-    "NVIDIA H100 NVL": 835e12,
-    "NVIDIA H800": 989e12,
-    "NVIDIA A100-SXM4-80GB": 312e12,
-    "NVIDIA A100-SXM4-40GB": 312e12,
-    "NVIDIA A100-PCIE-40GB": 312e12,
-    "NVIDIA A100 80GB PCIe": 312e12,
-    "NVIDIA A800-SXM4-80GB": 312e12,
-    "NVIDIA A10": 125e12,
-    "NVIDIA A40": 149.7e12,
-    "NVIDIA L40S": 362e12,
-    "NVIDIA L40": 181e12,
-    "NVIDIA L4": 121e12,
-    "NVIDIA RTX A6000": 154.8e12,
-    "NVIDIA RTX 6000 Ada Generation": 364.2e12,
+    "NVIDIA B200": (2250e12, 1100e12),
+    "NVIDIA H200": (989e12, 494.5e12),  # SXM
+    "NVIDIA H200 NVL": (835e12, 417.5e12),
+    "NVIDIA GH200 480GB": (989e12, 494.5e12),
+    "NVIDIA H100 80GB HBM3": (989e12, 494.5e12),  # SXM5
+    "NVIDIA H100 PCIe": (756e12, 378e12),
+    "NVIDIA H100 NVL": (835e12, 417.5e12),
+    "NVIDIA H800": (989e12, 494.5e12),
+    "NVIDIA A100-SXM4-80GB": (312e12, 156e12),
+    "NVIDIA A100-SXM4-40GB": (312e12, 156e12),
+    "NVIDIA A100-PCIE-40GB": (312e12, 156e12),
+    "NVIDIA A100 80GB PCIe": (312e12, 156e12),
+    "NVIDIA A800-SXM4-80GB": (312e12, 156e12),
+    "NVIDIA A10": (125e12, 62.5e12),
+    "NVIDIA A40": (149.7e12, 74.8e12),
+    "NVIDIA L40S": (362e12, 183e12),
+    "NVIDIA L40": (181e12, 90.5e12),
+    "NVIDIA L4": (121e12, 60e12),
+    "NVIDIA RTX A6000": (154.8e12, 77.4e12),
+    "NVIDIA RTX 6000 Ada Generation": (364.2e12, 91.1e12),
 }
 
 
-def peak_flops(device):
-    """Peak FLOP/s of one device, for MFU: PEAK_FLOPS's entry for this GPU's exact name, else None (no CPU figure)."""
+def peak_flops(device, dtype="bfloat16"):
+    """Peak FLOP/s of one device for a run in `dtype`, for MFU: PEAK_FLOPS's entry for this GPU's exact name (the
+    bfloat16 figure, or TF32's for float32), else None (no CPU figure)."""
     import torch
 
-    if device.type == "cuda":
-        return PEAK_FLOPS.get(torch.cuda.get_device_name(device))
-    return None
+    if device.type != "cuda" or torch.cuda.get_device_name(device) not in PEAK_FLOPS:
+        return None
+    bf16, tf32 = PEAK_FLOPS[torch.cuda.get_device_name(device)]
+    return bf16 if dtype == "bfloat16" else tf32
+
 
 
 def has_bf16(device):

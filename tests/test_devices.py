@@ -317,12 +317,14 @@ GPU_NAMES = [
 @pytest.mark.parametrize("name, peak", GPU_NAMES)
 def test_peak_flops_by_exact_gpu_name(monkeypatch, name, peak):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    assert peak_flops(torch.device("cuda", 0)) == peak
-    assert peak_flops(torch.device("cpu")) is None
+    assert peak_flops(torch.device("cuda", 0)) == peak_flops(torch.device("cuda", 0), "bfloat16") == peak
+    assert peak_flops(torch.device("cuda", 0), "float32") == (PEAK_FLOPS[name][1] if peak else None)  # TF32
+    assert peak_flops(torch.device("cpu")) is None and peak_flops(torch.device("cpu"), "float32") is None
 
 
 def test_every_peak_is_a_dense_datasheet_figure():
-    assert all(isinstance(v, float) and 1e14 <= v <= 3e15 for v in PEAK_FLOPS.values())
+    """bfloat16 from 1e14 to 3e15 FLOP/s; TF32 (a float32 run's matmuls) about half of it or less."""
+    assert all(1e14 <= bf16 <= 3e15 and 0.2 * bf16 <= tf32 <= 0.51 * bf16 for bf16, tf32 in PEAK_FLOPS.values())
 
 
 @pytest.mark.parametrize("capability, native", [((7, 0), False), ((7, 5), False), ((8, 0), True), ((8, 6), True),
