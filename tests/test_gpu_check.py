@@ -143,3 +143,12 @@ def test_resumed_logs_are_compared_bit_for_bit_on_a_cpu_and_within_the_stated_to
 def test_auto_without_a_gpu_says_how_to_dry_run():
     with pytest.raises(ValueError, match="--device cpu runs the same steps"):
         gpu_check.main([])
+
+
+def test_a_check_that_fails_itself_is_a_fail_row_and_the_others_go_on():
+    def broken(log):
+        return [gpu_check.Row("x", True, note=log["missing"])]
+
+    assert gpu_check.rows_of("torchrun", broken, {}) == [
+        gpu_check.Row("torchrun", False, note="gpu_check itself failed: KeyError: 'missing'")]
+    assert gpu_check.rows_of("torchrun", broken, {"missing": "here"}) == [gpu_check.Row("x", True, note="here")]

@@ -27,12 +27,13 @@ Design choices, up front:
   runs of one command already differ in the last bits. The note gives the largest difference found.
 - --init_from starts a run from the reference's ckpt.pt: its step-0 validation loss must be the reference's last
   (the same weights on the same windows; on a GPU within 1e-3, as bfloat16 kernels may order sums otherwise).
-- The paper row: the paper preset (32 x 1024, context 1,024, V = 65,536), eager bfloat16, 3 steps, at the
-  largest batch that runs: the first tried is the largest of BATCHES that preflight's estimate fits in
-  free memory, then smaller ones while a try runs out of memory. Its peak (max_memory_allocated) must
-  not exceed the estimate (else preflight could not warn before an out-of-memory); the time from its
-  last step to the end (the one-batch check, the RNG states, the fsync'd ~5.6 GB ckpt.pt) is what a stop
-  under torchrun must fit in --shutdown_timeout (docs/usage.md). On a CPU the tiny preset stands in.
+- The paper row: the paper preset (32 x 1024, context 1,024, V = 65,536), eager bfloat16, 3 steps at the
+  paper-size runs' --lr 6e-4, at the largest batch that runs: the first tried is the largest of BATCHES
+  that preflight's estimate fits in free memory, then smaller ones while a try runs out of memory. Its
+  peak (max_memory_allocated) must not exceed the estimate (else preflight could not warn before an
+  out-of-memory); the time from its last step to the end (the one-batch check, the RNG states, the
+  fsync'd ~5.6 GB ckpt.pt, written under --work) is what a stop under torchrun must fit in its
+  --shutdown_timeout (docs/usage.md). On a CPU the tiny preset stands in, its RSS not compared.
 - torchrun: two processes, grad_accum 2. On a CPU, gloo; on one GPU, skipped with a note: NCCL refuses two
   ranks on one GPU, and train.py picks NCCL for CUDA tensors. With two or more GPUs, one process each.
 - tokens/s and MFU are the median over the logged steps after the first --warmup (compiling); peak memory
@@ -63,12 +64,9 @@ from dataclasses import dataclass, field
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bincode_gpt import memory
-from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
+from bincode_gpt.cli import config_parser, one_line, parse_settings, run_main, setting
 from bincode_gpt.devices import pick_device
 from bincode_gpt.files import atomic_write
-from bincode_gpt.shards import load_meta
-from bincode_gpt.tokenizer import encoding_parts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # runs a root script as its __main__ and says its peak memory on stderr at exit, however it exits
@@ -223,6 +221,8 @@ def english(chars, seed=0):
 def check_encoding(name):
     """Stop at once, with how to fix it, where tiktoken cannot read encoding `name`'s files (not cached, and no
     network): preparing the data and decoding samples both need them."""
+    from bincode_gpt.tokenizer import encoding_parts
+
     try:
         encoding_parts(name)
     except Exception as e:  # tiktoken's download fails with whatever its HTTP client raises
@@ -370,6 +370,8 @@ def stop_and_resume(name, cfg, cuda, launch, flags, out_dir, ref_log, exits):
 
 def estimated_bytes(mcfg, batch_size):
     """preflight's estimate of what training at batch_size holds: the one place the check asks for it."""
+    from bincode_gpt import memory
+
     if hasattr(memory, "training_bytes"):
         return memory.training_bytes(mcfg, batch_size)
     # preflight.check_training_fits's lower bound, until memory.training_bytes replaces it
@@ -405,15 +407,16 @@ def check_paper(cfg, cuda, data, work):
     --shutdown_timeout)."""
     import torch
 
+    from bincode_gpt.memory import available_memory
     from model import get_config
 
     name = "paper preset, largest batch"
     shape = dict(preset="paper", vocab_size=65536) if cuda else dict(preset="tiny", block_size=32)
     mcfg = get_config(**shape)
     device = torch.device("cuda" if cuda else "cpu")
-    first = first_batch(mcfg, memory.available_memory(device) or 0)
+    first = first_batch(mcfg, available_memory(device) or 0)
     attempt = lambda b: run(command("train.py", *train_flags(
-        cfg, cuda, data, os.path.join(work, f"paper-b{b}"), **shape, batch_size=b, max_steps=3, warmup_steps=1,
+        cfg, cuda, data, os.path.join(work, f"paper-b{b}"), **shape, batch_size=b, max_steps=3, warmup_steps=1, lr=6e-4,
         eval_interval=0, save_interval=0, compile=False)), timeout=cfg.timeout)
     batch, done, failed = largest_batch(attempt, first)
     tried = f" ({', '.join(map(str, failed))} ran out of memory)" if failed else ""
@@ -492,6 +495,15 @@ def check_sampling(cfg, cuda, work):
     return rows
 
 
+def rows_of(name, check_fn, *args):
+    """check_fn(*args) -> its rows; an exception in it (a log or an output not as this check expects) is one FAIL
+    row, `name`, and the other checks still run: one GPU session gets the whole table."""
+    try:
+        return check_fn(*args)
+    except Exception as e:
+        return [Row(name, False, note=f"gpu_check itself failed: {type(e).__name__}: {one_line(str(e), 150)}")]
+
+
 def table(rows, device_name):
     fmt = lambda v, spec: "-" if v is None else format(v, spec)
     lines = [f"GPU check on {device_name}", "",
@@ -507,6 +519,8 @@ def table(rows, device_name):
 def check(cfg):
     """Run every step -> (rows, device name)."""
     import torch
+
+    from bincode_gpt.shards import load_meta
 
     device = pick_device(cfg.device)
     if cfg.device == "auto" and device.type != "cuda":
@@ -524,11 +538,12 @@ def check(cfg):
     os.makedirs(work, exist_ok=True)
     try:
         data = os.path.abspath(cfg.data_dir) if cfg.data_dir else prepare(work)
-        rows = check_training(cfg, cuda, data, work)
+        rows = rows_of("train (quick start)", check_training, cfg, cuda, data, work)
         if rows[0].ok:  # the rest start from its checkpoint
             if cfg.paper:
-                rows.append(check_paper(cfg, cuda, data, work))
-            rows += [*check_torchrun(cfg, cuda, data, work), *check_sampling(cfg, cuda, work)]
+                rows += rows_of("paper preset, largest batch", lambda *a: [check_paper(*a)], cfg, cuda, data, work)
+            rows += rows_of("torchrun", check_torchrun, cfg, cuda, data, work)
+            rows += rows_of("sample.py", check_sampling, cfg, cuda, work)
     finally:
         if not cfg.work:
             shutil.rmtree(work, ignore_errors=True)
