@@ -3,6 +3,7 @@ sizes, offline, on its own text); a failing step is a FAIL row and exit status 1
 reach: the batch search, the tolerant log comparison, the child process runner, the missing tiktoken cache."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -152,3 +153,49 @@ def test_a_check_that_fails_itself_is_a_fail_row_and_the_others_go_on():
     assert gpu_check.rows_of("torchrun", broken, {}) == [
         gpu_check.Row("torchrun", False, note="gpu_check itself failed: KeyError: 'missing'")]
     assert gpu_check.rows_of("torchrun", broken, {"missing": "here"}) == [gpu_check.Row("x", True, note="here")]
+
+
+def test_the_paper_row_on_cuda_compares_the_peak_with_the_estimate_and_times_the_stop(tmp_path, monkeypatch):
+    """check_paper as on an 80 GB GPU, its train.py runs stood in: batches above 16 run out of memory; batch 16
+    logs 3 steps, writes a 2 GB ckpt.pt 12.5 s after its last step line, and peaks at `peak` bytes."""
+    paper = get_config("paper", vocab_size=65536)
+    estimate = gpu_check.estimated_bytes(paper, 16)
+    monkeypatch.setattr("bincode_gpt.memory.available_memory", lambda device: 80 * 2**30)
+
+    def stand_in(peak):
+        def run(cmd, timeout):
+            flags = dict(a[2:].split("=", 1) for a in cmd if a.startswith("--") and "=" in a)
+            assert (flags["preset"], flags["vocab_size"], flags["dtype"], "--compile" in cmd) == (
+                "paper", "65536", "bfloat16", False)
+            if int(flags["batch_size"]) > 16:
+                return Done(1, "", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB", 9.0)
+            os.makedirs(flags["out_dir"])
+            entries = [dict(event="train", step=s, tokens_per_s=1000.0 * s, mfu=0.1 * s) for s in (1, 2, 3)]
+            (tmp_path / flags["out_dir"] / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+            with open(os.path.join(flags["out_dir"], "ckpt.pt"), "wb") as f:
+                f.truncate(2 * 10**9)  # sparse: 2 GB on paper
+            lines = [(10.0, "step 3/3 | loss 11.0\n"), (22.5, "done: step 3, ...\n")]
+            return Done(0, "".join(l for _, l in lines), f"gpu_check peak cuda {peak}\n", 30.0, lines)
+        return run
+
+    first = gpu_check.first_batch(paper, 80 * 2**30)
+    tried = ", ".join(str(b) for b in gpu_check.BATCHES if 16 < b <= first)
+    stop = "; the stop path after the last step (one-batch check, RNG states, fsync'd 2.00 GB ckpt.pt) 12.5 s"
+    for peak, ok in ((estimate, True), (estimate + 1, False)):
+        monkeypatch.setattr(gpu_check, "run", stand_in(peak))
+        work = tmp_path / f"peak{peak}"
+        row = gpu_check.check_paper(gpu_check.CheckConfig(steps=100, compile=True), True, "data", str(work))
+        below = "" if ok else " (below the peak: cannot warn before an OOM)"
+        assert row == gpu_check.Row(
+            "paper preset, largest batch", ok, 2500.0, 0.25, f"{peak / 2**30:.2f} GiB", 30.0,
+            f"32 x 1024, context 1024, V 65,536, eager bfloat16: batch 16 of {first} first tried ({tried} ran out of "
+            f"memory); peak {peak / 2**30:.1f} GiB against preflight's estimate {estimate / 2**30:.1f} GiB{below}{stop}")
+
+
+def test_one_gpu_skips_the_torchrun_rows_with_the_reason(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    got = gpu_check.check_torchrun(gpu_check.CheckConfig(steps=100), True, "data", "work")
+    why = ("skipped: one GPU, and NCCL refuses two ranks on one GPU (train.py uses NCCL for CUDA tensors; gloo on "
+           "CUDA is not a train.py option)")
+    assert got == [gpu_check.Row("torchrun, 2 processes, grad_accum 2", None, note=why),
+                   gpu_check.Row("torchrun: SIGTERM, then --resume", None, note=why)]
