@@ -305,6 +305,7 @@ def announced(out):
 
 
 def saved_step(out_dir):
+    """The step out_dir's ckpt.pt holds, or None."""
     import torch
 
     path = os.path.join(out_dir, "ckpt.pt")
