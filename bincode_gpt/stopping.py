@@ -5,6 +5,7 @@ written stays good.
 """
 
 import math
+import os
 import signal
 import sys
 import threading
@@ -29,13 +30,21 @@ class GracefulStop:
     def handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.requested = True
+        first, self.requested = not self.requested, True
         print(f"\n{signal.Signals(signum).name}: finishing this step, saving, then exiting", file=sys.stderr,
               flush=True)
+        if first and dist.is_torchelastic_launched() and os.environ.get("RANK") == "0":
+            print(TORCHRUN_KILLS, file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         for s, h in self.old.items():
             signal.signal(s, h)
+
+
+# torchrun forwards a signal it gets to its ranks and SIGKILLs those still running --shutdown_timeout seconds later
+TORCHRUN_KILLS = ("torchrun SIGKILLs the ranks --shutdown_timeout seconds after it forwards a signal (default 30): a "
+                  "step and save that take longer are lost, the last ckpt.pt kept; on slow storage start torchrun "
+                  "with --shutdown_timeout=600 (docs/usage.md)")
 
 
 def mean_loss_and_stop(run, loss, requested):
