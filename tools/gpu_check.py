@@ -370,14 +370,11 @@ def stop_and_resume(name, cfg, cuda, launch, flags, out_dir, ref_log, exits):
 
 
 def estimated_bytes(mcfg, batch_size):
-    """preflight's estimate of what training at batch_size holds: the one place the check asks for it."""
-    from bincode_gpt import memory
+    """preflight's estimate of what training at batch_size holds (the paper row trains in bfloat16, eager): the one
+    place the check asks for it."""
+    from bincode_gpt.memory import training_bytes
 
-    if hasattr(memory, "training_bytes"):
-        return memory.training_bytes(mcfg, batch_size)
-    # preflight.check_training_fits's lower bound, until memory.training_bytes replaces it
-    params = mcfg.n_layer * 12 * mcfg.n_embd**2 + mcfg.vocab_size * mcfg.n_embd
-    return 16 * params + 2 * batch_size * mcfg.block_size * mcfg.vocab_size + memory.memory_bytes(mcfg)
+    return training_bytes(mcfg, batch_size, "bfloat16")
 
 
 def first_batch(mcfg, free):
