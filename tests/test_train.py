@@ -138,6 +138,55 @@ def test_the_eta_counts_the_steps_and_evaluations_to_go_without_the_warm_up_step
     assert train.clock(3 * 3600 + 62.7) == "3h01m02s"
 
 
+LOG_30_STEPS = Path(__file__).resolve().parent / "data" / "log_30_steps.json"
+WALL_CLOCK = ("dt", "tokens_per_s", "mfu", "wall_s")  # the fields of log.jsonl that vary from run to run
+
+
+@pytest.fixture(scope="module")
+def sentences(tmp_path_factory):
+    """Token shards of generated sentences at vocab 512: the same text wherever the checkout lies (tiny_data
+    and data_dir read Shakespeare where they find it beside the checkout), so a logged run can be compared."""
+    folder = tmp_path_factory.mktemp("sentences")
+    lines = (f"line {i}: the quick brown fox {i % 7} jumps over {i % 11} dogs" for i in range(500))
+    (folder / "text.txt").write_text("\n".join(lines))
+    prepare([str(folder / "text.txt")], str(folder / "data"), vocab_size=512, workers=1, progress=False)
+    return folder / "data"
+
+
+def steady_log(out_dir, data_dir):
+    """log.jsonl's entries less their wall-clock fields, the run's folders named by placeholders."""
+    folders = {str(out_dir): "<out_dir>", str(data_dir): "<data_dir>"}
+
+    def steady(value):
+        if isinstance(value, dict):
+            return {k: steady(v) for k, v in value.items() if k not in WALL_CLOCK}
+        return folders.get(value, value) if isinstance(value, str) else value
+    return [steady(json.loads(line)) for line in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
+
+
+def agreeing(got, want, rel=1e-5):
+    """got, its floats that agree with want's to `rel` replaced by want's: `agreeing(got, want) == want` compares
+    the rest exactly and shows where they differ."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        return {k: agreeing(v, want.get(k), rel) for k, v in got.items()}
+    if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        return [agreeing(g, w, rel) for g, w in zip(got, want)]
+    if isinstance(got, float) and isinstance(want, float) and math.isclose(got, want, rel_tol=rel):
+        return want
+    return got
+
+
+def test_a_30_step_run_logs_the_stored_trajectory(sentences, tmp_path):
+    """30 steps with pinned flags log what tests/data/log_30_steps.json holds, entry for entry: settings, losses,
+    learning rates, gradient norms, evaluations and the summary. Floats agree to 1e-5 relative (another CPU's
+    kernels may round differently); any change to the data order, the schedule, the init or the step is far more."""
+    train.train(config(sentences, tmp_path, max_steps=30, eval_interval=10, log_interval=10, save_interval=15))
+    got, want = steady_log(tmp_path, sentences), json.loads(LOG_30_STEPS.read_text())
+    assert [e["event"] for e in got] == ["start", "eval"] + (["train"] * 10 + ["eval"]) * 3 + ["end"]
+    assert agreeing(got, want) == want
+    assert want[-1]["final_val_loss"] < want[1]["val_loss"] - 0.5  # the stored run did learn
+
+
 # ----------------------------------------------------------------------------- resume
 def test_resume_is_bit_exact_with_dropout(data_dir, tmp_path):
     K, N = 12, 5
