@@ -28,6 +28,7 @@ import train
 from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.cli import run_main
 from bincode_gpt.files import LOCK_NAME
+from bincode_gpt.progress import Log, clock
 from bincode_gpt.shards import ShardError, write_shard
 from bincode_gpt.tokenizer import get_tokenizer
 from bincode_gpt.windows import Split
@@ -128,14 +129,14 @@ def test_losses_are_also_per_byte_of_the_text(data_dir, tmp_path, capsys):
 
 
 def test_the_eta_counts_the_steps_and_evaluations_to_go_without_the_warm_up_step(capsys):
-    log = train.Log(train.TrainConfig(max_steps=200, eval_interval=50, log_interval=10), True, 1, 32, 1.0, None)
+    log = Log(train.TrainConfig(max_steps=200, eval_interval=50, log_interval=10), True, 1, 32, 1.0, None)
     log.eval_s = 4.0  # the last evaluation's time
     for step, dt in enumerate([9.0] + [0.5] * 9, start=1):  # a slow first step (warm-up), then 0.5 s a step
         log.step(SimpleNamespace(step=step, position=step), 1.0, None, 1e-3, dt, False)
     # 190 steps at 0.5 s, and the evaluations at 50, 100, 150 and 200 at 4 s each: 111 s
     assert capsys.readouterr().out.endswith("| eta 0h01m51s\n")
-    assert train.Log(train.TrainConfig(max_steps=210, eval_interval=50), True, 1, 32, 1.0, None).eta(200, [1.0]) == 10
-    assert train.clock(3 * 3600 + 62.7) == "3h01m02s"
+    assert Log(train.TrainConfig(max_steps=210, eval_interval=50), True, 1, 32, 1.0, None).eta(200, [1.0]) == 10
+    assert clock(3 * 3600 + 62.7) == "3h01m02s"
 
 
 LOG_30_STEPS = Path(__file__).resolve().parent / "data" / "log_30_steps.json"
