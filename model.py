@@ -2,7 +2,8 @@
 A GPT whose input is each token id's fixed binary code: no trainable input embedding table.
 
 arXiv 2605.09751 (Bochkov, 2026) shows a decoder-only LM learns as well when the usual trainable
-V x d input table is replaced by the token id written in K = ceil(log2 V) bits, tiled to model width.
+V x d input table is replaced by the token id written in K = ceil(log2 V) bits, tiled to model
+width.
 A worked example, V = 65,536 (K = 16), n_embd = 1024:
 
     token id 1234 = 0b0000_0100_1101_0010
@@ -16,15 +17,17 @@ A worked example, V = 65,536 (K = 16), n_embd = 1024:
 Those 1024 zeros and ones are the residual stream's input. Nothing about them is learned.
 
 Design choices, up front:
-- Three input interfaces feed the same decoder (config.input): "binary" (the paper's model: a frozen
-  V x K code table kept as a buffer named `weight`, as the released checkpoint stores it), "affine"
-  (table-free: bits computed from the ids, recoded as A c XOR b over GF(2)), "learned" (nn.Embedding).
+- Three input interfaces feed the same decoder (config.input): "binary" (the paper's model: a
+  frozen V x K code table kept as a buffer named `weight`, as the released checkpoint stores it),
+  "affine" (table-free: bits computed from the ids, recoded as A c XOR b over GF(2)), "learned"
+  (nn.Embedding).
 - Lifting K bits to n_embd dims is one index vector, `lift` (dim j reads bit lift[j]): both layouts
   are a gather, so no parameters and no matmul.
 - Decoder: pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention) through
   F.scaled_dot_product_attention, GELU MLP (4x), final LayerNorm, untied bias-free output head.
-- Read top to bottom: the code, the config, the decoder, GPT. Then, apart: the affine input and the config
-  checks, each in a labelled section at the end. Fast decoding (KV cache, sampling, generate): decode.py.
+- Read top to bottom: the code, the config, the decoder, GPT. Then, apart: the affine input and
+  the config checks, each in a labelled section at the end. Fast decoding (KV cache, sampling,
+  generate): bincode_gpt/decode.py.
 """
 
 import argparse
@@ -38,7 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-# ----------------------------------------------------------------------------- the idea: a fixed binary code
+# ---------------------------------------------------------- the idea: a fixed binary code
 def code_bits(vocab_size: int) -> int:
     """K = ceil(log2 V): the fewest bits that give every token id its own code."""
     return max(1, (vocab_size - 1).bit_length())
@@ -50,14 +53,16 @@ def binary_code(ids: torch.Tensor, bits: int) -> torch.Tensor:
     return ((ids.unsqueeze(-1) >> shifts) & 1).float()
 
 
-def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int = 0) -> torch.Tensor:
+def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int = 0):
     """The release's V x K code table: row t = bits of t, least significant first; the pad row all
-    zeros (so <pad> and token 0 share an input, as in the release). Built on the CPU. A width W > K (a study
-    of the code's width at fixed V, not the paper's code) appends parity bits: bit K+j = bit j XOR bit j+1 mod K."""
+    zeros (so <pad> and token 0 share an input, as in the release). Built on the CPU. A width W > K
+    (a study of the code's width at fixed V, not the paper's code) appends parity bits: bit K+j =
+    bit j XOR bit j+1 mod K."""
     K = code_bits(vocab_size)
     table = binary_code(torch.arange(vocab_size, device="cpu"), K)
     j = torch.arange(max(0, width - K))
-    table = torch.cat([table, (table[:, j % K] + table[:, (j + 1) % K]) % 2], dim=1)  # (V, K) -> (V, W)
+    parity = (table[:, j % K] + table[:, (j + 1) % K]) % 2  # (V, W - K)
+    table = torch.cat([table, parity], dim=1)  # (V, K) -> (V, W)
     if pad_token_id is not None:
         table[pad_token_id] = 0.0
     return table
@@ -68,8 +73,8 @@ def lift_index(n_embd: int, bits: int, layout: str) -> torch.Tensor:
 
     tile:       dim j carries bit j mod K; when K does not divide n_embd the last copy is cut short.
     interleave: bit k fills the contiguous dims [k*n_embd/K, (k+1)*n_embd/K), i.e. dim j carries
-                bit floor(j*K / n_embd): code.repeat_interleave(n_embd/K) when K divides n_embd (the
-                author's earlier models); otherwise every bit still gets floor or ceil of n_embd/K dims.
+                bit floor(j*K / n_embd): code.repeat_interleave(n_embd/K) when K divides n_embd;
+                otherwise every bit still gets floor or ceil of n_embd/K dims.
     Both keep every bit when n_embd >= K (GPTConfig checks it). Built on the CPU, also inside a
     meta-device context: the lift is never stored in a checkpoint.
     """
@@ -82,18 +87,20 @@ def lift_index(n_embd: int, bits: int, layout: str) -> torch.Tensor:
 class BinaryCodeInput(nn.Module):
     """The paper's input: a frozen V x K table of token codes, lifted to n_embd. No parameters.
 
-    The table is a registered buffer called `weight`, so `model.get_input_embeddings().weight` is the
-    exact code table the released checkpoint's audit checks (row t = bits of t, the pad row zero).
-    The rule: no token text can produce, and not end-of-text, enters the model as a constant vector:
-    LayerNorm maps one to exactly zero, so without biases its stream stays degenerate (deep models
-    diverge on it). The constant codes, ids 0 and 2^K - 1, go to the bytes NUL and 0xFF, which text
-    does not hold (prepare_data.py moves end-of-text off 2^K - 1; docs/zero-code.md).
+    The table is a registered buffer called `weight`, so `model.get_input_embeddings().weight` is
+    the exact code table the released checkpoint's audit checks (row t = bits of t, the pad row
+    zero). The rule: no id that text can produce (end-of-text included) may enter the model as a
+    constant vector, because LayerNorm maps a constant vector to exactly zero, and without biases
+    that position's stream then stays degenerate (deep models diverge on it). The constant codes
+    are ids 0 and 2^K - 1; the tokenizer gives them to the bytes NUL and 0xFF, which text does not
+    hold, and prepare_data.py moves end-of-text off 2^K - 1 (docs/zero-code.md).
     """
 
     def __init__(self, vocab_size, n_embd, layout="tile", pad_token_id=None, width=0):
         super().__init__()
         self.register_buffer("weight", canonical_code(vocab_size, pad_token_id, width))  # (V, K)
-        self.register_buffer("lift", lift_index(n_embd, self.weight.shape[1], layout), persistent=False)
+        lift = lift_index(n_embd, self.weight.shape[1], layout)
+        self.register_buffer("lift", lift, persistent=False)
 
     def code(self, idx):
         return self.weight[idx]  # (B, T) -> (B, T, K)
@@ -102,7 +109,7 @@ class BinaryCodeInput(nn.Module):
         return self.code(idx).index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
 
 
-# ----------------------------------------------------------------------------- the config
+# ---------------------------------------------------------- the config
 @dataclass
 class GPTConfig:
     vocab_size: int = 50304  # token ids [0, V); the code has K = ceil(log2 V) bits
@@ -114,30 +121,31 @@ class GPTConfig:
     layout: str = "tile"  # tile | interleave: how K code bits are lifted to n_embd dims
     affine_seed: int = 0  # draws A and b of the affine input
     pad_token_id: int | None = None  # its code row is all zeros (binary input), as in the release
-    code_width: int = 0  # binary input: 0 for K = ceil(log2 V) bits; more appends parity bits (the width study)
+    code_width: int = 0  # binary input: 0 for K = ceil(log2 V) bits; more adds parity bits
     rope_base: float = 10000.0  # rotary base
     bias: bool = False  # biases in Linear and LayerNorm layers (never in the output head)
     dropout: float = 0.0  # dropout probability
 
     def __post_init__(self):
-        check_config(self)  # a clear error for a shape that cannot work (the checks section at the end)
+        check_config(self)  # a clear error for a shape that cannot work (checks, at the end)
 
     @property
     def code_bits(self):
         return self.code_width or code_bits(self.vocab_size)
 
 
-# GPT-2's tokenizer cut to 512 tokens (K = 9): the quick start's vocabulary, where a small cut learns more
-# per byte on a CPU's budget (docs/quickstart.md); cut to 8,192 (K = 13): the studies', a CPU-sized head
+# GPT-2's tokenizer cut to 512 tokens (K = 9), the quick start's: a small cut learns more per byte
+# on a CPU's budget (docs/quickstart.md); cut to 8,192 (K = 13), the studies': a CPU-sized head
 MINI_VOCAB = 512
 SMALL_VOCAB = 8192
 PRESETS = {  # GPTConfig fields by name; the rest keep their defaults
     # the released checkpoints' shape: 32 x 1024, 32 heads, context 1024, V = 65,536, <pad> = 57,344
-    "paper": dict(vocab_size=65536, block_size=1024, n_layer=32, n_head=32, n_embd=1024, pad_token_id=57344),
-    # CPU-sized: mini is train.py's default (the quick start; V = 512, K = 9), small the studies' (V = 8,192, K = 13)
+    "paper": dict(vocab_size=65536, block_size=1024, n_layer=32, n_head=32, n_embd=1024,
+                  pad_token_id=57344),
+    # CPU-sized: mini is train.py's default (the quick start), small the studies'
     "mini": dict(vocab_size=MINI_VOCAB, block_size=128, n_layer=4, n_head=4, n_embd=128),
     "small": dict(vocab_size=SMALL_VOCAB, block_size=256, n_layer=6, n_head=6, n_embd=384),
-    "tiny": dict(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32),  # for tests: milliseconds a step
+    "tiny": dict(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32),  # tests: ms a step
 }
 
 
@@ -147,28 +155,32 @@ def get_config(preset: str, **overrides) -> GPTConfig:
     return GPTConfig(**{**PRESETS[preset], **overrides})
 
 
-# ----------------------------------------------------------------------------- the decoder
+# ---------------------------------------------------------- the decoder
 def rotate(x, cos, sin):
-    """Rotary position embedding, written out: a head's dims pair up as (x1[i], x2[i]), its two halves,
-    and each pair turns as a point in the plane by its angle, position * rope_base^(-2i/head_dim):
-    cos, sin (T, head_dim/2). q.k then depends only on how far apart two positions are. The model runs
-    apply_rotary below: the same in three ops (test_model.py holds them equal)."""
+    """Rotary position embedding, written out: a head's dims pair up as (x1[i], x2[i]), its two
+    halves, and each pair turns as a point in the plane by its angle, position *
+    rope_base^(-2i/head_dim): cos, sin (T, head_dim/2). q.k then depends only on how far apart two
+    positions are. The model runs apply_rotary below: the same in three ops (test_model.py holds
+    them equal)."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
-    """apply_rotary's tables, (T,) positions -> 2 x (T, head_dim): [cos, cos] and [-sin, sin]. float64 math
-    keeps long positions accurate; the same formula serves the precomputed table and positions past it."""
-    inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
+    """apply_rotary's tables, (T,) positions -> 2 x (T, head_dim): [cos, cos] and [-sin, sin].
+    float64 math keeps long positions accurate; the same formula serves the precomputed table and
+    positions past it."""
+    even = torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device)
+    inv_freq = base ** -(even / head_dim)  # (head_dim/2,)
     angles = positions.double()[:, None] * inv_freq[None, :]  # (T, head_dim/2)
     sin = angles.sin()
     return torch.cat([angles, angles], dim=-1).cos().float(), torch.cat([-sin, sin], dim=-1).float()
 
 
 def apply_rotary(x, cos, sin):
-    """rotate() in three ops (q and k, every layer, every decoded token), x * [cos, cos] + [x2, x1] * [-sin, sin]
-    (roll swaps halves, the sign is in the table) in x's dtype: autocast's q, k stay bf16. x (.., T, D), cos (T, D)."""
+    """rotate() in three ops (q and k, every layer, every decoded token), x * [cos, cos] + [x2, x1]
+    * [-sin, sin] (roll swaps halves, the sign is in the table) in x's dtype: autocast's q, k stay
+    bf16. x (.., T, D), cos (T, D)."""
     return torch.addcmul(x * cos.to(x.dtype), x.roll(x.shape[-1] // 2, -1), sin.to(x.dtype))
 
 
@@ -185,13 +197,13 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         # (B, T, 3C) -> (B, T, 3, H, D) -> (3, B, H, T, D): q, k, v as views of one tensor
         qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        qk = apply_rotary(qkv[:2], cos, sin)  # q and k rotated in one go: fewer ops per decoded token
+        qk = apply_rotary(qkv[:2], cos, sin)  # q and k in one go: fewer ops per decoded token
         q, k, v = qk[0], qk[1], qkv[2]
         mask = None
         if cache is not None:  # decoding: attend to the cached keys and values too (decode.KVCache)
             k, v, mask = cache.update(layer, k, v)
-        dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=T > 1)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=T > 1)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
         return self.resid_drop(self.proj(y))
 
@@ -247,9 +259,10 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) token ids -> (logits, loss). With a cache (generation), only the last position's
-        logits are computed, shape (B, 1, V); otherwise (B, T, V). Ids are not checked here (two host
-        syncs a step): train.py checks its shards, decode.stream() a prompt, decode.check_ids anything else."""
+        """idx (B, T) token ids -> (logits, loss). With a cache (generation), only the last
+        position's logits are computed, shape (B, 1, V); otherwise (B, T, V). Ids are not checked
+        here (two host syncs a step): train.py checks its shards, decode.stream() a prompt,
+        decode.check_ids anything else."""
         T, V = idx.shape[1], self.config.vocab_size
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -280,7 +293,8 @@ class GPT(nn.Module):
         parameters of the input interface: the paper's three columns."""
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
         frozen = sum(p.numel() for p in self.parameters() if not p.requires_grad)
-        frozen += sum(b.numel() for b in self.state_dict(keep_vars=True).values() if not isinstance(b, nn.Parameter))
+        buffers = self.state_dict(keep_vars=True).values()
+        frozen += sum(b.numel() for b in buffers if not isinstance(b, nn.Parameter))
         embed = sum(p.numel() for p in self.embed.parameters() if p.requires_grad)
         return {"trainable": trainable, "frozen": frozen, "input": embed}
 
@@ -290,20 +304,22 @@ class GPT(nn.Module):
         The code input is a gather: it adds none; the learned table is a gather too."""
         c = self.config
         T = seq_len or c.block_size
-        matmul = sum(p.numel() for n, p in self.named_parameters() if p.dim() == 2 and not n.startswith("embed"))
+        weights = self.named_parameters()
+        matmul = sum(p.numel() for n, p in weights if p.dim() == 2 and not n.startswith("embed"))
         return 6 * matmul + 12 * c.n_layer * T * c.n_embd
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW; weight decay on matrices only (not on biases and norm gains); fused kernel on CUDA."""
+        """AdamW; weight decay on matrices only (not biases and norm gains); fused on CUDA."""
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda" or None)
+        fused = device_type == "cuda" or None
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
 
-# ----------------------------------------------------------------------------- the affine input: a table-free variant
+# ---------------------------------------------------------- the affine input: a table-free variant
 def gf2_rank(matrix: torch.Tensor) -> int:
     """Rank over GF(2) of a 0/1 matrix, by Gaussian elimination with XOR."""
     rows = [int("".join(str(int(b)) for b in row), 2) for row in matrix.tolist()]
@@ -322,70 +338,78 @@ class AffineCodeInput(nn.Module):
     """Table-free recoded input: c'(t) = A c(t) XOR b over GF(2), then lifted like the plain code.
 
     A (K x K, invertible over GF(2), so the map stays injective) and b (K bits) are drawn once from
-    `seed`; the bits are computed from the ids: nothing V-sized is stored. The recoded code is constant
-    only at c = A^-1 b and A^-1 (b XOR 1), so these are kept at ids 0 and 2^K - 1, the ids text never
-    holds (the rule above BinaryCodeInput): each row of A has odd weight (A 1 = 1), b is all zeros or all
-    ones. A and b are stored buffers, so a checkpoint drawn before this rule keeps its own.
+    `seed`; the bits are computed from the ids: nothing V-sized is stored. The recoded code is
+    constant only at c = A^-1 b and A^-1 (b XOR 1), so these are kept at ids 0 and 2^K - 1, the ids
+    text never holds (the rule above BinaryCodeInput): each row of A has odd weight (A 1 = 1), b is
+    all zeros or all ones. A and b are stored buffers: a checkpoint keeps the A and b it was trained
+    with, whatever this code would draw.
     """
 
     def __init__(self, vocab_size, n_embd, layout="tile", seed=0):
         super().__init__()
         bits = code_bits(vocab_size)
         gen = torch.Generator("cpu").manual_seed(seed)  # CPU: A and b are the same on any device
-        while True:  # an odd-row-weight binary matrix is invertible with probability ~0.29, so this is quick
+        # an odd-row-weight binary matrix is invertible with probability ~0.29, so this is quick
+        while True:
             A = torch.randint(0, 2, (bits, bits), generator=gen, device="cpu")
-            A[:, -1] = (A[:, :-1].sum(1) + 1) % 2  # the last bit makes each row's weight odd: A 1 = 1
+            A[:, -1] = (A[:, :-1].sum(1) + 1) % 2  # each row's weight odd: A 1 = 1
             if gf2_rank(A) == bits:
                 break
-        b = torch.randint(0, 2, (1,), generator=gen, device="cpu").repeat(bits)  # all zeros or all ones
+        bit = torch.randint(0, 2, (1,), generator=gen, device="cpu")
+        b = bit.repeat(bits)  # all zeros or all ones
         self.bits = bits
         self.register_buffer("A", A.float())
         self.register_buffer("b", b.float())
         self.register_buffer("lift", lift_index(n_embd, bits, layout), persistent=False)
 
     def code(self, idx):
-        c = binary_code(idx, self.bits).to(self.A.dtype)  # (B, T, K), in the model's dtype (bfloat16 too)
-        # c @ A^T counts the ones each output bit XORs together (at most K + 1 = 17: exact even in bfloat16,
-        # whose integers are exact to 256); mod 2 is XOR
+        c = binary_code(idx, self.bits).to(self.A.dtype)  # (B, T, K), in the model's dtype
+        # c @ A^T counts the ones each output bit XORs together (at most K + 1 = 17: exact even in
+        # bfloat16, whose integers are exact to 256); mod 2 is XOR
         return (c @ self.A.T + self.b) % 2
 
     def forward(self, idx):
         return self.code(idx).index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
 
 
-# ----------------------------------------------------------------------------- checks
+# ---------------------------------------------------------- checks
 def check_config(c):
-    """Every GPTConfig is checked when made: a shape that cannot work is a clear ValueError here, not
-    a shape error deep inside a layer, and two tokens never silently share an input."""
+    """Every GPTConfig is checked when made: a shape that cannot work is a clear ValueError here,
+    not a shape error deep inside a layer, and two tokens never silently share an input."""
     for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
         if not (isinstance(getattr(c, name), int) and getattr(c, name) > 0):
             raise ValueError(f"{name} must be a positive integer, got {getattr(c, name)!r}")
     if c.n_embd % c.n_head:
         raise ValueError(f"n_embd ({c.n_embd}) must be divisible by n_head ({c.n_head})")
     if (c.n_embd // c.n_head) % 2:
-        raise ValueError(f"head size n_embd/n_head = {c.n_embd // c.n_head} must be even for rotary")
+        head = c.n_embd // c.n_head
+        raise ValueError(f"head size n_embd/n_head = {head} must be even for rotary")
     if c.input not in ("binary", "affine", "learned"):
         raise ValueError(f"unknown input {c.input!r}: choose binary, affine or learned")
     if c.layout not in ("tile", "interleave"):
         raise ValueError(f"unknown layout {c.layout!r}: choose tile or interleave")
     if c.input != "learned" and c.n_embd < c.code_bits:
-        raise ValueError(f"n_embd ({c.n_embd}) is smaller than the {c.code_bits} code bits of vocab_size "
-                         f"{c.vocab_size}: some tokens would share an input")
+        raise ValueError(f"n_embd ({c.n_embd}) is smaller than the {c.code_bits} code bits of "
+                         f"vocab_size {c.vocab_size}: some tokens would share an input")
     K = code_bits(c.vocab_size)
-    if c.code_width and not (c.input == "binary" and type(c.code_width) is int and K <= c.code_width <= 2 * K):
-        raise ValueError(f"code_width {c.code_width!r}: only the binary input takes one, from K = {K} to 2K = {2 * K}")
+    width_ok = c.input == "binary" and type(c.code_width) is int and K <= c.code_width <= 2 * K
+    if c.code_width and not width_ok:
+        raise ValueError(f"code_width {c.code_width!r}: only the binary input takes one, "
+                         f"from K = {K} to 2K = {2 * K}")
     if c.pad_token_id is not None and not 0 <= c.pad_token_id < c.vocab_size:
         raise ValueError(f"pad_token_id {c.pad_token_id} is outside [0, {c.vocab_size})")
     if not 0.0 <= c.dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {c.dropout}")
     if not (type(c.rope_base) in (int, float) and math.isfinite(c.rope_base) and c.rope_base > 1):
-        raise ValueError(f"rope_base must be a number > 1 (the rotary base, 10000 in most models), got {c.rope_base!r}")
+        raise ValueError("rope_base must be a number > 1 (the rotary base, 10000 in most models), "
+                         f"got {c.rope_base!r}")
 
 
 def constant_input_ids(model) -> list[int]:
-    """The ids in [0, V) that a bias-free binary or affine model reads as a constant vector (the rule above
-    BinaryCodeInput; every bit reaches a dim, so a constant input is a constant code). None for a learned
-    table or a model with biases (a norm's bias makes the stream vary after the first block)."""
+    """The ids in [0, V) that a bias-free binary or affine model reads as a constant vector (the
+    rule above BinaryCodeInput; every bit reaches a dim, so a constant input is a constant code).
+    None for a learned table or a model with biases (a norm's bias makes the stream vary after the
+    first block)."""
     c = model.config
     if c.bias or c.input == "learned":
         return []
@@ -396,7 +420,8 @@ def constant_input_ids(model) -> list[int]:
 def main(argv=None):
     """Print the parameter accounting of a preset's three input variants."""
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--preset", default="paper", choices=list(PRESETS), help="model preset (default: paper)")
+    parser.add_argument("--preset", default="paper", choices=list(PRESETS),
+                        help="model preset (default: paper)")
     args = parser.parse_args(argv)
     print("| input | trainable params | input-interface params | frozen stored values |")
     print("|---|---:|---:|---:|")

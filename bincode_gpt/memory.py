@@ -45,13 +45,18 @@ LOGIT_BYTES = {"float32": 12, "bfloat16": 16}
 
 def training_bytes(config, batch_size, dtype="float32"):
     """An estimate of one training process's peak in eager mode (torch.compile keeps less): the trainable weights,
-    their gradients and AdamW's two moments (16 bytes a parameter: the blocks' 12 n_embd^2 a layer, the head, a
-    learned table), what GPT builds besides them (memory_bytes), and for each of batch_size sequences of
-    block_size tokens, the activations backward keeps and the logits."""
+    their gradients and AdamW's two moments (16 bytes a parameter: matrix_params), what GPT builds besides them
+    (memory_bytes), and for each of batch_size sequences of block_size tokens, the activations backward keeps and
+    the logits."""
     d, V = config.n_embd, config.vocab_size
-    params = config.n_layer * 12 * d * d + V * d * (2 if config.input == "learned" else 1)
     per_sequence = config.block_size * (ACTIVATION_BYTES[dtype] * config.n_layer * d + LOGIT_BYTES[dtype] * V)
-    return 16 * params + memory_bytes(config) + batch_size * per_sequence
+    return 16 * matrix_params(config) + memory_bytes(config) + batch_size * per_sequence
+
+
+def matrix_params(config):
+    """The trainable parameters that weigh: the blocks' 12 n_embd^2 a layer, the head, a learned table."""
+    d, V = config.n_embd, config.vocab_size
+    return config.n_layer * 12 * d * d + V * d * (2 if config.input == "learned" else 1)
 
 
 def largest_batch(config, free, dtype="float32"):
@@ -59,3 +64,23 @@ def largest_batch(config, free, dtype="float32"):
     fixed = training_bytes(config, 0, dtype)
     per_sequence = training_bytes(config, 1, dtype) - fixed
     return max(0, (free - fixed) // per_sequence)
+
+
+def check_training_fits(cfg, mcfg, world, device, dtype):
+    """Refuse a model or batch that cannot fit, before building it, with the numbers: training_bytes against the
+    device's free memory (naming the largest micro-batch that fits), and the validation windows' ids against the
+    CPU's."""
+    need = training_bytes(mcfg, cfg.batch_size, dtype)
+    free = available_memory(device)
+    if free is not None and need > free:
+        fits = largest_batch(mcfg, free, dtype)
+        advice = f"--batch_size {fits} fits (--grad_accum keeps the tokens a step)" if fits else "train a smaller model"
+        raise ValueError(f"this run needs about {need / 2**30:,.1f} GiB ({matrix_params(mcfg):,} parameters with their "
+                         f"gradients and AdamW state, and the activations and logits of {cfg.batch_size:,} x "
+                         f"{mcfg.block_size:,} tokens in {dtype}), but {free / 2**30:,.1f} GiB is free on {device}: "
+                         f"{advice}")
+    ids, free = 8 * cfg.eval_steps * cfg.batch_size * world, available_memory(torch.device("cpu"))
+    if free is not None and ids > free:
+        raise ValueError(f"eval_steps {cfg.eval_steps:,} x batch_size {cfg.batch_size:,} x {world} process(es) "
+                         f"validation windows need {ids / 2**30:,.1f} GiB for their ids alone, but "
+                         f"{free / 2**30:,.1f} GiB is free: evaluate fewer batches")

@@ -15,7 +15,7 @@ import torch
 
 from bincode_gpt.checkpoint import check_buildable, check_finite
 from bincode_gpt.cli import one_line
-from bincode_gpt.memory import available_memory, memory_bytes
+from bincode_gpt.memory import check_training_fits
 from bincode_gpt.shards import prepare_command
 from bincode_gpt.tokenizer import all_ones_id, reserved_note, tiktoken_entry
 from model import PRESETS, GPTConfig, constant_input_ids, get_config
@@ -23,16 +23,17 @@ from model import PRESETS, GPTConfig, constant_input_ids, get_config
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # train.TrainConfig overrides each; None keeps the preset's
 
 
-def checked_model_config(cfg, meta, ckpt, source, rank, world, device):
-    """The checkpoint to start from (if any) checked against the data, and the model's shape (model_config)
-    checked to build and fit -> its GPTConfig."""
+def checked_model_config(cfg, meta, ckpt, source, rank, world, device, dtype):
+    """The model's shape (model_config: preset, checkpoint, overrides) -> its GPTConfig, checked in the
+    order a run meets them: the checkpoint's tokenizer against the data's, the shape, the checkpoint's
+    weights (finite, and as many blocks as its model_config says), and whether training fits in memory."""
     if ckpt is not None:
-        check_finite(ckpt["model"], source, "train from")  # names the tensor, as sample.py does
         check_tokenizer(ckpt, meta, source, cfg.data_dir)
     mcfg = model_config(cfg, meta, ckpt, source, note=print if rank == 0 else lambda text: None)
     if ckpt is not None:
-        check_buildable(mcfg, ckpt["model"], source)  # a model_config of another writer may ask for a billion blocks
-    check_training_fits(cfg, mcfg, world, device)  # a billion layers or sequences: refused, not built until OOM
+        check_finite(ckpt["model"], source, "train from")  # names the tensor, as sample.py does
+        check_buildable(mcfg, ckpt["model"], source)  # another writer's config may ask for 10**9 blocks
+    check_training_fits(cfg, mcfg, world, device, dtype)  # refused with the numbers, not built until OOM
     if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
         print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
     return mcfg
@@ -78,26 +79,6 @@ def check_settings(cfg):
     for name in ("out_dir", "init_from"):  # --data_dir: prepare_data.load_meta
         if getattr(cfg, name) == "":
             raise ValueError(f"--{name} is '' (empty): name a {'file' if name == 'init_from' else 'folder'}")
-
-
-def check_training_fits(cfg, mcfg, world, device):
-    """Refuse a model or batch that cannot fit, before building it, with the numbers: a lower bound of what
-    training holds (weights, gradients and AdamW's two moments, 16 bytes a parameter, counting only the
-    blocks' 12 n_embd^2 and the head; a micro-batch's logits at 2 bytes or more; what GPT builds besides
-    its weights) against the device's free memory, and the validation windows' ids against the CPU's."""
-    params = mcfg.n_layer * 12 * mcfg.n_embd**2 + mcfg.vocab_size * mcfg.n_embd
-    need = 16 * params + 2 * cfg.batch_size * mcfg.block_size * mcfg.vocab_size + memory_bytes(mcfg)
-    free = available_memory(device)
-    if free is not None and need > free:
-        raise ValueError(f"this run needs at least {need / 2**30:,.1f} GiB ({params:,} parameters with their gradients "
-                         f"and AdamW state, and logits of {cfg.batch_size:,} x {mcfg.block_size:,} tokens over "
-                         f"{mcfg.vocab_size:,}), but {free / 2**30:,.1f} GiB is free on {device}: train a smaller "
-                         "model or batch")
-    ids, free = 8 * cfg.eval_steps * cfg.batch_size * world, available_memory(torch.device("cpu"))
-    if free is not None and ids > free:
-        raise ValueError(f"eval_steps {cfg.eval_steps:,} x batch_size {cfg.batch_size:,} x {world} process(es) "
-                         f"validation windows need {ids / 2**30:,.1f} GiB for their ids alone, but "
-                         f"{free / 2**30:,.1f} GiB is free: evaluate fewer batches")
 
 
 def check_tokenizer(ckpt, meta, source, data_dir):

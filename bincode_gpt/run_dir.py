@@ -188,8 +188,8 @@ def check_same_data(run, ckpt, source):
     if saved is None and run.rank == 0:
         print(f"note: {source} predates data fingerprints: cannot check that {run.cfg.data_dir} holds the data it was "
               "reading", file=sys.stderr)
-    elif saved is not None and saved not in (run.data_id, data_fingerprint(run.cfg.data_dir, legacy=True)):
+    elif saved is not None and saved not in (run.fingerprint, data_fingerprint(run.cfg.data_dir, legacy=True)):
         raise ValueError(f"{source} was reading other data than {run.cfg.data_dir} now holds (fingerprint {saved}, now "
-                         f"{run.data_id}: meta.json or the shards changed): its saved position would index other "
+                         f"{run.fingerprint}: meta.json or the shards changed): its saved position would index other "
                          "windows. Resume on the data it was reading, or start from its weights with --init_from")
 

@@ -28,6 +28,7 @@ import train
 from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.cli import run_main
 from bincode_gpt.files import LOCK_NAME
+from bincode_gpt.progress import Log, clock
 from bincode_gpt.shards import ShardError, write_shard
 from bincode_gpt.tokenizer import get_tokenizer
 from bincode_gpt.windows import Split
@@ -128,14 +129,63 @@ def test_losses_are_also_per_byte_of_the_text(data_dir, tmp_path, capsys):
 
 
 def test_the_eta_counts_the_steps_and_evaluations_to_go_without_the_warm_up_step(capsys):
-    log = train.Log(train.TrainConfig(max_steps=200, eval_interval=50, log_interval=10), True, 1, 32, 1.0, None)
+    log = Log(train.TrainConfig(max_steps=200, eval_interval=50, log_interval=10), True, 1, 32, 1.0, None)
     log.eval_s = 4.0  # the last evaluation's time
     for step, dt in enumerate([9.0] + [0.5] * 9, start=1):  # a slow first step (warm-up), then 0.5 s a step
         log.step(SimpleNamespace(step=step, position=step), 1.0, None, 1e-3, dt, False)
     # 190 steps at 0.5 s, and the evaluations at 50, 100, 150 and 200 at 4 s each: 111 s
     assert capsys.readouterr().out.endswith("| eta 0h01m51s\n")
-    assert train.Log(train.TrainConfig(max_steps=210, eval_interval=50), True, 1, 32, 1.0, None).eta(200, [1.0]) == 10
-    assert train.clock(3 * 3600 + 62.7) == "3h01m02s"
+    assert Log(train.TrainConfig(max_steps=210, eval_interval=50), True, 1, 32, 1.0, None).eta(200, [1.0]) == 10
+    assert clock(3 * 3600 + 62.7) == "3h01m02s"
+
+
+LOG_30_STEPS = Path(__file__).resolve().parent / "data" / "log_30_steps.json"
+WALL_CLOCK = ("dt", "tokens_per_s", "mfu", "wall_s")  # the fields of log.jsonl that vary from run to run
+
+
+@pytest.fixture(scope="module")
+def sentences(tmp_path_factory):
+    """Token shards of generated sentences at vocab 512: the same text wherever the checkout lies (tiny_data
+    and data_dir read Shakespeare where they find it beside the checkout), so a logged run can be compared."""
+    folder = tmp_path_factory.mktemp("sentences")
+    lines = (f"line {i}: the quick brown fox {i % 7} jumps over {i % 11} dogs" for i in range(500))
+    (folder / "text.txt").write_text("\n".join(lines))
+    prepare([str(folder / "text.txt")], str(folder / "data"), vocab_size=512, workers=1, progress=False)
+    return folder / "data"
+
+
+def steady_log(out_dir, data_dir):
+    """log.jsonl's entries less their wall-clock fields, the run's folders named by placeholders."""
+    folders = {str(out_dir): "<out_dir>", str(data_dir): "<data_dir>"}
+
+    def steady(value):
+        if isinstance(value, dict):
+            return {k: steady(v) for k, v in value.items() if k not in WALL_CLOCK}
+        return folders.get(value, value) if isinstance(value, str) else value
+    return [steady(json.loads(line)) for line in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
+
+
+def agreeing(got, want, rel=1e-5):
+    """got, its floats that agree with want's to `rel` replaced by want's: `agreeing(got, want) == want` compares
+    the rest exactly and shows where they differ."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        return {k: agreeing(v, want.get(k), rel) for k, v in got.items()}
+    if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        return [agreeing(g, w, rel) for g, w in zip(got, want)]
+    if isinstance(got, float) and isinstance(want, float) and math.isclose(got, want, rel_tol=rel):
+        return want
+    return got
+
+
+def test_a_30_step_run_logs_the_stored_trajectory(sentences, tmp_path):
+    """30 steps with pinned flags log what tests/data/log_30_steps.json holds, entry for entry: settings, losses,
+    learning rates, gradient norms, evaluations and the summary. Floats agree to 1e-5 relative (another CPU's
+    kernels may round differently); any change to the data order, the schedule, the init or the step is far more."""
+    train.train(config(sentences, tmp_path, max_steps=30, eval_interval=10, log_interval=10, save_interval=15))
+    got, want = steady_log(tmp_path, sentences), json.loads(LOG_30_STEPS.read_text())
+    assert [e["event"] for e in got] == ["start", "eval"] + (["train"] * 10 + ["eval"]) * 3 + ["end"]
+    assert agreeing(got, want) == want
+    assert want[-1]["final_val_loss"] < want[1]["val_loss"] - 0.5  # the stored run did learn
 
 
 # ----------------------------------------------------------------------------- resume
@@ -692,14 +742,17 @@ def test_settings_that_cannot_work_are_refused_not_turned_off(data_dir, tmp_path
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("flag, counts", [("--n_layer=1000000000", "12,288,000,016,384 parameters"),
-                                          ("--batch_size=1000000000", "logits of 1,000,000,000 x 32 tokens")])
-def test_a_run_that_cannot_fit_is_refused_before_building(data_dir, tmp_path, capsys, flag, counts):
-    """A billion layers built for hours; a billion sequences ended in the OOM killer (exit -9)."""
+@pytest.mark.parametrize("flag, counts, advice", [
+    ("--n_layer=1000000000", "12,288,000,016,384 parameters", "train a smaller model"),
+    ("--batch_size=1000000000", "logits of 1,000,000,000 x 32 tokens", r"--batch_size [\d]+ fits \(--grad_accum keeps "
+                                                                       r"the tokens a step\)")])
+def test_a_run_that_cannot_fit_is_refused_before_building(data_dir, tmp_path, capsys, flag, counts, advice):
+    """A billion layers built for hours; a billion sequences ended in the OOM killer (exit -9). The refusal names
+    the largest micro-batch that fits (memory.largest_batch)."""
     assert run_main(train.main, flags(data_dir, tmp_path) + [flag]) == 1
     err = capsys.readouterr().err
-    assert re.fullmatch(rf"error: this run needs at least [\d,.]+ GiB \(.*{counts}.*\), but [\d,.]+ GiB is free on cpu: "
-                        r"train a smaller model or batch\n", err), err
+    assert re.fullmatch(rf"error: this run needs about [\d,.]+ GiB \(.*{counts}.*\), but [\d,.]+ GiB is free on cpu: "
+                        rf"{advice}\n", err), err
     assert not tmp_path.joinpath("ckpt.pt").exists()
 
 
