@@ -1,52 +1,54 @@
 """Tokenize text corpora into binary token shards for train.py.
 
-    python prepare_data.py shakespeare                   # -> data/shakespeare, what train.py reads by default
+    python prepare_data.py shakespeare        # -> data/shakespeare, what train.py reads by default
     python prepare_data.py notes/ more.jsonl --out data/mine --vocab_size 8192
     python prepare_data.py fineweb-edu cosmopedia --mix 0.7 --max_tokens 1e9 --out data/paper
 
 Design choices:
-- Inputs: a .txt file is one document; .jsonl / .parquet give one document per record (its
-  `text_field`, empty ones skipped); folders and globs expand to their files in sorted order. Any of
-  them may be gzip, bz2 or xz compressed (docs.jsonl.gz; known by its first bytes, so a suffix is not
-  needed), read as a stream by the standard library; zstd (.zst) needs the optional zstandard package.
-  A compressed file is read to its end before any work, so a truncated one writes nothing; a
-  compressed .parquet is decompressed into memory (parquet reads its footer first). Named
-  corpora: `shakespeare` is tiny Shakespeare, downloaded once into the folder $BCGPT_CORPUS_CACHE
-  (default data/; an offline machine puts tinyshakespeare.txt there); `fineweb-edu`, `cosmopedia` and
-  hf:REPO[:CONFIG] stream a Hugging Face dataset through the optional `datasets` package. A single named
-  corpus is written to data/NAME unless --out says otherwise. Every document ends with end-of-text.
+- Inputs (bincode_gpt/inputs.py): a .txt file is one document; .jsonl / .parquet give one document
+  per record (its `text_field`, empty ones skipped); folders and globs expand to their files in
+  sorted order. Any of them may be gzip, bz2 or xz compressed (docs.jsonl.gz; known by its first
+  bytes, so a suffix is not needed), read as a stream by the standard library; zstd (.zst) needs the
+  optional zstandard package. A compressed file is read to its end before any work, so a truncated
+  one writes nothing; a compressed .parquet is decompressed into memory (parquet reads its footer
+  first). Named corpora: `shakespeare` is tiny Shakespeare, downloaded once into the folder
+  $BCGPT_CORPUS_CACHE (default data/; an offline machine puts tinyshakespeare.txt there);
+  `fineweb-edu`, `cosmopedia` and hf:REPO[:CONFIG] stream a Hugging Face dataset through the
+  optional `datasets` package. A single named corpus is written to data/NAME unless --out says
+  otherwise. Every document ends with end-of-text.
 - Tokenizer: any tiktoken encoding; `vocab_size=N` keeps its first N-1 BPE merge ranks (a prefix of
-  the ranks is still a valid BPE) and puts <|endoftext|> at id N-1. By default the two ids whose codes
-  are constant, 0 and 2^K-1, go to the bytes NUL and 0xFF (tokenizer.get_tokenizer), so end-of-text
-  leaves the all-ones code of a power-of-two cut; meta.json records it (reserve_zero, reserve_ones).
+  the ranks is still a valid BPE) and puts <|endoftext|> at id N-1. By default the two ids whose
+  codes are constant, 0 and 2^K-1, go to the bytes NUL and 0xFF (tokenizer.get_tokenizer), so
+  end-of-text leaves the all-ones code of a power-of-two cut; meta.json records it (reserve_zero,
+  reserve_ones).
 - Train/val split: document i (0-based, input order) is val when floor((i+1)*f) > floor(i*f), i.e.
-  every 10th document for f=0.1, spread over the whole corpus rather than taken from its end. If there
-  are too few documents for one of them to be val (fewer than 1/f), each document is cut by characters
-  instead: its first int(len*(1-f)) characters are train, the rest val (so one big .txt file such as
-  tinyshakespeare gets the usual 90/10 character split).
+  every 10th document for f=0.1, spread over the whole corpus rather than taken from its end. If
+  there are too few documents for one of them to be val (fewer than 1/f), each document is cut by
+  characters instead: its first int(len*(1-f)) characters are train, the rest val (so one big .txt
+  file such as tinyshakespeare gets the usual 90/10 character split).
 - Mixtures (`--mix`): documents are drawn from the inputs with the given weights by a seeded RNG (a
-  document-level ratio); the mixture stops when any input runs dry (said on stderr, with what that leaves
-  of --max_tokens). An input is what was named: a folder or a glob is one input (its files in order),
-  whatever number of files it holds.
+  document-level ratio); the mixture stops when any input runs dry (said on stderr, with what that
+  leaves of --max_tokens). An input is what was named: a folder or a glob is one input (its files
+  in order), whatever number of files it holds.
 - Budget (`--max_tokens`): whole documents only; stop before the first document that would take
   train+val past the budget.
 - Parallelism: long documents are cut into ~256k-character pieces only right after "<non-space>\\n"
-  and before a non-space, a point where the tokenizer's regex splits anyway, so tokens equal encoding
-  the whole document at once. Pieces are grouped into batches that a process pool encodes in order:
-  output bytes do not depend on the worker count.
-- Shard file (little-endian): 32-byte header = b"BCGPTTOK", uint32 version (1), uint32 token width in
-  bytes (2 or 4), uint64 token count, 8 zero bytes; then the tokens (uint16 when the vocabulary fits,
-  else uint32).
-- Nothing is lost: every input is opened and its first document read before any work; the new shards
-  go to OUT/.partial and replace the old ones only once all of them are written; meta.json comes last,
-  written atomically. A bad input, a full disk, Ctrl-C or SIGTERM therefore leaves the old data byte
-  for byte, and never a folder that looks complete. One run writes a folder at a time (a second is
-  refused while the first holds OUT/.writer.lock), and only files this script wrote are replaced or
-  removed: a meta.json it cannot read as prepared data, a shard without the shard magic or an
-  unmarked .partial folder is refused by name, with or without --overwrite.
+  and before a non-space, a point where the tokenizer's regex splits anyway, so tokens equal
+  encoding the whole document at once. Pieces are grouped into batches that a process pool encodes
+  in order: output bytes do not depend on the worker count.
+- Shard files: bincode_gpt/shards.py's format (a 32-byte header, then the tokens as uint16 when
+  the vocabulary fits, else uint32); meta.json indexes them.
+- Nothing is lost: every input is opened and its first document read before any work; the new
+  shards go to OUT/.partial and replace the old ones only once all of them are written; meta.json
+  comes last, written atomically. A bad input, a full disk, Ctrl-C or SIGTERM therefore leaves the
+  old data byte for byte, and never a folder that looks complete. One run writes a folder at a time
+  (a second is refused while the first holds OUT/.writer.lock), and only files this script wrote
+  are replaced or removed: a meta.json it cannot read as prepared data, a shard without the shard
+  magic or an unmarked .partial folder is refused by name, with or without --overwrite.
 """
 
-from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
+# first, so that Ctrl-C while the imports load exits 130 with one line
+from bincode_gpt.cli import quiet_interrupt
 quiet_interrupt(__name__)
 
 import argparse
@@ -75,27 +77,34 @@ from bincode_gpt.inputs import check_inputs, NAMED, read_documents, resolve_inpu
 from bincode_gpt.tokenizer import get_tokenizer
 
 PIECE_CHARS = 1 << 18  # size of the units sent to workers; does not change the output
-# the quick start's corpus at the mini preset's vocabulary, model.MINI_VOCAB (written here, not imported: importing
-# model.py would import torch, which this script never needs; a test holds the two equal)
+# the quick start's corpus at the mini preset's vocabulary, model.MINI_VOCAB: written here, not
+# imported, since importing model.py would import torch, which this script never needs (a test
+# holds the two equal)
 DEFAULT_VOCAB = {"shakespeare": 512}
+STAGING = ".partial"  # this run's files until all of them are written
+STAGING_MARK = ".prepare_data"  # in the staging folder: says it is this script's
+SHARD_NAME = re.compile(r"(train|val)_\d+\.bin")
 
 
 # ---------------------------------------------------------------- documents -> splits
 def mix_weights(mix: list[float], n_inputs: int) -> list[float]:
     """One weight per input; `--mix 0.7` with two inputs means 0.7, 0.3."""
     if n_inputs < 2:
-        raise ValueError(f"--mix draws documents from two or more inputs, but {n_inputs} is named: drop --mix")
+        raise ValueError(f"--mix draws documents from two or more inputs, but {n_inputs} is named: "
+                         "drop --mix")
     weights = mix + [1 - sum(mix)] if len(mix) == n_inputs - 1 else mix
-    if len(weights) != n_inputs or not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
+    valid = all(math.isfinite(w) and w >= 0 for w in weights) and sum(weights) > 0
+    if len(weights) != n_inputs or not valid:
         raise ValueError(f"--mix needs one non-negative weight per input (or all but the last), "
                          f"got {mix} for {n_inputs} inputs")
     return weights
 
 
 def mix_documents(streams: list, weights: list[float], seed: int = 0, dry: list | None = None):
-    """Draw each next document from stream k with probability weights[k] (seeded);
-    stop when any stream is exhausted, so the ratio holds for everything emitted (its index goes in `dry`)."""
-    rng, its = random.Random(seed), [iter(s) for s in streams]
+    """Draw each next document from stream k with probability weights[k] (seeded); stop when any
+    stream is exhausted, so the ratio holds for everything emitted (its index goes in `dry`)."""
+    rng = random.Random(seed)
+    its = [iter(s) for s in streams]
     while True:
         k = rng.choices(range(len(its)), weights)[0]
         doc = next(its[k], None)
@@ -106,28 +115,43 @@ def mix_documents(streams: list, weights: list[float], seed: int = 0, dry: list 
         yield doc
 
 
+def mix_shortfall(name: str, tokens: int, max_tokens: int | None) -> None:
+    """Say on stderr that a mixture stopped because input `name` ran dry, and what that left of
+    the budget."""
+    short = ""
+    if max_tokens:
+        short = (f", {max_tokens - tokens:,} short of --max_tokens {max_tokens:,} "
+                 f"({100 * tokens / max_tokens:.0f}%): give that input more data or a lower --mix "
+                 "weight to meet the budget")
+    print(f"note: the mixture stopped at {tokens:,} tokens when {name} ran dry{short} (the other "
+          "inputs' remaining documents are left out, so the --mix ratio holds)", file=sys.stderr)
+
+
 def split_documents(docs, val_fraction: float):
     """(split, text) pairs by the rule in the module docstring."""
     it = iter(docs)
     need = min(math.ceil(1 / val_fraction - 1e-9), sys.maxsize) if val_fraction > 0 else 1
-    head = list(islice(it, need))  # too few documents -> cut each by characters
-    if len(head) < need:
+    head = list(islice(it, need))
+    if len(head) < need:  # too few documents: cut each by characters
         for text in head:
             cut = int(len(text) * (1 - val_fraction))
-            yield from ((s, part) for s, part in (("train", text[:cut]), ("val", text[cut:])) if part)
+            parts = (("train", text[:cut]), ("val", text[cut:]))
+            yield from ((s, part) for s, part in parts if part)
         return
     for i, text in enumerate(chain(head, it)):
         val = math.floor((i + 1) * val_fraction + 1e-9) > math.floor(i * val_fraction + 1e-9)
         yield ("val" if val else "train"), text
 
 
-# ---------------------------------------------------------------- tokenizing, in parallel
+# ---------------------------------------------------------------- splits -> tokens, in parallel
 _SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
 
 
 def pieces(text: str, size: int | None = None):
-    """(piece, is_last) for a long text cut where the tokenizer's pre-split regex would cut anyway."""
-    start, size = 0, size or PIECE_CHARS
+    """(piece, is_last) for a long text cut where the tokenizer's pre-split regex would cut
+    anyway."""
+    size = size or PIECE_CHARS
+    start = 0
     while len(text) - start > size and (m := _SAFE_CUT.search(text, start + size)):
         yield text[start:m.start()], False
         start = m.start()
@@ -136,13 +160,18 @@ def pieces(text: str, size: int | None = None):
 
 def batches(docs, size: int | None = None):
     """(split, [(piece, ends_document), ...]) of about `size` characters, all of one split."""
-    split, batch, chars, size = None, [], 0, size or PIECE_CHARS
+    size = size or PIECE_CHARS
+    split = None
+    batch = []
+    chars = 0
     for doc_split, text in docs:
         for piece, last in pieces(text, size):
             if batch and (doc_split != split or chars >= size):
                 yield split, batch
-                batch, chars = [], 0
-            split, chars = doc_split, chars + len(piece)
+                batch = []
+                chars = 0
+            split = doc_split
+            chars += len(piece)
             batch.append((piece, last))
     if batch:
         yield split, batch
@@ -153,14 +182,17 @@ _enc = None  # the tokenizer of this pool worker (or of the main process when th
 
 def _start_worker(tok: tuple) -> None:
     global _enc
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent alone stops the pool
+    # Ctrl-C reaches the whole process group: the parent alone stops the pool
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool's terminate() ends a worker quietly
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # blocked while encoded() forked us
+    # blocked while encoded() forked this worker
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     _enc = get_tokenizer(*tok)
 
 
 def encode_batch(job: tuple) -> tuple:
-    """(split, batch) -> split, [(tokens of the piece + EOT if it ends a document, UTF-8 bytes, ends)]."""
+    """(split, batch) -> split, [(tokens of the piece + EOT if it ends a document, UTF-8 bytes,
+    ends)]."""
     split, batch = job
     dtype = token_dtype(_enc.n_vocab)
     out = []
@@ -171,15 +203,16 @@ def encode_batch(job: tuple) -> tuple:
 
 
 def encoded(jobs, tok: tuple, workers: int):
-    """encode_batch over jobs, in order. A bounded window of apply_async (not Pool.imap, whose feeder
-    thread would read the whole input into memory ahead of the workers)."""
+    """encode_batch over jobs, in order. A bounded window of apply_async (not Pool.imap, whose
+    feeder thread would read the whole input into memory ahead of the workers)."""
     global _enc
     if workers <= 1:
         _enc = get_tokenizer(*tok)
         yield from map(encode_batch, jobs)
         return
-    # a signal that lands while the workers fork is swallowed by Python's fork hooks: hold Ctrl-C and
-    # SIGTERM until the pool exists (its threads keep them blocked, so they reach the main thread)
+    # a signal that lands while the workers fork is swallowed by Python's fork hooks: hold Ctrl-C
+    # and SIGTERM until the pool exists (its threads keep them blocked, so they reach the main
+    # thread)
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         pool = mp.Pool(workers, _start_worker, (tok,))
@@ -194,80 +227,24 @@ def encoded(jobs, tok: tuple, workers: int):
                     yield pending.popleft().get()
             while pending:
                 yield pending.popleft().get()
-        finally:  # Pool.terminate hangs on a task or result still in a pipe: the window's land first (< a second)
+        finally:
+            # Pool.terminate hangs on a task or result still in a pipe: the window's land first
+            # (in under a second)
             for result in pending:
                 result.wait(60)
 
 
-# ---------------------------------------------------------------- main logic
-STAGING, STAGING_MARK = ".partial", ".prepare_data"  # this run's files until all are written; the mark says whose
-SHARD_NAME = re.compile(r"(train|val)_\d+\.bin")
-
-
-def _prepared_files(out: Path, overwrite: bool) -> list[Path]:
-    """The files of a previous run in `out`, meta.json first, when --overwrite may replace them; a
-    ValueError when `out` holds files of these names that this script did not write, or prepared
-    data and no --overwrite. Its own files are recognised by content: a meta.json that readers
-    accept, shards that start with the shard magic."""
-    meta, old = out / "meta.json", []
-    for p in [meta, *sorted(p for p in out.glob("*") if SHARD_NAME.fullmatch(p.name))]:
-        try:
-            ours = _written_here(p)
-        except (FileNotFoundError, NotADirectoryError):  # none (or `out` is a file: writer_lock says so)
-            continue
-        if not ours:
-            what = "a meta.json of prepared data" if p == meta else "a token shard"
-            raise ValueError(f"{p} is not {what} (prepare_data.py did not write it): it is left alone; choose another --out")
-        old.append(p)
-    if old and not overwrite:
-        raise ValueError(f"{out}: already holds prepared data ({old[0].name}); pass --overwrite to replace it")
-    return old
-
-
-def _written_here(path: Path) -> bool:
-    """Whether a file is this script's: a meta.json that readers accept, a shard with the shard magic."""
-    try:
-        with open(path, "rb") as f:
-            if path.name != "meta.json":
-                return f.read(len(MAGIC)) == MAGIC
-            return is_meta(json.loads(f.read()))
-    except (FileNotFoundError, NotADirectoryError):  # removed meanwhile by a run ending in another process, or none
-        raise
-    except (OSError, ValueError, RecursionError):  # a folder, unreadable, not JSON
-        return False
-
-
-def _staged_files(staging: Path) -> list[Path]:
-    """The files of a staging folder, all of them this script's (a mark, shards, meta.json, their temp
-    files); a ValueError naming the folder or the files when it is not this script's."""
-    if not staging.exists() or staging.is_dir() and not any(staging.iterdir()):  # an empty one holds nothing to lose
-        return []
-    if not (staging / STAGING_MARK).is_file():
-        raise ValueError(f"{staging} exists and prepare_data.py did not make it (it has no {STAGING_MARK} mark): "
-                         "it is left alone; move it away or choose another --out")
-    ours = re.compile(rf"(?:{SHARD_NAME.pattern}|meta\.json)(?:\.tmp\d+)?|{re.escape(STAGING_MARK)}")
-    theirs = sorted(p.name for p in staging.iterdir() if not ours.fullmatch(p.name) or not p.is_file())
-    if theirs:
-        raise ValueError(f"{staging} holds files prepare_data.py did not write ({', '.join(theirs[:3])}): "
-                         "they are left alone; move them away or choose another --out")
-    return list(staging.iterdir())
-
-
-def _clear_staging(staging: Path) -> None:
-    """Remove a staging folder of this script's (left by a killed run, or this run's)."""
-    if os.path.lexists(staging):
-        for p in _staged_files(staging):
-            p.unlink()
-        staging.rmdir()
-
-
-def write_documents(results, writers: dict, max_tokens: int | None, total_bytes: int | None, progress: bool) -> None:
+# ---------------------------------------------------------------- tokens -> shards
+def write_documents(results, writers: dict, max_tokens: int | None, total_bytes: int | None,
+                    progress: bool) -> bool:
     """Join the encoded pieces into documents and hand each to its split's writer; stop before the
-    first document that would exceed the budget (-> True: the budget stopped it). With `progress`, a line on
-    a terminal's stderr (not in logs) says how far it got."""
-    seen = kept = 0  # source bytes encoded, tokens kept
+    first document that would exceed the budget (-> True: the budget stopped it). With `progress`,
+    a line on a terminal's stderr (not in logs) says how far it got."""
+    seen = 0  # source bytes encoded
+    kept = 0  # tokens kept
     doc = []  # (tokens, bytes) of the current document's pieces: the budget admits whole documents
-    t0 = shown = time.time()
+    t0 = time.time()
+    shown = t0
     progress = progress and sys.stderr.isatty()
     try:
         for split, batch in results:
@@ -279,96 +256,189 @@ def write_documents(results, writers: dict, max_tokens: int | None, total_bytes:
                     if max_tokens is not None and kept + len(tokens) > max_tokens:
                         return True
                     writers[split].add(tokens, sum(b for _, b in doc))
-                    kept, doc = kept + len(tokens), []
+                    kept += len(tokens)
+                    doc = []
             if progress and time.time() - shown >= 0.5:  # at most twice a second
-                shown, mb = time.time(), seen / 1e6
+                shown = time.time()
+                mb = seen / 1e6
                 pct = f"{min(100, 100 * seen / total_bytes):3.0f}% " if total_bytes else ""
-                print(f"\r{pct}{mb:,.1f} MB, {mb / (shown - t0):.1f} MB/s", end="", file=sys.stderr, flush=True)
+                print(f"\r{pct}{mb:,.1f} MB, {mb / (shown - t0):.1f} MB/s", end="", file=sys.stderr,
+                      flush=True)
         return False
     finally:
         if progress and shown > t0:
-            print(file=sys.stderr)  # what comes next (the summary, an error) starts a line of its own
+            # what comes next (the summary, an error) starts a line of its own
+            print(file=sys.stderr)
 
 
-def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size: int | None = None,
-            val_fraction: float = 0.1, shard_tokens: int = 100_000_000, workers: int | None = None,
-            overwrite: bool = False, text_field: str = "text", mix: list[float] | None = None,
-            max_tokens: int | None = None, seed: int = 0, progress: bool = True, reserve_zero: bool = True,
-            reserve_ones: bool = True) -> dict:
+# ---------------------------------------------------------------- the output folder
+def _prepared_files(out: Path, overwrite: bool) -> list[Path]:
+    """The files of a previous run in `out`, meta.json first, when --overwrite may replace them; a
+    ValueError when `out` holds files of these names that this script did not write, or prepared
+    data and no --overwrite. Its own files are recognised by content: a meta.json that readers
+    accept, shards that start with the shard magic."""
+    meta = out / "meta.json"
+    old = []
+    for p in [meta, *sorted(p for p in out.glob("*") if SHARD_NAME.fullmatch(p.name))]:
+        try:
+            ours = _written_here(p)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # none, or `out` is a file (writer_lock says so)
+        if not ours:
+            what = "a meta.json of prepared data" if p == meta else "a token shard"
+            raise ValueError(f"{p} is not {what} (prepare_data.py did not write it): it is left "
+                             "alone; choose another --out")
+        old.append(p)
+    if old and not overwrite:
+        raise ValueError(f"{out}: already holds prepared data ({old[0].name}); pass --overwrite to "
+                         "replace it")
+    return old
+
+
+def _written_here(path: Path) -> bool:
+    """Whether a file is this script's: a meta.json that readers accept, a shard with the shard
+    magic."""
+    try:
+        with open(path, "rb") as f:
+            if path.name != "meta.json":
+                return f.read(len(MAGIC)) == MAGIC
+            return is_meta(json.loads(f.read()))
+    except (FileNotFoundError, NotADirectoryError):
+        raise  # none, or removed meanwhile by a run ending in another process
+    except (OSError, ValueError, RecursionError):  # a folder, unreadable, not JSON
+        return False
+
+
+def _staged_files(staging: Path) -> list[Path]:
+    """The files of a staging folder, all of them this script's (a mark, shards, meta.json, their
+    temp files); a ValueError naming the folder or the files when it is not this script's."""
+    empty = staging.is_dir() and not any(staging.iterdir())
+    if not staging.exists() or empty:  # an empty one holds nothing to lose
+        return []
+    if not (staging / STAGING_MARK).is_file():
+        raise ValueError(f"{staging} exists and prepare_data.py did not make it (it has no "
+                         f"{STAGING_MARK} mark): it is left alone; move it away or choose another "
+                         "--out")
+    mark = re.escape(STAGING_MARK)
+    ours = re.compile(rf"(?:{SHARD_NAME.pattern}|meta\.json)(?:\.tmp\d+)?|{mark}")
+    theirs = sorted(p.name for p in staging.iterdir()
+                    if not ours.fullmatch(p.name) or not p.is_file())
+    if theirs:
+        raise ValueError(f"{staging} holds files prepare_data.py did not write "
+                         f"({', '.join(theirs[:3])}): they are left alone; move them away or "
+                         "choose another --out")
+    return list(staging.iterdir())
+
+
+def _clear_staging(staging: Path) -> None:
+    """Remove a staging folder of this script's (left by a killed run, or this run's)."""
+    if os.path.lexists(staging):
+        for p in _staged_files(staging):
+            p.unlink()
+        staging.rmdir()
+
+
+# ---------------------------------------------------------------- main logic
+def prepare(inputs: list[str], out_dir: str, *, encoding: str = "gpt2",
+            vocab_size: int | None = None, val_fraction: float = 0.1,
+            shard_tokens: int = 100_000_000, workers: int | None = None, overwrite: bool = False,
+            text_field: str = "text", mix: list[float] | None = None,
+            max_tokens: int | None = None, seed: int = 0, progress: bool = True,
+            reserve_zero: bool = True, reserve_ones: bool = True) -> dict:
     """Tokenize `inputs` into train/val shards in `out_dir`; returns the meta written there."""
-    # everything that can be checked cheaply is checked before any work and before anything is removed
+    # everything that can be checked cheaply is checked before any work and before anything is
+    # removed
     if not inputs:
         raise ValueError("no inputs given")
     if not 0 <= val_fraction < 1 or shard_tokens < 1 or (max_tokens is not None and max_tokens < 1):
         raise ValueError(f"need 0 <= val_fraction < 1, shard_tokens >= 1, max_tokens >= 1; "
                          f"got {val_fraction}, {shard_tokens}, {max_tokens}")
-    workers = (os.cpu_count() or 1) if workers is None else workers  # 0 is refused, not read as "all cores"
-    if workers < 1:
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if workers < 1:  # 0 is refused, not read as "all cores"
         raise ValueError(f"workers must be at least 1, got {workers}")
-    tok = (encoding, vocab_size, reserve_zero, reserve_ones)  # get_tokenizer's arguments, sent to the workers
+    tok = (encoding, vocab_size, reserve_zero, reserve_ones)  # get_tokenizer's, sent to the workers
     enc = get_tokenizer(*tok)
     if not os.fspath(out_dir):
         raise ValueError("the output folder is '' (empty): name one, e.g. --out data/mine")
     out = Path(out_dir)
-    _prepared_files(out, overwrite)  # fail fast; checked again, with the staging folder, as the folder's one writer
+    # fail fast; checked again, with the staging folder, as the folder's one writer
+    _prepared_files(out, overwrite)
     groups = [resolve_input(a) for a in inputs]  # the files each named input stands for
     sources = [s for group in groups for s in group]
     weights = mix_weights(mix, len(groups)) if mix is not None else None
     total_bytes = check_inputs(sources, text_field)  # uncompressed, for the progress line
+    # what was named, a path from any folder: what prepare_command names
+    recorded = [os.path.abspath(a) if os.path.lexists(a) or not (a in NAMED or a.startswith("hf:"))
+                else a for a in inputs]
 
-    recorded = [os.path.abspath(a) if os.path.lexists(a) or not (a in NAMED or a.startswith("hf:")) else a
-                for a in inputs]  # what was named, a path from any folder: what prepare_command names
-    with writer_lock(out):  # one writer per folder: a second run into `out` is refused while this one runs
+    with writer_lock(out):  # one writer per folder: a second run into `out` is refused meanwhile
         old = _prepared_files(out, overwrite)
         staging = out / STAGING  # holds this run's files until all are written
         _clear_staging(staging)  # left by a killed run
         try:  # from here on a failure (Ctrl-C included) removes the staging folder
             staging.mkdir()
-            (staging / STAGING_MARK).write_text("staging folder of prepare_data.py: removed when its run ends\n")
-            streams = [chain.from_iterable(read_documents(s, text_field) for s in group) for group in groups]
+            (staging / STAGING_MARK).write_text("staging folder of prepare_data.py: removed when "
+                                                "its run ends\n")
+            streams = [chain.from_iterable(read_documents(s, text_field) for s in group)
+                       for group in groups]
             dry = []  # the mixture's input that ran dry, if one did
-            docs = mix_documents(streams, weights, seed, dry) if weights is not None else chain.from_iterable(streams)
+            if weights is not None:
+                docs = mix_documents(streams, weights, seed, dry)
+            else:
+                docs = chain.from_iterable(streams)
             dtype = token_dtype(enc.n_vocab)
             writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
             jobs = batches(split_documents(docs, val_fraction))
-            with contextlib.closing(encoded(jobs, tok, workers)) as results:  # closing stops the pool now
+            # closing the generator stops the pool now
+            with contextlib.closing(encoded(jobs, tok, workers)) as results:
                 budget_met = write_documents(results, writers, max_tokens, total_bytes, progress)
             splits = {s: w.close() for s, w in writers.items()}
             if dry and not budget_met:
                 mix_shortfall(inputs[dry[0]], sum(s["tokens"] for s in splits.values()), max_tokens)
             budget = f", --max_tokens {max_tokens:,}" if max_tokens is not None else ""
-            if not splits["train"]["tokens"]:  # the budget below the first document, or every character val
-                raise ValueError(f"the train split is empty (--val_fraction {val_fraction}{budget}): give a smaller "
-                                 "fraction or a larger budget")
+            # the budget below the first document, or every character val
+            if not splits["train"]["tokens"]:
+                raise ValueError(f"the train split is empty (--val_fraction {val_fraction}"
+                                 f"{budget}): give a smaller fraction or a larger budget")
             if val_fraction > 0 and not splits["val"]["tokens"]:
-                raise ValueError(f"the val split is empty (--val_fraction {val_fraction}{budget}): give a larger "
-                                 "fraction or budget, or --val_fraction 0 for no validation split")
-            meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
-                    "reserve_zero": reserve_zero, "reserve_ones": reserve_ones, "dtype": dtype.name, "splits": splits,
-                    "inputs": recorded, "sources": sources, "val_fraction": val_fraction, "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
+                raise ValueError(f"the val split is empty (--val_fraction {val_fraction}{budget}): "
+                                 "give a larger fraction or budget, or --val_fraction 0 for no "
+                                 "validation split")
+            meta = {"version": VERSION,
+                    "encoding": encoding,
+                    "vocab_size": enc.n_vocab,
+                    "eot_token": enc.eot_token,
+                    "reserve_zero": reserve_zero,
+                    "reserve_ones": reserve_ones,
+                    "dtype": dtype.name,
+                    "splits": splits,
+                    "inputs": recorded,
+                    "sources": sources,
+                    "val_fraction": val_fraction,
+                    "text_field": text_field,
+                    "mix": mix,
+                    "max_tokens": max_tokens,
+                    "seed": seed}
             atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
-            # all written: from here on only renames and removals (all or none: files.move_in), meta.json last
-            move_in(staging, out, [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"],
-                    remove=[p.name for p in old])
+            # all written: from here on only renames and removals (all or none: files.move_in),
+            # meta.json last
+            new = [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"]
+            move_in(staging, out, new, remove=[p.name for p in old])
             _clear_staging(staging)
-        except BaseException as e:  # a bad input halfway, a full disk, Ctrl-C: the old data stays as it was
+        except BaseException as e:  # a bad input halfway, a full disk, Ctrl-C: the old data stays
             with contextlib.suppress(ValueError, OSError):
                 _clear_staging(staging)
             if isinstance(e, OSError) and e.errno in DISK_FULL:
-                kept = "the prepared data there is as it was" if old else "nothing was written there"
-                raise OSError(f"{out}: not prepared: the disk is full ({os.strerror(e.errno)}); {kept}") from None
+                kept = ("the prepared data there is as it was" if old
+                        else "nothing was written there")
+                raise OSError(f"{out}: not prepared: the disk is full ({os.strerror(e.errno)}); "
+                              f"{kept}") from None
             raise
     return meta
 
 
-def mix_shortfall(name: str, tokens: int, max_tokens: int | None) -> None:
-    """Say on stderr that a mixture stopped because input `name` ran dry, and what that left of the budget."""
-    short = (f", {max_tokens - tokens:,} short of --max_tokens {max_tokens:,} ({100 * tokens / max_tokens:.0f}%): "
-             "give that input more data or a lower --mix weight to meet the budget") if max_tokens else ""
-    print(f"note: the mixture stopped at {tokens:,} tokens when {name} ran dry{short} (the other inputs' remaining "
-          "documents are left out, so the --mix ratio holds)", file=sys.stderr)
-
-
+# ---------------------------------------------------------------- the command line
 def parse_weights(s: str) -> list[float]:
     try:
         return [float(x) for x in s.split(",")]
@@ -378,37 +448,50 @@ def parse_weights(s: str) -> list[float]:
 
 @dataclass
 class PrepareConfig:
-    inputs: list[str] = setting(help="files (.txt = one document, .jsonl, .parquet), folders, globs, the named corpora "
-                                     f"{', '.join(NAMED)}, or hf:REPO[:CONFIG]", positional=True, nargs="+")
-    out: str | None = setting(None, "output folder for train_*.bin, val_*.bin, meta.json (default for one named "
-                                    "corpus: data/NAME)")
-    encoding: str = setting("gpt2", f"tiktoken encoding: {', '.join(tiktoken.list_encoding_names())}")
-    vocab_size: int | None = setting(None, f"keep the first N-1 BPE ranks, EOT = N-1 (default: {DEFAULT_VOCAB['shakespeare']} for "
-                                           "shakespeare, else the full encoding)")
-    reserve_zero: bool = setting(True, "give id 0 (the all-zero binary code) to the NUL byte, which text does not "
-                                       "contain; without it the ids are the encoding's own (as in data prepared "
-                                       "before this option)")
-    reserve_ones: bool = setting(True, "give id 2^K-1 (the all-ones binary code; end-of-text's in a cut to a power of "
-                                       "two) to the byte 0xFF, which UTF-8 text never contains; without it that id "
-                                       "keeps its token (as in data prepared before this option)")
-    val_fraction: float = setting(PREPARED_DEFAULTS["val_fraction"], "share of documents (or characters) for val")
+    inputs: list[str] = setting(help="files (.txt = one document, .jsonl, .parquet), folders, "
+                                     f"globs, the named corpora {', '.join(NAMED)}, or "
+                                     "hf:REPO[:CONFIG]",
+                                positional=True, nargs="+")
+    out: str | None = setting(None, "output folder for train_*.bin, val_*.bin, meta.json (default "
+                                    "for one named corpus: data/NAME)")
+    encoding: str = setting("gpt2", "tiktoken encoding: "
+                                    f"{', '.join(tiktoken.list_encoding_names())}")
+    vocab_size: int | None = setting(None, "keep the first N-1 BPE ranks, EOT = N-1 (default: "
+                                           f"{DEFAULT_VOCAB['shakespeare']} for shakespeare, else "
+                                           "the full encoding)")
+    reserve_zero: bool = setting(True, "give id 0 (the all-zero binary code) to the NUL byte, "
+                                       "which text does not contain; without it the ids are the "
+                                       "encoding's own")
+    reserve_ones: bool = setting(True, "give id 2^K-1 (the all-ones binary code; end-of-text's in "
+                                       "a cut to a power of two) to the byte 0xFF, which UTF-8 "
+                                       "text never contains; without it that id keeps its token")
+    val_fraction: float = setting(PREPARED_DEFAULTS["val_fraction"],
+                                  "share of documents (or characters) for val")
     shard_tokens: int = setting(100_000_000, "tokens per shard file, e.g. 1e8")
-    text_field: str = setting(PREPARED_DEFAULTS["text_field"], "record field holding the text in .jsonl/.parquet/Hub")
-    mix: list[float] | None = setting(None, "document weights per named input (a folder is one), e.g. 0.7 (two inputs) "
-                                            "or 0.5,0.3,0.2 (default: concatenate)", type=parse_weights)
-    max_tokens: int | None = setting(PREPARED_DEFAULTS["max_tokens"], "token budget for train+val, whole documents, e.g. 1e9 (default: no limit)")
+    text_field: str = setting(PREPARED_DEFAULTS["text_field"],
+                              "record field holding the text in .jsonl/.parquet/Hub")
+    mix: list[float] | None = setting(None, "document weights per named input (a folder is one), "
+                                            "e.g. 0.7 (two inputs) or 0.5,0.3,0.2 (default: "
+                                            "concatenate)", type=parse_weights)
+    max_tokens: int | None = setting(PREPARED_DEFAULTS["max_tokens"],
+                                     "token budget for train+val, whole documents, e.g. 1e9 "
+                                     "(default: no limit)")
     seed: int = setting(PREPARED_DEFAULTS["seed"], "seed of the --mix draws")
-    workers: int | None = setting(None, "tokenizer processes; 1 = no pool (default: one per CPU core)")
+    workers: int | None = setting(None, "tokenizer processes; 1 = no pool (default: one per CPU "
+                                        "core)")
     overwrite: bool = setting(False, "replace prepared data already in --out")
 
 
 def parse_config(argv: list[str] | None = None) -> PrepareConfig:
-    """The settings of a command line, with the defaults of a single named corpus (its --out, its --vocab_size)."""
-    p = config_parser(PrepareConfig, __doc__.split("\n\n")[0], epilog="Details: the module docstring.")
+    """The settings of a command line, with the defaults of a single named corpus (its --out, its
+    --vocab_size)."""
+    description = __doc__.split("\n\n")[0]
+    p = config_parser(PrepareConfig, description, epilog="Details: the module docstring.")
     a = parse_settings(p, argv)
     if a.out is None:
         if len(a.inputs) != 1 or a.inputs[0] not in NAMED:
-            p.error(f"--out is needed (only a single named corpus, {', '.join(NAMED)}, has a default)")
+            p.error(f"--out is needed (only a single named corpus, {', '.join(NAMED)}, has a "
+                    "default)")
         a.out = os.path.join("data", a.inputs[0])
     if a.vocab_size is None and len(a.inputs) == 1:
         a.vocab_size = DEFAULT_VOCAB.get(a.inputs[0])
@@ -417,15 +500,27 @@ def parse_config(argv: list[str] | None = None) -> PrepareConfig:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_config(argv)
-    meta = prepare(a.inputs, a.out, a.encoding, a.vocab_size, a.val_fraction, a.shard_tokens, a.workers,
-                   a.overwrite, a.text_field, a.mix, a.max_tokens, a.seed, reserve_zero=a.reserve_zero,
+    meta = prepare(a.inputs, a.out,
+                   encoding=a.encoding,
+                   vocab_size=a.vocab_size,
+                   val_fraction=a.val_fraction,
+                   shard_tokens=a.shard_tokens,
+                   workers=a.workers,
+                   overwrite=a.overwrite,
+                   text_field=a.text_field,
+                   mix=a.mix,
+                   max_tokens=a.max_tokens,
+                   seed=a.seed,
+                   reserve_zero=a.reserve_zero,
                    reserve_ones=a.reserve_ones)
     for name, s in meta["splits"].items():
-        print(f"{name}: {s['tokens']:,} tokens, {s['documents']:,} documents, {s['bytes']:,} bytes, {len(s['shards'])} shards")
+        print(f"{name}: {s['tokens']:,} tokens, {s['documents']:,} documents, "
+              f"{s['bytes']:,} bytes, {len(s['shards'])} shards")
     print(f"wrote {a.out}")
     return 0
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops like Ctrl-C: the pool ends, the old data stays
+    # `kill` stops it as Ctrl-C does: the pool ends, the old data stays
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     sys.exit(run_main(main))

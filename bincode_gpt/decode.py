@@ -100,7 +100,7 @@ class KVCache:
         return self.k[layer], self.v[layer], self.written  # the mask broadcasts over (B, H, 1, size)
 
 
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None, allowed=None):
+def sample_next(logits, temperature=1.0, *, top_k=None, top_p=None, generator=None, allowed=None):
     """(B, V) logits -> (B, 1) token ids: greedy at temperature 0, else top-k / nucleus sampling. `allowed`
     (V bools): the ids that may be drawn (a vocabulary padded past its tokenizer: the rest mean no text).
     A temperature below the dtype's smallest normal number (1.2e-38 in float32) cannot be divided by: greedy."""
@@ -126,8 +126,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None,
 
 
 @torch.inference_mode()  # cheaper per op than no_grad: no version counters, no view tracking
-def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
-           compile=False, allowed=None, cuda_graphs=False):
+def stream(model, idx, max_new_tokens, *, temperature=1.0, top_k=None, top_p=None, eos_token_id=None,
+           generator=None, compile=False, allowed=None, cuda_graphs=False):
     """Yield the next token of every sequence, (B, 1), one step at a time, with a KV cache.
 
     temperature 0 is greedy. A prompt longer than block_size is cropped to its last block_size
@@ -151,7 +151,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
         if cuda_graphs:  # a new replay: the last one's outputs (logits) are read already
             torch.compiler.cudagraph_mark_step_begin()
         logits, _ = (model if i == 0 else step)(idx, cache=cache)  # the prompt runs eagerly
-        nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator, allowed)
+        nxt = sample_next(logits[:, -1, :].float(), temperature, top_k=top_k, top_p=top_p, generator=generator,
+                          allowed=allowed)
         if eos_token_id is not None:
             nxt = torch.where(done[:, None], eos_token_id, nxt)
             done |= nxt[:, 0] == eos_token_id
@@ -211,9 +212,8 @@ def copy_model(model, memo=None):
     return twin
 
 
-def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token_id=None, generator=None,
-             compile=False, cuda_graphs=False):
-    """idx (B, T) -> (B, T + new): the prompt followed by what stream() yields."""
-    new = list(stream(model, idx, max_new_tokens, temperature, top_k, top_p, eos_token_id, generator, compile,
-                      cuda_graphs=cuda_graphs))
+def generate(model, idx, max_new_tokens, **options):
+    """idx (B, T) -> (B, T + new): the prompt followed by what stream() yields; `options` are stream's
+    (temperature, top_k, top_p, eos_token_id, generator, compile, allowed, cuda_graphs)."""
+    new = list(stream(model, idx, max_new_tokens, **options))
     return torch.cat([idx, *new], dim=1)

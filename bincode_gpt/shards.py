@@ -139,8 +139,8 @@ class ShardWriter:
 
 def prepared_from(meta: dict) -> list[str] | None:
     """The inputs `meta`'s data was prepared from, named so that they are found from any folder: those it
-    records as named (absolute paths, since issue 35), else the files it records if they are found from
-    here (older data recorded them as named, relative to a folder now unknown); None if unknown."""
+    records as named (absolute paths), else the files it records (`sources`) if they are found from here
+    (they may be relative to the folder it was prepared from); None if unknown."""
     if isinstance(meta.get("inputs"), list) and meta["inputs"]:
         return meta["inputs"]
     sources = meta.get("sources")
@@ -151,8 +151,9 @@ def prepared_from(meta: dict) -> list[str] | None:
 
 def prepare_command(meta: dict, out: str, shard_tokens: int | None = None) -> str:
     """The command line that prepares the inputs `meta` (a meta.json) names again into `out`, as it was
-    prepared but with today's default ids: what train.py prints for data made before a default."""
-    flags = [*(prepared_from(meta) or ["<INPUTS: unknown, its meta.json does not record them>"]), "--out", out, "--encoding", meta["encoding"], "--vocab_size", str(meta["vocab_size"])]
+    prepared but with the default ids: what train.py prints for data prepared with other ids."""
+    inputs = prepared_from(meta) or ["<INPUTS: unknown, its meta.json does not record them>"]
+    flags = [*inputs, "--out", out, "--encoding", meta["encoding"], "--vocab_size", str(meta["vocab_size"])]
     for name, default in PREPARED_DEFAULTS.items():
         if meta.get(name, default) != default:
             flags += [f"--{name}", str(meta[name])]

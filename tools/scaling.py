@@ -383,12 +383,7 @@ def plot(result, path):
         if a["gaps"]:
             ax.plot([a["binary_trainable"]], [statistics.mean(a["gaps"])], "s", color="purple",
                     label=f"binary {a['binary']} vs learned {a['learned']}")
-    ax.axhline(0, color="black", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("binary model's trainable parameters")
-    ax.set_ylabel("val loss gap, binary - learned (nats/token)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    gap_axes(ax, "binary model's trainable parameters", "val loss gap, binary - learned (nats/token)", 8)
     for key, label in (("curve", "long run"), ("short", "default-length run")):
         c = (result.get("long") or {}).get(key) or []
         if c:
@@ -403,6 +398,17 @@ def plot(result, path):
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def gap_axes(ax, xlabel, ylabel, legend_size):
+    """Finish a plot of the gap against a log x axis (parameters or tokens): the zero line, the
+    labels, a grid and the legend (this tool's and share.py's)."""
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
 
 
 def contrast(a, b):

@@ -316,6 +316,15 @@ def side_by_side(a, b):
     return None if ga is None or gb is None else (T, ga, gb)
 
 
+def beside_axis(binary, axis, role, key):
+    """(axis row, row, side_by_side of the two) for each row of `role` that has an axis row of its
+    vocabulary and its `key` (text or size) to stand beside, at a T both reach."""
+    for row in (r for r in binary if r["role"] == role):
+        same = [r for r in axis if r["vocab"] == row["vocab"] and r[key] == row[key]]
+        if same and (sbs := side_by_side(same[0], row)):
+            yield same[0], row, sbs
+
+
 def reading(rows):
     """Sentences computed from the rows: each point's verdicts, the gap against share (V moved, then depth
     moved), the mid-run check, the second text, and what the fits predict at the paper's tokens per parameter."""
@@ -337,14 +346,11 @@ def reading(rows):
                    + f"; a line through them: {slope:+.2f} points of gap per point of share, "
                      f"{100 * (icpt + slope * PAPER['share']):+.1f}% at the paper's share "
                      f"({100 * PAPER['share']:.1f}%).")
-    for depth in (r for r in binary if r["role"] == "depth"):
-        same = [r for r in axis if r["vocab"] == depth["vocab"] and r["text"] == depth["text"]]
-        if same and (sbs := side_by_side(same[0], depth)):
-            T, ga, gb = sbs
-            out.append(f"Share moved at fixed V={depth['vocab']:,} (same width, same code) by depth, at T = {T:.2f}: "
-                       f"{same[0]['size']} (share {100 * same[0]['share']:.1f}%) {100 * ga:+.1f}%, {depth['size']} "
-                       f"(share {100 * depth['share']:.1f}%) {100 * gb:+.1f}%: the larger share has the "
-                       f"{'larger' if (gb > ga) == (depth['share'] > same[0]['share']) else 'smaller'} gap.")
+    for base, depth, (T, ga, gb) in beside_axis(binary, axis, "depth", "text"):
+        out.append(f"Share moved at fixed V={depth['vocab']:,} (same width, same code) by depth, at T = {T:.2f}: "
+                   f"{base['size']} (share {100 * base['share']:.1f}%) {100 * ga:+.1f}%, {depth['size']} "
+                   f"(share {100 * depth['share']:.1f}%) {100 * gb:+.1f}%: the larger share has the "
+                   f"{'larger' if (gb > ga) == (depth['share'] > base['share']) else 'smaller'} gap.")
     short = [r for r in binary if r["role"] == "short"]
     long = [r for r in axis if short and r["vocab"] == short[0]["vocab"]]
     if short and long and short[0]["curve"] and long[0]["curve"]:
@@ -362,12 +368,9 @@ def reading(rows):
                        f"runs): K = {a['K']} bits {ms(a['gap_pct'], '+.1f', 100)}%, W = {wide['K']} bits "
                        f"{ms(wide['gap_pct'], '+.1f', 100)}%: the wider code's gap is {100 * abs(d):.1f} points "
                        f"{'smaller' if d < 0 else 'larger'}, {yes_no(abs(d) <= sp)} our seed spread ({100 * sp:.1f}%).")
-    for second in (r for r in binary if r["role"] == "second"):
-        same = [r for r in axis if r["vocab"] == second["vocab"] and r["size"] == second["size"]]
-        if same and (sbs := side_by_side(same[0], second)):
-            T, ga, gb = sbs
-            out.append(f"Second text, V={second['vocab']:,} {second['size']} at T = {T:.2f}: {same[0]['text']} "
-                       f"{100 * ga:+.1f}%, {second['text']} {100 * gb:+.1f}% ({second['epochs']:.1f} epochs of it).")
+    for base, second, (T, ga, gb) in beside_axis(binary, axis, "second", "size"):
+        out.append(f"Second text, V={second['vocab']:,} {second['size']} at T = {T:.2f}: {base['text']} "
+                   f"{100 * ga:+.1f}%, {second['text']} {100 * gb:+.1f}% ({second['epochs']:.1f} epochs of it).")
     if axis:
         near = min(axis, key=lambda r: abs(r["share"] - PAPER["share"]))
         if fit := near["fit"]:
@@ -399,12 +402,8 @@ def plot(rows, path):
     ax.axhspan(-100 * PAPER["spread_pct"], 100 * PAPER["spread_pct"], color="green", alpha=0.08,
                label="± the paper's 4.8% seed spread")
     ax.plot([PAPER["tokens_per_param"]], [100 * PAPER["gap_pct"]], "r*", ms=12, label="paper (share 12.5%)")
-    ax.axhline(0, color="black", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("training tokens per trainable parameter of the binary model")
-    ax.set_ylabel("binary vs learned perplexity (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    scaling.gap_axes(ax, "training tokens per trainable parameter of the binary model",
+                     "binary vs learned perplexity (%)", 7)
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})  # no version stamp: same results, same bytes
     plt.close(fig)
