@@ -48,11 +48,13 @@ def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve
     # ranks, not counted: an encoding may have ids no token holds (cl100k_base: 100,256 and 100,261-100,275).
     smallest, largest = max(ranks[bytes([b])] for b in range(256)) + 2, max(ranks.values()) + 2
     if not smallest <= vocab_size <= largest and vocab_size != n_vocab:
-        full = f" or {n_vocab}" if n_vocab != largest else ""
+        full = f" or {n_vocab}" if not smallest <= n_vocab <= largest else ""
         raise ValueError(f"vocab_size must be in [{smallest}, {largest}]{full} for {encoding}, got {vocab_size}")
-    kept = {b: r for b, r in ranks.items() if r < vocab_size - 1}
-    specials = {"<|endoftext|>": vocab_size - 1} if vocab_size != n_vocab else dict(base["special_tokens"])
-    name = f"{encoding}_{vocab_size}" if vocab_size != n_vocab else encoding
+    if vocab_size == n_vocab:  # every rank and special, on their own ids (p50k_base has ranks past end-of-text)
+        kept, specials, name = dict(ranks), dict(base["special_tokens"]), encoding
+    else:
+        kept = {b: r for b, r in ranks.items() if r < vocab_size - 1}
+        specials, name = {"<|endoftext|>": vocab_size - 1}, f"{encoding}_{vocab_size}"
     for reserved, i, byte, tag in ((reserve_zero, 0, b"\x00", "_nul0"), (reserve_ones, ones, b"\xff", "_ff1s")):
         table = (kept if i in kept.values() else specials) if reserved else {}
         holder = next((t for t, r in table.items() if r == i), None)  # None: no token has id i, nothing to move
