@@ -56,8 +56,10 @@ def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve
         kept = {b: r for b, r in ranks.items() if r < vocab_size - 1}
         specials, name = {"<|endoftext|>": vocab_size - 1}, f"{encoding}_{vocab_size}"
     for reserved, i, byte, tag in ((reserve_zero, 0, b"\x00", "_nul0"), (reserve_ones, ones, b"\xff", "_ff1s")):
-        table = (kept if i in kept.values() else specials) if reserved else {}
-        holder = next((t for t, r in table.items() if r == i), None)  # None: no token has id i, nothing to move
+        if not reserved:
+            continue
+        table = kept if i in kept.values() else specials
+        holder = next((t for t, r in table.items() if r == i), None)  # None: a hole, no token to move
         if holder is not None:  # `byte` takes id i; the token that had i (a merge rank or a special) takes byte's id
             table[holder], kept[byte] = kept[byte], i
             name += tag
@@ -145,8 +147,9 @@ class TiktokenText:
             try:
                 token = b"" if i is None else self.enc.decode_single_token_bytes(i)
             except KeyError:  # an id past the tokenizer, or one of its holes: say so, no KeyError
-                raise ValueError(f"the model produced token id {i}, but its tokenizer has {self.enc.n_vocab:,} tokens "
-                                 "and none of them has that id: the checkpoint's tokenizer does not match its model") from None
+                raise ValueError(f"the model produced token id {i}, but its tokenizer has {self.enc.n_vocab:,} "
+                                 "tokens and none of them has that id: the checkpoint's tokenizer does not match "
+                                 "its model") from None
             return utf8.decode(token, final=i is None)
         return decode
 

@@ -84,9 +84,10 @@ def prepared(folder):
 
 
 def check_ids(ids, encoding, meta):
-    """The cut's ids are tiktoken's, holes and all, and `ids` (TEXT, specials allowed) its own tokens below the cut, renumbered only where
-    get_tokenizer reserves ids: each non-special id's bytes are a token whose rank in the uncut encoding is
-    below the cut (below V - 1, end-of-text's), with that id unless it is one of the moved ones."""
+    """The cut's ids are tiktoken's, holes and all, and `ids` (TEXT, specials allowed) are the encoding's own
+    tokens below the cut, renumbered only where get_tokenizer reserves ids: each non-special id's bytes are a
+    token whose rank in the uncut encoding is below the cut (below V - 1, end-of-text's), with that id unless
+    it is one of the moved ones."""
     plain = tiktoken.get_encoding(encoding)
     V, eot = meta["vocab_size"], meta["eot_token"]
     full = V == plain.n_vocab
