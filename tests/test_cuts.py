@@ -6,8 +6,8 @@ A size either works all the way or is refused by prepare_data.py with one `error
 that work. The edges: the smallest cut (the 256 bytes + end-of-text), powers of two (end-of-text on the
 all-ones id moves to 0xFF's), one either side of every special token and hole (GPT-2's end-of-text at
 50,256; cl100k_base's hole at 100,256, its specials at 100,257-100,260 and 100,276, its holes at
-100,261-100,275), the full size and uncut. The table runs in-process through each script's main(argv) (the
-cl100k heads are 100k x 32: a tiny width), but for two cases (REAL), run as a process per command.
+100,261-100,275), the full size, one past it, and uncut. The table runs in-process through each script's
+main(argv) (the cl100k heads are 100k x 32: a tiny width), but for two cases (REAL), a process per command.
 Needs tokenizers and safetensors (requirements-extras.txt) for the export: skipped without them."""
 
 import json
@@ -22,10 +22,10 @@ import torch
 import prepare_data
 import sample
 import train
+from bincode_gpt import tokenizer
 from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.cli import run_main
 from bincode_gpt.files import LOCK_NAME
-from bincode_gpt import tokenizer
 from bincode_gpt.tokenizer import TiktokenText, all_ones_id, get_tokenizer, token_ids
 from tools import convert
 
@@ -37,13 +37,14 @@ PROMPT = "Speak, speak."
 TRAIN = ["--preset", "tiny", "--n_layer", "1", "--n_head", "1", "--n_embd", "32", "--block_size", "16",
          "--batch_size", "1", "--max_steps", "1", "--eval_interval", "0", "--device", "cpu"]
 GPT2_SIZES = [257, 511, 512, 513, 50256, 50257, None]  # 511-513: either side of the power of two
-REFUSED = {  # size -> the sizes the refusal names
+REFUSED = {  # encoding -> (sizes refused, the refusal, which names the sizes that work)
     "gpt2": ({256, 50258}, "vocab_size must be in [257, 50257] for gpt2"),
     "r50k_base": ({256, 50258}, "vocab_size must be in [257, 50257] for r50k_base"),
     "cl100k_base": ({256, 100258, 100261, 100262, 100275, 100276, 100278},
                     "vocab_size must be in [257, 100257] or 100277 for cl100k_base"),
 }
-WORKS = {"gpt2": GPT2_SIZES, "r50k_base": GPT2_SIZES, "cl100k_base": [257, 65536, 100256, 100257, 100277, None]}
+WORKS = {"gpt2": GPT2_SIZES, "r50k_base": [257, 512, 50256, 50257, None],  # GPT-2's ranks, under its own name
+         "cl100k_base": [257, 65536, 100256, 100257, 100277, None]}
 FULL = {"gpt2": 50257, "r50k_base": 50257, "cl100k_base": 100277}
 CASES = [(e, v) for e, sizes in WORKS.items() for v in sizes] + [(e, v) for e, (sizes, _) in REFUSED.items()
                                                                    for v in sorted(sizes)]
