@@ -44,17 +44,23 @@ def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve
     reserve_ones = reserve_ones and ones < vocab_size  # past the vocabulary: no token to move
     if vocab_size == n_vocab and not (reserve_zero or reserve_ones):
         return tiktoken.get_encoding(encoding)  # the encoding itself, uncut
-    # The cut needs the 256 single bytes (so any text encodes) and cannot add ranks.
-    if not 257 <= vocab_size <= len(ranks) + 1 and vocab_size != n_vocab:
-        full = f" or {n_vocab}" if n_vocab != len(ranks) + 1 else ""
-        raise ValueError(f"vocab_size must be in [257, {len(ranks) + 1}]{full} for {encoding}, got {vocab_size}")
-    kept = {b: r for b, r in ranks.items() if r < vocab_size - 1}
-    specials = {"<|endoftext|>": vocab_size - 1} if vocab_size != n_vocab else dict(base["special_tokens"])
-    name = f"{encoding}_{vocab_size}" if vocab_size != n_vocab else encoding
+    # The cut keeps the 256 single bytes (so any text encodes) and adds no rank; its sizes are read from the
+    # ranks, not counted: an encoding may have ids no token holds (cl100k_base: 100,256 and 100,261-100,275).
+    smallest, largest = max(ranks[bytes([b])] for b in range(256)) + 2, max(ranks.values()) + 2
+    if not smallest <= vocab_size <= largest and vocab_size != n_vocab:
+        full = f" or {n_vocab}" if not smallest <= n_vocab <= largest else ""
+        raise ValueError(f"vocab_size must be in [{smallest}, {largest}]{full} for {encoding}, got {vocab_size}")
+    if vocab_size == n_vocab:  # every rank and special, on their own ids (p50k_base has ranks past end-of-text)
+        kept, specials, name = dict(ranks), dict(base["special_tokens"]), encoding
+    else:
+        kept = {b: r for b, r in ranks.items() if r < vocab_size - 1}
+        specials, name = {"<|endoftext|>": vocab_size - 1}, f"{encoding}_{vocab_size}"
     for reserved, i, byte, tag in ((reserve_zero, 0, b"\x00", "_nul0"), (reserve_ones, ones, b"\xff", "_ff1s")):
-        if reserved:  # `byte` takes id i; the token that had i (a merge rank or a special) takes byte's id
-            table = kept if i in kept.values() else specials
-            holder = next(t for t, r in table.items() if r == i)
+        if not reserved:
+            continue
+        table = kept if i in kept.values() else specials
+        holder = next((t for t, r in table.items() if r == i), None)  # None: a hole, no token to move
+        if holder is not None:  # `byte` takes id i; the token that had i (a merge rank or a special) takes byte's id
             table[holder], kept[byte] = kept[byte], i
             name += tag
     pat_str = base["pat_str"]
@@ -76,11 +82,16 @@ def encoding_parts(encoding: str) -> dict:
 
 def mergeable_ranks(enc: tiktoken.Encoding) -> dict:
     """Token bytes -> rank of an encoding: tiktoken's own dict, or, for a cut (get_tokenizer lets its dict go), read
-    back from its encoder: a cut's ids are every id below n_vocab, its special tokens' aside."""
+    back from its encoder token by token, not id by id: a cut to an encoding's full size keeps its holes."""
     if enc._mergeable_ranks is not None:
         return enc._mergeable_ranks
-    specials = set(enc._special_tokens.values())
-    return {enc.decode_single_token_bytes(i): i for i in range(enc.n_vocab) if i not in specials}
+    return {token: enc.encode_single_token(token) for token in enc.token_byte_values()}
+
+
+def token_ids(enc: tiktoken.Encoding) -> set:
+    """Every id `enc` decodes, its ranks' and its special tokens': not every id below n_vocab (cl100k_base has
+    none at 100,256 nor at 100,261-100,275)."""
+    return {*mergeable_ranks(enc).values(), *enc._special_tokens.values()}
 
 
 def all_ones_id(vocab_size: int) -> int:
@@ -126,19 +137,20 @@ class TiktokenText:
         return self.enc.decode(ids)
 
     def token_ids(self):
-        """Every id this encoding decodes (an uncut cl100k_base has gaps below its largest special id; a cut none)."""
-        if self.enc._mergeable_ranks is None:  # a cut (get_tokenizer)
-            return set(range(self.enc.n_vocab))
-        return {*self.enc._mergeable_ranks.values(), *self.enc._special_tokens.values()}
+        """Every id this encoding decodes."""
+        return token_ids(self.enc)
 
     def decoder(self):
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
         def decode(i=None):
-            if i is not None and i >= self.enc.n_vocab:  # a model with more ids than its tokenizer: say so, no KeyError
-                raise ValueError(f"the model produced token id {i}, but its tokenizer has {self.enc.n_vocab:,} tokens: "
-                                 "the checkpoint's tokenizer does not match its model")
-            return utf8.decode(b"" if i is None else self.enc.decode_single_token_bytes(i), final=i is None)
+            try:
+                token = b"" if i is None else self.enc.decode_single_token_bytes(i)
+            except KeyError:  # an id past the tokenizer, or one of its holes: say so, no KeyError
+                raise ValueError(f"the model produced token id {i}, but its tokenizer has {self.enc.n_vocab:,} "
+                                 "tokens and none of them has that id: the checkpoint's tokenizer does not match "
+                                 "its model") from None
+            return utf8.decode(token, final=i is None)
         return decode
 
 

@@ -571,12 +571,9 @@ def tiktoken_to_hf(enc):
     ranks = mergeable_ranks(enc)
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     rest = [n for n in range(256) if n not in bs]  # GPT-2's bytes_to_unicode: other bytes -> 256, 257, ...
-    byte_char = {**{b: chr(b) for b in bs}, **{b: chr(256 + k) for k, b in enumerate(rest)}}
-
-    def s(b):
-        return "".join(byte_char[x] for x in b)
-
-    vocab = {s(tok): rank for tok, rank in ranks.items()}
+    byte_char = str.maketrans({**{chr(b): chr(b) for b in bs}, **{chr(b): chr(256 + k) for k, b in enumerate(rest)}})
+    s = {tok: tok.decode("latin-1").translate(byte_char) for tok in ranks}  # each token's bytes as those characters
+    vocab = {s[tok]: rank for tok, rank in ranks.items()}
     # a special token amid the ranks (end-of-text moved off the all-ones id, tokenizer.get_tokenizer) is
     # a vocabulary entry no merge makes; added below as special, it keeps that id. So does every special token:
     # uncut cl100k_base has no token at 100,256 nor at 100,261-100,275, and its specials keep their ids past them
@@ -584,7 +581,7 @@ def tiktoken_to_hf(enc):
     merges = []
     for tok, rank in ranks.items():
         splits = [(tok[:i], tok[i:]) for i in range(1, len(tok)) if tok[:i] in ranks and tok[i:] in ranks]
-        merges += [(rank, ranks[a], ranks[b], s(a), s(b)) for a, b in splits]
+        merges += [(rank, ranks[a], ranks[b], s[a], s[b]) for a, b in splits]
     merges = [(a, b) for *_, a, b in sorted(merges)]
     tk = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True))
     tk.pre_tokenizer = pre_tokenizers.Sequence([
