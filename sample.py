@@ -37,7 +37,7 @@ import torch
 from bincode_gpt.checkpoint import check_finite, is_int8, load_checkpoint
 from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
 from bincode_gpt.decode import check_cuda_graphs, stream
-from bincode_gpt.devices import pick_device
+from bincode_gpt.devices import has_bf16, pick_device
 from bincode_gpt.memory import available_memory, memory_bytes
 from bincode_gpt.tokenizer import load_text_codec
 from model import constant_input_ids
@@ -63,8 +63,9 @@ class SampleConfig:
                                         "probability")
     seed: int = setting(1337, "random seed")
     device: str = setting("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    dtype: str = setting("float32", "weights and activations",
-                         choices=["float32", "bfloat16", "float16"])
+    dtype: str = setting("auto", "weights and activations; auto: bfloat16 on a CUDA GPU with "
+                                 "bfloat16 units, else float32",
+                         choices=["auto", "float32", "bfloat16", "float16"])
     compile: bool = setting(False, "torch.compile the one-token decoding step: tens of seconds "
                                    "once per size class of prompt + new tokens (64, 128, ... "
                                    "positions), then faster tokens (long outputs); int8 weights "
@@ -214,6 +215,8 @@ def main(argv=None):
     check_sample_settings(cfg)
     prompt = cfg.prompt if cfg.prompt_file is None else read_prompt_file(cfg.prompt_file)
     device = pick_device(cfg.device)
+    if cfg.dtype == "auto":
+        cfg.dtype = "bfloat16" if has_bf16(device) else "float32"
     dtype = getattr(torch, cfg.dtype)
     check_cuda_graphs(cfg.cuda_graphs, cfg.compile, device)  # before reading the checkpoint
     if cfg.quantize:

@@ -165,13 +165,13 @@ def set_up(cfg, rank, world, device, distributed, out_lock):
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, betas, device.type)
     model = torch.compile(raw_model) if cfg.compile else raw_model
     if distributed:
-        model = launch.data_parallel(model, device)  # DDP, not broadcasting constant buffers
+        model = launch.data_parallel(model, device, compiled=cfg.compile)  # DDP
     autocast = nullcontext()
     if dtype == "bfloat16":
         autocast = torch.autocast(device.type, dtype=torch.bfloat16)
     log = Log(cfg=cfg, master=rank == 0, world=world, block_size=mcfg.block_size,
               flops=raw_model.flops_per_token(mcfg.block_size),
-              peak=cfg.peak_flops or peak_flops(device))
+              peak=cfg.peak_flops or peak_flops(device, dtype))
     run = Run(cfg=cfg, rank=rank, world=world, device=device, distributed=distributed,
               model=model, raw_model=raw_model, optimizer=optimizer,
               train_split=train_split, val_split=val_split, autocast=autocast,
@@ -231,7 +231,7 @@ def loop(run, state):
                 # DDP all-reduces in backward: on the last micro-step only, once all are summed
                 with model.no_sync() if run.distributed and not last_micro else nullcontext():
                     with run.autocast:
-                        _, loss = model(x, y)
+                        loss = model(x, y)[1]  # the logits are not kept: backward needs none
                     (loss / cfg.grad_accum).backward()
                 loss_sum += loss.detach().float()
             # the mean over ranks, and whether any rank was asked to stop

@@ -76,10 +76,11 @@ class Log:
         self.mark = time.time()
         due = state.step % cfg.log_interval == 0 or state.step == cfg.max_steps or stopping
         if self.master and due:
-            window = self.step_times[self.window_start :]  # tokens/s over these steps' time
-            tok_s = len(window) * tokens / sum(window)
-            # the steps' pace without the first one's warm-up (compiling, allocating)
+            window = self.step_times[self.window_start :]
+            # tokens/s and the ETA from these steps' pace, without this process's first step: its
+            # warm-up (torch.compile compiling, the allocator growing) is not the run's speed
             steady = window[1:] if self.window_start == 0 and len(window) > 1 else window
+            tok_s = len(steady) * tokens / sum(steady)
             self.window_start = len(self.step_times)
             mfu_s = ""
             if self.peak:
@@ -100,10 +101,12 @@ class Log:
         return (cfg.max_steps - step) * sum(steady) / len(steady) + evals * self.eval_s
 
     def tokens_per_s(self):
-        """Over all steps' time (not evaluations or saves)."""
-        if not self.step_times:
+        """Over the steps' time (not evaluations or saves), without this process's first step (its
+        warm-up) when there are others."""
+        steady = self.step_times[1:] or self.step_times
+        if not steady:
             return None
-        return self.tokens_per_step * len(self.step_times) / sum(self.step_times)
+        return self.tokens_per_step * len(steady) / sum(steady)
 
 
 def nats_per_byte(x):

@@ -132,7 +132,9 @@ def restore(run, state, ckpt, source):
         except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
             raise ValueError(f"{source}: its RNG state of rank {run.rank} is unreadable ({one_line(e, 120)})") from None
     elif run.rank == 0:
-        print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {run.world}: RNG streams reseeded")
+        print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {run.world}: the data order "
+              "continues exactly, but each rank's RNG stays as this run's start set it (seed + rank), so dropout "
+              "draws differ from an unbroken run's")
 
 
 def check_training_state(ckpt, source):

@@ -202,6 +202,22 @@ def test_sample_moves_the_model_and_measures_the_cache_there(runs, monkeypatch):
     assert off_device(model, META) == [] and next(model.parameters()).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("bf16_units, dtype", [(True, torch.bfloat16), (False, torch.float32)])
+def test_sample_auto_dtype_is_bfloat16_where_the_gpu_has_its_units(runs, monkeypatch, bf16_units, dtype):
+    """sample.py --dtype auto (the default): bfloat16 on a CUDA GPU with bfloat16 units, else float32."""
+    monkeypatch.setattr(sample, "pick_device", lambda name: META)
+    monkeypatch.setattr(sample, "has_bf16", lambda device: bf16_units)
+    monkeypatch.setattr(sample, "check_start", lambda *args: None)  # reads the model's values
+
+    def check_cache_fits(model, positions, device):
+        raise Started(model)
+
+    monkeypatch.setattr(sample, "check_cache_fits", check_cache_fits)
+    with pytest.raises(Started) as started:
+        sample.main(["--ckpt", runs["binary"].out_dir, "--max_new_tokens", "2"])
+    assert next(started.value.run.parameters()).dtype == dtype
+
+
 def test_rotary_keeps_q_and_k_in_the_activations_dtype(monkeypatch):
     """The rotary tables are float32 buffers; under bfloat16 autocast q and k reach attention in bfloat16 (a
     float32 table would promote them to float32 in eager mode), rotated as by tables cast to bfloat16."""
@@ -338,3 +354,14 @@ def test_bfloat16_only_on_hardware_that_has_it(monkeypatch, capability, native):
     auto = SimpleNamespace(dtype="auto")  # and --dtype auto follows it
     assert pick_dtype(auto, torch.device("cuda", 0)) == ("bfloat16" if native else "float32")
     assert pick_dtype(auto, torch.device("cpu")) == "float32"
+
+
+def test_compiled_ddp_cuts_the_paper_model_into_eight_buckets_not_seventy_five():
+    """launch.bucket_cap_mb: DDP's 25 MB eager; over a compiled model (its graph split at each bucket) eight buckets
+    of the paper preset's float32 gradients, and never below DDP's default."""
+    with torch.device("meta"):
+        paper = GPT(get_config("paper"))
+    weights = sum(p.numel() * p.element_size() for p in paper.parameters() if p.requires_grad)
+    assert launch.bucket_cap_mb(weights, compiled=False) == 25 and weights / 25 / 2**20 > 70
+    assert launch.bucket_cap_mb(weights, compiled=True) == 225 and 7 < weights / 225 / 2**20 <= 8
+    assert launch.bucket_cap_mb(10**6, compiled=True) == 25

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import weakref
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -128,13 +129,15 @@ def test_losses_are_also_per_byte_of_the_text(data_dir, tmp_path, capsys):
     assert f"step 4/4 | loss {last['loss']:.4f}, {last['loss'] * tr:.4f} nats/byte |" in out
 
 
-def test_the_eta_counts_the_steps_and_evaluations_to_go_without_the_warm_up_step(capsys):
+def test_the_eta_and_tokens_per_s_leave_out_the_warm_up_step(capsys):
     log = Log(train.TrainConfig(max_steps=200, eval_interval=50, log_interval=10), True, 1, 32, 1.0, None)
     log.eval_s = 4.0  # the last evaluation's time
     for step, dt in enumerate([9.0] + [0.5] * 9, start=1):  # a slow first step (warm-up), then 0.5 s a step
         log.step(SimpleNamespace(step=step, position=step), 1.0, None, 1e-3, dt, False)
-    # 190 steps at 0.5 s, and the evaluations at 50, 100, 150 and 200 at 4 s each: 111 s
-    assert capsys.readouterr().out.endswith("| eta 0h01m51s\n")
+    # 190 steps at 0.5 s, and the evaluations at 50, 100, 150 and 200 at 4 s each: 111 s; the tokens/s of
+    # the 9 steady steps (16 x 32 tokens in 0.5 s), the warm-up left out of it and of the run's summary
+    assert capsys.readouterr().out.endswith("| 1,024 tok/s | eta 0h01m51s\n")
+    assert log.tokens_per_s() == 1024
     assert Log(train.TrainConfig(max_steps=210, eval_interval=50), True, 1, 32, 1.0, None).eta(200, [1.0]) == 10
     assert clock(3 * 3600 + 62.7) == "3h01m02s"
 
@@ -1006,3 +1009,20 @@ def test_the_re_prepare_command_names_the_recorded_source_or_says_it_is_unknown(
         assert f"{fix} {inputs} --out {data} --encoding gpt2 --vocab_size 512 --overwrite\n" in capsys.readouterr().err
         old = {k: v for k, v in json.loads(meta_path.read_text()).items() if k != "inputs"}
         meta_path.write_text(json.dumps({**old, "sources": ["docs.jsonl"]}))
+
+
+def test_a_training_step_holds_no_logits_through_backward(data_dir, tmp_path, monkeypatch):
+    """The logits (batch x block_size x V floats: ~2 GB at the paper preset, batch 16) are freed once the loss is
+    computed: when backward starts, nothing holds them (cross-entropy keeps its own log-softmax)."""
+    forward, alive = GPT.forward, []
+
+    def tracked(model, idx, targets=None, cache=None):
+        logits, loss = forward(model, idx, targets, cache)
+        if targets is not None and torch.is_grad_enabled():
+            ref = weakref.ref(logits)
+            loss.register_hook(lambda grad: alive.append(ref() is not None) or grad)  # backward's first step
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", tracked)
+    train.train(config(data_dir, tmp_path, max_steps=2, grad_accum=2, eval_interval=0, save_interval=0))
+    assert alive == [False] * 4
