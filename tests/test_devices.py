@@ -187,8 +187,8 @@ def test_a_resumed_capturable_optimizer_has_its_steps_on_the_device_too(runs, tm
     assert len(states) == 3 * len(run.optimizer.state) > 0 and all(v.device == META for v in states)
 
 
-def test_sample_moves_the_model_and_measures_the_cache_there(runs, monkeypatch):
-    """sample.py builds the model from the CPU map, then moves it: on the device when the KV cache is sized."""
+def sampled_model(runs, monkeypatch, *flags):
+    """The model sample.py (with `flags`, on the meta device) has built and moved when it sizes the KV cache."""
     monkeypatch.setattr(sample, "pick_device", lambda name: META)
     monkeypatch.setattr(sample, "check_start", lambda *args: None)  # reads the model's values
 
@@ -197,25 +197,21 @@ def test_sample_moves_the_model_and_measures_the_cache_there(runs, monkeypatch):
 
     monkeypatch.setattr(sample, "check_cache_fits", check_cache_fits)
     with pytest.raises(Started) as started:
-        sample.main(["--ckpt", runs["binary"].out_dir, "--max_new_tokens", "2", "--dtype", "bfloat16"])
-    model = started.value.run
+        sample.main(["--ckpt", runs["binary"].out_dir, "--max_new_tokens", "2", *flags])
+    return started.value.run
+
+
+def test_sample_moves_the_model_and_measures_the_cache_there(runs, monkeypatch):
+    """sample.py builds the model from the CPU map, then moves it: on the device when the KV cache is sized."""
+    model = sampled_model(runs, monkeypatch, "--dtype", "bfloat16")
     assert off_device(model, META) == [] and next(model.parameters()).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("bf16_units, dtype", [(True, torch.bfloat16), (False, torch.float32)])
 def test_sample_auto_dtype_is_bfloat16_where_the_gpu_has_its_units(runs, monkeypatch, bf16_units, dtype):
     """sample.py --dtype auto (the default): bfloat16 on a CUDA GPU with bfloat16 units, else float32."""
-    monkeypatch.setattr(sample, "pick_device", lambda name: META)
     monkeypatch.setattr(sample, "has_bf16", lambda device: bf16_units)
-    monkeypatch.setattr(sample, "check_start", lambda *args: None)  # reads the model's values
-
-    def check_cache_fits(model, positions, device):
-        raise Started(model)
-
-    monkeypatch.setattr(sample, "check_cache_fits", check_cache_fits)
-    with pytest.raises(Started) as started:
-        sample.main(["--ckpt", runs["binary"].out_dir, "--max_new_tokens", "2"])
-    assert next(started.value.run.parameters()).dtype == dtype
+    assert next(sampled_model(runs, monkeypatch).parameters()).dtype == dtype
 
 
 def test_rotary_keeps_q_and_k_in_the_activations_dtype(monkeypatch):
