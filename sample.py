@@ -67,6 +67,7 @@ class SampleConfig:
     cuda_graphs: bool = setting(False, "with --compile on CUDA: record the step as CUDA graphs (mode="
                                        "'reduce-overhead', the KV cache at fixed addresses): fewer kernel launches "
                                        "a token; refused elsewhere")
+    verbose: bool = setting(False, "say on stderr which int8 kernel this CPU got and why (quantize.py)")
 
 
 def default_prompt(ckpt):
@@ -216,6 +217,11 @@ def main(argv=None):
     model = model.eval()
     if cfg.quantize and not is_int8(ckpt):  # an int8 checkpoint is int8 already
         model = quantize_int8(model, pack=not cfg.compile)
+    if cfg.verbose:  # which int8 kernel this CPU got (quantize.py), or that there is none
+        from bincode_gpt.quantize import kernel_line
+
+        int8 = cfg.quantize or is_int8(ckpt)
+        print(kernel_line(model, cfg.compile) if int8 else f"no int8 weights: {cfg.dtype} matmuls", file=sys.stderr)
     codec = load_text_codec(ckpt, cfg.ckpt)
     if not (cfg.prompt_file is not None or prompt):
         prompt = default_prompt(ckpt)
