@@ -13,16 +13,17 @@ Design choices, up front:
   scale[n] = max_k |w[n, k]| / 127, so each weight is off by at most scale[n] / 2.
 - Activations are quantized on the fly the same way, one scale per token (row), as int8. The int8 x int8
   products sum in int32, exactly, then both scales bring the result back to float32.
-- Kernel: chosen at load by what this CPU does (choose_kernel: a few passes of each over the model's
-  leading layers, ~0.1-0.4 s), never assumed: torch's own oneDNN int8 linear on a packed weight
+- Kernel: chosen at load by what this CPU does (choose_kernel: a few cold calls of each on one of the
+  model's own layers, 0.3-0.45 s on a busy AMD EPYC), never assumed: torch's own oneDNN int8 linear on a packed weight
   (torch.ops.onednn.qlinear_prepack / qlinear_pointwise, what torch.compile's x86 int8 lowering emits)
   with int8 activations ("onednn-s8") or uint8 ones around 128 ("onednn-u8"), or torch._int_mm on the
   plain rows ("rows"). They differ by CPU by orders of magnitude: on an AMD EPYC (Zen 4: AVX-512 VNNI,
   no AMX) oneDNN runs int8 x int8 in its reference kernel, ~700x slower than the rows, while uint8 x int8
-  (VNNI's own operand order) is quick; an Intel Xeon with AMX took int8 x int8 1.5x past the rows.
-  All three compute the same int32 sums and the same float32 result bit for bit. Packing costs ~2
-  CPU-seconds for the paper preset, so it runs on a thread of its own (start_packing) and a layer not yet
-  packed multiplies its plain rows: the tokens never depend on the kernel or on how far packing has got.
+  (VNNI's own operand order) is quick; an Intel Xeon with AMX took int8 x int8 1.6x past the rows.
+  All three compute the same int32 sums and the same float32 result bit for bit. Packing costs 2 (the
+  Xeon) to 10 (the AMD EPYC) CPU-seconds for the paper preset, so it runs on a thread of its own
+  (start_packing) and a layer not yet packed multiplies its plain rows: the tokens never depend on the
+  kernel or on how far packing has got.
   docs/performance.md gives the measurements (over torchao, quantize_dynamic, the weight-only
   _weight_int8pack_mm and packing before the first token), each with its CPU.
 - Compiled (sample.py --compile): no int8 activations and no oneDNN. The weights alone are int8, the
@@ -111,7 +112,7 @@ class Int8Linear(nn.Module):
             y = torch.ops.onednn.qlinear_pointwise.default(xq, 1.0, self.shift, w, self.scale, self.zero,
                                                            None, 1.0, 0, torch.float32, "none", [], "")
         else:  # the plain rows: the same int32 sums and float32 products
-            y = torch._int_mm(xr.to(torch.int8), w.t()).float().mul_(self.scale)
+            y = torch.mul(torch._int_mm(xr.to(torch.int8), w.t()), self.scale)  # int32 sums to float32, scaled
         y = y.mul_(x_scale).view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
         return y if self.bias is None else y + self.bias
 
@@ -119,8 +120,9 @@ class Int8Linear(nn.Module):
         """The product under torch.compile: the weights alone int8, x stays float32, y = (x . q[n]) * scale[n].
         Written as a sum over K so that inductor reads each int8 row once, widening it in registers; in
         WEIGHT_ONLY_SPLIT blocks of rows, which inductor fuses into one loop that reads a row of each
-        block side by side: one stream of int8 rows reads 5 GB/s on one thread, 8 read 8-10
-        (docs/performance.md). That is for one row of x (batch-1 decoding); for several, the int8 weights
+        block side by side: one stream of int8 rows reads 5 GB/s on one thread, 8 read 8-10 (an Intel
+        Xeon with AMX; on the shared AMD EPYC 8 was the best or near it too: docs/performance.md). That
+        is for one row of x (batch-1 decoding); for several, the int8 weights
         widened to float32 and a matmul (the same numbers, no quicker than float32 weights)."""
         if self.packed:
             raise ValueError("an int8 model compiles on its plain rows: quantize_int8(model, pack=False), or an int8 "
@@ -262,10 +264,11 @@ def drop_pages(t, mapped):
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)
 
 
-# ----------------------------------------------------------------------------- the kernel, and packing on a thread of its own
+# ------------------------------------------------------------------- the kernel, and packing on a thread of its own
 # A model whose int8 weights are smaller stays on its plain rows without measuring: they sit in the CPU's
-# caches, where oneDNN's cost per call outweighs its quicker inner loop (docs/performance.md: packed / plain
-# at 14 MB 1.03x and 0.82x on an Intel Xeon with AMX, 1 and 2 threads; <= 1x on an AMD EPYC Zen 4).
+# caches, where oneDNN's cost per call outweighs its quicker inner loop (docs/performance.md, tokens/s
+# packed / plain at 14 MB: 1.03x and 0.82x on an Intel Xeon with AMX at 1 and 2 threads, 0.83x on an AMD
+# EPYC Zen 4 at 1; past it the choice is measured, so the threshold only saves small models the probe).
 PACK_MIN_BYTES = 16 * 2**20
 KERNELS = {"onednn-s8": 0, "onednn-u8": 128, "rows": None}  # eager int8 products: the packed ones' activation shift
 FLUSH_BYTES = 64 * 2**20  # choose_kernel reads this much of the leading layers between calls: past a last-level cache
@@ -286,11 +289,12 @@ def cpu_summary():
     return f"{info.get('model name', platform.machine())}: {' '.join(found) or 'none of ' + ' '.join(CPU_FLAGS)}"
 
 
-def choose_kernel(layers, flush_bytes=FLUSH_BYTES, rounds=5):
+def choose_kernel(layers, flush_bytes=FLUSH_BYTES, rounds=3):
     """The quickest eager int8 product on this CPU, measured, and a line saying what was measured. The probe is
     one real layer, the smallest of the model's leading layers (a copy packed: oneDNN packs at 0.05-0.23 GB/s),
     each call timed cold, after a pass of the plain rows over the leading flush_bytes of layers, so that its
-    weights come from memory as a decoded token reads them: ~0.1 s on the paper preset. A kernel 10x slower
+    weights come from memory as a decoded token reads them: 0.3-0.45 s on the paper preset on a busy AMD
+    EPYC, most of it two calls of the reference kernel below. A kernel 10x slower
     than the quickest in the first round is left out of the rest (oneDNN's reference kernel, ~700x the rows
     on some CPUs); the best of `rounds` rounds, interleaved, decides."""
     flush, size = [], 0
@@ -349,7 +353,7 @@ def start_packing(model, file=None, min_bytes=PACK_MIN_BYTES, kernel=None):
     take `kernel`, record it as model.int8_kernel (kernel_line), and for a packed one pack its Int8Linear
     layers for oneDNN on a background thread, in the order a forward pass meets them; returns `model`. Until
     a layer is packed it multiplies its plain rows (bit-identical, slower), so the first token need not wait
-    the ~2 CPU-seconds packing takes. With `file`, the int8 checkpoint the rows are mapped from, each layer's
+    the 2-10 CPU-seconds packing takes. With `file`, the int8 checkpoint the rows are mapped from, each layer's
     file pages are dropped once it is packed. The thread stops between layers once the main thread has ended
     (a short run exits without packing the rest); wait_packed waits for it. Until then leave the model's
     tensors be: Module.to, say, would write back the plain rows it read over a layer just packed (its numbers
@@ -415,8 +419,8 @@ def wait_packed(model):
 # no int8 activations, no oneDNN; inductor writes the decode step's loops, each reading int8 rows and
 # multiplying in float32. The one setting it needs: store an intermediate of more than one op rather than
 # inline it into its readers (realize_opcount_threshold 1), or inductor recomputes a LayerNorm or GELU
-# inside every output row's loop. Paper preset, one thread (scratch): 17.5 tokens/s without, 20.8 with
-# (eager int8: 12.8). Tokens may differ from the eager model's (float activations here, int8 there);
+# inside every output row's loop. Paper preset, one thread, an Intel Xeon with AMX (scratch): 17.5 tokens/s
+# without, 20.8 with (eager int8: 12.8); AMD EPYC Zen 4: docs/performance.md. Tokens may differ from the eager model's (float activations here, int8 there);
 # tools/quantize_quality.py measures both.
 COMPILE_OPTIONS = {"realize_opcount_threshold": 1}
 

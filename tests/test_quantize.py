@@ -193,7 +193,7 @@ def test_choose_kernel_measures_each_kernel_on_a_real_layer(trained):
     assert sorted(times) == sorted(KERNELS) and float(times[kernel]) == min(float(t) for t in times.values())
     probe = min(layers, key=lambda m: m.weight.numel())  # the tiny model: every layer is a leading one
     assert why.startswith(f"measured at load, ms a call on a {probe.out_features} x {probe.in_features} layer, cold, "
-                          "best of 5: ")
+                          "best of 3: ")
 
 
 def test_int8_step_is_not_slower_than_float32_on_this_cpu():
