@@ -56,7 +56,7 @@ def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int 
     of the code's width at fixed V, not the paper's code) appends parity bits: bit K+j = bit j XOR bit j+1 mod K."""
     K = code_bits(vocab_size)
     table = binary_code(torch.arange(vocab_size, device="cpu"), K)
-    j = torch.arange(max(0, width - K))
+    j = torch.arange(max(0, width - K), device="cpu")  # CPU under a meta device too
     table = torch.cat([table, (table[:, j % K] + table[:, (j + 1) % K]) % 2], dim=1)  # (V, K) -> (V, W)
     if pad_token_id is not None:
         table[pad_token_id] = 0.0

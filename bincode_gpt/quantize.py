@@ -294,7 +294,7 @@ def choose_kernel(layers, flush_bytes=FLUSH_BYTES, rounds=3):
     one real layer, the smallest of the model's leading layers (a copy packed: oneDNN packs at 0.05-0.23 GB/s),
     each call timed cold, after a pass of the plain rows over the leading flush_bytes of layers, so that its
     weights come from memory as a decoded token reads them: 0.3-0.45 s on the paper preset on a busy AMD
-    EPYC, most of it two calls of the reference kernel below. A kernel 10x slower
+    EPYC, most of it two calls of the reference kernel below. A kernel whose first call fails, or 10x slower
     than the quickest in the first round is left out of the rest (oneDNN's reference kernel, ~700x the rows
     on some CPUs); the best of `rounds` rounds, interleaved, decides."""
     flush, size = [], 0
@@ -324,18 +324,25 @@ def choose_kernel(layers, flush_bytes=FLUSH_BYTES, rounds=3):
                                                        [], "")
         return time.perf_counter() - start
 
-    for k in KERNELS:  # the first call builds oneDNN's kernel for the shape
-        cold(k)
-    best = {k: cold(k) for k in KERNELS}
-    kept = [k for k in KERNELS if best[k] <= 10 * min(best.values())]
+    usable = []
+    for k in KERNELS:  # the first call builds oneDNN's kernel for the shape; one it cannot build is left out
+        try:
+            cold(k)
+            usable.append(k)
+        except RuntimeError:
+            pass
+    best = {k: cold(k) for k in usable}
+    kept = [k for k in usable if best[k] <= 10 * min(best.values())]
     for _ in range(rounds - 1):
         for k in kept:
             best[k] = min(best[k], cold(k))
     kernel = min(kept, key=best.get)
     why = (f"measured at load, ms a call on a {probe.out_features} x {probe.in_features} layer, cold, best of "
            f"{rounds}: " + ", ".join(f"{k} {1e3 * best[k]:.3f}" for k in kept))
-    if len(kept) < len(KERNELS):
-        why += "; left out after one: " + ", ".join(f"{k} {1e3 * best[k]:.3f}" for k in KERNELS if k not in kept)
+    if len(kept) < len(usable):
+        why += "; left out after one: " + ", ".join(f"{k} {1e3 * best[k]:.3f}" for k in usable if k not in kept)
+    if len(usable) < len(KERNELS):
+        why += "; failed: " + ", ".join(k for k in KERNELS if k not in usable)
     return kernel, why
 
 
