@@ -292,6 +292,22 @@ def test_sample_cli_prints_what_the_quantized_model_generates(trained, capsys):
     assert out == codec.decode(new) + "\n"
 
 
+@pytest.mark.parametrize("flags, line", [
+    (["--quantize", "int8"], "int8 kernel: rows (int8 weights under 16 MiB: in the CPU's caches) on "),
+    (["--quantize", "int8", "--compile"], "int8 kernel: weight-only, compiled (Int8Linear.weight_only: float32 "
+                                          "activations times the int8 rows) on "),
+    ([], "no int8 weights: float32 matmuls"),
+])
+def test_sample_verbose_names_the_int8_kernel_and_the_cpu(trained, capsys, flags, line):
+    from bincode_gpt.quantize import cpu_summary
+
+    _, folder, _, _ = trained
+    assert sample.main(["--ckpt", folder, "--temperature", "0", "--max_new_tokens", "2", "--device", "cpu",
+                        "--verbose", *flags]) == 0
+    cpu = cpu_summary() if flags else ""
+    assert line + cpu in capsys.readouterr().err.splitlines()
+
+
 # ----------------------------------------------------------------------------- compiled: weight-only int8
 def test_compiled_int8_step_computes_the_weight_only_product(trained):
     """Under torch.compile an int8 model multiplies float32 activations by its int8 rows (weight_only): each
