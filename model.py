@@ -60,7 +60,7 @@ def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int 
     bit j XOR bit j+1 mod K."""
     K = code_bits(vocab_size)
     table = binary_code(torch.arange(vocab_size, device="cpu"), K)
-    j = torch.arange(max(0, width - K))
+    j = torch.arange(max(0, width - K), device="cpu")  # on the CPU under a meta device too
     parity = (table[:, j % K] + table[:, (j + 1) % K]) % 2  # (V, W - K)
     table = torch.cat([table, parity], dim=1)  # (V, K) -> (V, W)
     if pad_token_id is not None:

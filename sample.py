@@ -77,6 +77,8 @@ class SampleConfig:
     cuda_graphs: bool = setting(False, "with --compile on CUDA: record the step as CUDA graphs "
                                        "(mode='reduce-overhead', the KV cache at fixed addresses): "
                                        "fewer kernel launches a token; refused elsewhere")
+    verbose: bool = setting(False, "say on stderr which int8 kernel this CPU got and why "
+                                   "(quantize.py)")
 
 
 def default_prompt(ckpt):
@@ -242,6 +244,13 @@ def main(argv=None):
     model = model.eval()
     if cfg.quantize and not int8:  # an int8 checkpoint is int8 already
         model = quantize_int8(model, pack=not cfg.compile)
+    if cfg.verbose:  # which int8 kernel this CPU got (quantize.py), or that there is none
+        from bincode_gpt.quantize import kernel_line
+
+        line = f"no int8 weights: {cfg.dtype} matmuls"
+        if cfg.quantize or int8:
+            line = kernel_line(model, cfg.compile)
+        print(line, file=sys.stderr)
     codec = load_text_codec(ckpt, cfg.ckpt)
     if cfg.prompt_file is None and not prompt:
         prompt = default_prompt(ckpt)

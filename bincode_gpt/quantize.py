@@ -13,12 +13,19 @@ Design choices, up front:
   scale[n] = max_k |w[n, k]| / 127, so each weight is off by at most scale[n] / 2.
 - Activations are quantized on the fly the same way, one scale per token (row), as int8. The int8 x int8
   products sum in int32, exactly, then both scales bring the result back to float32.
-- Kernel: torch's own oneDNN int8 linear on a packed weight (torch.ops.onednn.qlinear_prepack /
-  qlinear_pointwise, what torch.compile's x86 int8 lowering emits). Packing costs ~2 CPU-seconds for the
-  paper preset, so it runs on a thread of its own (start_packing) and a layer not yet packed multiplies
-  its plain rows with torch._int_mm: the same int32 sums, the same float32 result bit for bit, so the
-  tokens never depend on how far packing has got. docs/performance.md gives the measurements that chose
-  both (over torchao, quantize_dynamic, the weight-only _weight_int8pack_mm and packing before the first token).
+- Kernel: chosen at load by what this CPU does (choose_kernel: a few cold calls of each on one of the
+  model's own layers, 0.3-0.45 s on a busy AMD EPYC), never assumed: torch's own oneDNN int8 linear on a packed weight
+  (torch.ops.onednn.qlinear_prepack / qlinear_pointwise, what torch.compile's x86 int8 lowering emits)
+  with int8 activations ("onednn-s8") or uint8 ones around 128 ("onednn-u8"), or torch._int_mm on the
+  plain rows ("rows"). They differ by CPU by orders of magnitude: on an AMD EPYC (Zen 4: AVX-512 VNNI,
+  no AMX) oneDNN runs int8 x int8 in its reference kernel, ~700x slower than the rows, while uint8 x int8
+  (VNNI's own operand order) is quick; an Intel Xeon with AMX took int8 x int8 1.6x past the rows.
+  All three compute the same int32 sums and the same float32 result bit for bit. Packing costs 2 (the
+  Xeon) to 10 (the AMD EPYC) CPU-seconds for the paper preset, so it runs on a thread of its own
+  (start_packing) and a layer not yet packed multiplies its plain rows: the tokens never depend on the
+  kernel or on how far packing has got.
+  docs/performance.md gives the measurements (over torchao, quantize_dynamic, the weight-only
+  _weight_int8pack_mm and packing before the first token), each with its CPU.
 - Compiled (sample.py --compile): no int8 activations and no oneDNN. The weights alone are int8, the
   product a float32 sum over each int8 row that inductor writes into the decode step's own loops
   (Int8Linear.weight_only, the section at the end): on the paper preset 1.4-1.5x the eager int8 rate
@@ -31,8 +38,10 @@ Design choices, up front:
 import ctypes
 import mmap
 import os
+import platform
 import sys
 import threading
+import time
 
 import torch
 import torch.nn as nn
@@ -75,6 +84,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("zero", torch.zeros(self.out_features, dtype=torch.long))  # symmetric: no offsets
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.packed = False  # set once pack() has swapped the rows (torch.compile reads, and guards on, a flag)
+        self.shift = 0  # the packed kernel's activations: int8 (0) or uint8 around 128 (128; set by start_packing)
 
     @classmethod
     def of(cls, linear: nn.Linear):
@@ -95,13 +105,14 @@ class Int8Linear(nn.Module):
         # each row (token) its own scale, max |x| / 127, in place after abs (abs + amax: 4x quicker than
         # vector_norm(inf) on a 4,096-wide row)
         x_scale = x2.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)  # (rows, 1)
-        xq = torch.div(x2, x_scale).round_().to(torch.int8)
+        xr = torch.div(x2, x_scale).round_()  # integers in [-127, 127], as floats
         w = self.weight  # read once: the packing thread may swap it
         if w.is_mkldnn:  # the kernel takes one activation scale: give it 1 and apply the rows' scales to its output
-            y = torch.ops.onednn.qlinear_pointwise.default(xq, 1.0, 0, w, self.scale, self.zero,
+            xq = xr.add_(self.shift).to(torch.uint8) if self.shift else xr.to(torch.int8)
+            y = torch.ops.onednn.qlinear_pointwise.default(xq, 1.0, self.shift, w, self.scale, self.zero,
                                                            None, 1.0, 0, torch.float32, "none", [], "")
-        else:  # not packed yet: the same int32 sums and float32 products
-            y = torch._int_mm(xq, w.t()).float().mul_(self.scale)
+        else:  # the plain rows: the same int32 sums and float32 products
+            y = torch.mul(torch._int_mm(xr.to(torch.int8), w.t()), self.scale)  # int32 sums to float32, scaled
         y = y.mul_(x_scale).view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
         return y if self.bias is None else y + self.bias
 
@@ -109,8 +120,9 @@ class Int8Linear(nn.Module):
         """The product under torch.compile: the weights alone int8, x stays float32, y = (x . q[n]) * scale[n].
         Written as a sum over K so that inductor reads each int8 row once, widening it in registers; in
         WEIGHT_ONLY_SPLIT blocks of rows, which inductor fuses into one loop that reads a row of each
-        block side by side: one stream of int8 rows reads 5 GB/s on one thread, 8 read 8-10
-        (docs/performance.md). That is for one row of x (batch-1 decoding); for several, the int8 weights
+        block side by side: one stream of int8 rows reads 5 GB/s on one thread, 8 read 8-10 (an Intel
+        Xeon with AMX; on the shared AMD EPYC 8 was the best or near it too: docs/performance.md). That
+        is for one row of x (batch-1 decoding); for several, the int8 weights
         widened to float32 and a matmul (the same numbers, no quicker than float32 weights)."""
         if self.packed:
             raise ValueError("an int8 model compiles on its plain rows: quantize_int8(model, pack=False), or an int8 "
@@ -252,25 +264,119 @@ def drop_pages(t, mapped):
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)
 
 
-# ----------------------------------------------------------------------------- packing, on a thread of its own
-# A model whose int8 weights are smaller stays on its plain rows: they sit in the CPU's caches, where
-# oneDNN's cost per call outweighs its quicker inner loop. Measured (docs/performance.md), tokens/s
-# packed / plain at 1 and 2 threads: small preset (14 MB) 1.03x and 0.82x; 6 x 512 (23 MB) 1.25x and
-# 0.98x; 12 x 768 (91 MB) 1.28x and 1.16x; paper (474 MB) 1.46-1.63x and 1.23-1.39x.
+# ------------------------------------------------------------------- the kernel, and packing on a thread of its own
+# A model whose int8 weights are smaller stays on its plain rows without measuring: they sit in the CPU's
+# caches, where oneDNN's cost per call outweighs its quicker inner loop (docs/performance.md, tokens/s
+# packed / plain at 14 MB: 1.03x and 0.82x on an Intel Xeon with AMX at 1 and 2 threads, 0.83x on an AMD
+# EPYC Zen 4 at 1; past it the choice is measured, so the threshold only saves small models the probe).
 PACK_MIN_BYTES = 16 * 2**20
+KERNELS = {"onednn-s8": 0, "onednn-u8": 128, "rows": None}  # eager int8 products: the packed ones' activation shift
+FLUSH_BYTES = 64 * 2**20  # choose_kernel reads this much of the leading layers between calls: past a last-level cache
+CPU_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
 
 
-def start_packing(model, file=None, min_bytes=PACK_MIN_BYTES):
-    """Pack `model`'s Int8Linear layers for oneDNN on a background thread, in the order a forward pass meets
-    them, if their int8 weights reach min_bytes; returns `model`. Until a layer is packed it multiplies its
-    plain rows (bit-identical, slower), so the first token need not wait the ~2 CPU-seconds packing takes.
-    With `file`, the int8 checkpoint the rows are mapped from, each layer's file pages are dropped once it
-    is packed. The thread stops between layers once the main thread has ended (a short run exits without
-    packing the rest); wait_packed waits for it. Until then leave the model's tensors be: Module.to, say,
-    would write back the plain rows it read over a layer just packed (its numbers the same, slower)."""
+def cpu_summary():
+    """This CPU as speed claims name it: its model name and the flags that decide int8 and bfloat16 speed, from
+    /proc/cpuinfo ("AMD EPYC: avx2 avx512f avx512_vnni avx512_bf16"); elsewhere platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+    except OSError:
+        return platform.processor() or platform.machine()
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    flags = set(info.get("flags", "").split())
+    found = [f for f in CPU_FLAGS if f in flags]
+    return f"{info.get('model name', platform.machine())}: {' '.join(found) or 'none of ' + ' '.join(CPU_FLAGS)}"
+
+
+def choose_kernel(layers, flush_bytes=FLUSH_BYTES, rounds=3):
+    """The quickest eager int8 product on this CPU, measured, and a line saying what was measured. The probe is
+    one real layer, the smallest of the model's leading layers (a copy packed: oneDNN packs at 0.05-0.23 GB/s),
+    each call timed cold, after a pass of the plain rows over the leading flush_bytes of layers, so that its
+    weights come from memory as a decoded token reads them: 0.3-0.45 s on the paper preset on a busy AMD
+    EPYC, most of it two calls of the reference kernel below. A kernel whose first call fails, or 10x slower
+    than the quickest in the first round is left out of the rest (oneDNN's reference kernel, ~700x the rows
+    on some CPUs); the best of `rounds` rounds, interleaved, decides."""
+    flush, size = [], 0
+    for layer in layers:
+        if size >= flush_bytes:
+            break
+        flush.append(layer)
+        size += layer.weight.numel()
+    probe = min(flush, key=lambda m: m.weight.numel())
+    try:
+        packed = torch.ops.onednn.qlinear_prepack(probe.weight, [1, probe.in_features])
+    except RuntimeError as e:  # a CPU or build oneDNN cannot pack for
+        return "rows", f"oneDNN cannot pack here: {str(e).splitlines()[0][:200]}"
+    x = {k: torch.randint(-127, 128, (1, k), dtype=torch.int8) for k in {m.in_features for m in flush}}
+    xu = (x[probe.in_features].to(torch.int16) + 128).to(torch.uint8)  # the same values around 128
+
+    def cold(kernel):
+        for m in flush:
+            torch._int_mm(x[m.in_features], m.weight.t())
+        shift = KERNELS[kernel]
+        start = time.perf_counter()
+        if shift is None:
+            torch._int_mm(x[probe.in_features], probe.weight.t())
+        else:
+            torch.ops.onednn.qlinear_pointwise.default(xu if shift else x[probe.in_features], 1.0, shift, packed,
+                                                       probe.scale, probe.zero, None, 1.0, 0, torch.float32, "none",
+                                                       [], "")
+        return time.perf_counter() - start
+
+    usable = []
+    for k in KERNELS:  # the first call builds oneDNN's kernel for the shape; one it cannot build is left out
+        try:
+            cold(k)
+            usable.append(k)
+        except RuntimeError:
+            pass
+    best = {k: cold(k) for k in usable}
+    kept = [k for k in usable if best[k] <= 10 * min(best.values())]
+    for _ in range(rounds - 1):
+        for k in kept:
+            best[k] = min(best[k], cold(k))
+    kernel = min(kept, key=best.get)
+    why = (f"measured at load, ms a call on a {probe.out_features} x {probe.in_features} layer, cold, best of "
+           f"{rounds}: " + ", ".join(f"{k} {1e3 * best[k]:.3f}" for k in kept))
+    if len(kept) < len(usable):
+        why += "; left out after one: " + ", ".join(f"{k} {1e3 * best[k]:.3f}" for k in usable if k not in kept)
+    if len(usable) < len(KERNELS):
+        why += "; failed: " + ", ".join(k for k in KERNELS if k not in usable)
+    return kernel, why
+
+
+def kernel_line(model, compiled=False):
+    """One line for stderr (sample.py --verbose): which int8 product `model` runs, why, and on which CPU."""
+    if compiled:
+        kernel, why = "weight-only, compiled", "Int8Linear.weight_only: float32 activations times the int8 rows"
+    else:
+        kernel, why = getattr(model, "int8_kernel", ("rows", "not packed (pack=False)"))
+    return f"int8 kernel: {kernel} ({why}) on {cpu_summary()}"
+
+
+def start_packing(model, file=None, min_bytes=PACK_MIN_BYTES, kernel=None):
+    """Choose `model`'s int8 product (choose_kernel, if its int8 weights reach min_bytes; else the rows), or
+    take `kernel`, record it as model.int8_kernel (kernel_line), and for a packed one pack its Int8Linear
+    layers for oneDNN on a background thread, in the order a forward pass meets them; returns `model`. Until
+    a layer is packed it multiplies its plain rows (bit-identical, slower), so the first token need not wait
+    the 2-10 CPU-seconds packing takes. With `file`, the int8 checkpoint the rows are mapped from, each layer's
+    file pages are dropped once it is packed. The thread stops between layers once the main thread has ended
+    (a short run exits without packing the rest); wait_packed waits for it. Until then leave the model's
+    tensors be: Module.to, say, would write back the plain rows it read over a layer just packed (its numbers
+    the same, slower)."""
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
-    if sum(m.out_features * m.in_features for m in layers) < min_bytes:
+    if kernel is not None:
+        why = "asked for"
+    elif sum(m.out_features * m.in_features for m in layers) < min_bytes:
+        kernel, why = "rows", f"int8 weights under {min_bytes / 2**20:g} MiB: in the CPU's caches"
+    else:
+        kernel, why = choose_kernel(layers)
+    model.int8_kernel = kernel, why  # a plain attribute: not a submodule, not in the state dict
+    if KERNELS[kernel] is None:
         return model
+    for layer in layers:
+        layer.shift = KERNELS[kernel]
     mapped = file_mappings(file) if file else []
 
     def pack_all():
@@ -320,8 +426,8 @@ def wait_packed(model):
 # no int8 activations, no oneDNN; inductor writes the decode step's loops, each reading int8 rows and
 # multiplying in float32. The one setting it needs: store an intermediate of more than one op rather than
 # inline it into its readers (realize_opcount_threshold 1), or inductor recomputes a LayerNorm or GELU
-# inside every output row's loop. Paper preset, one thread (scratch): 17.5 tokens/s without, 20.8 with
-# (eager int8: 12.8). Tokens may differ from the eager model's (float activations here, int8 there);
+# inside every output row's loop. Paper preset, one thread, an Intel Xeon with AMX (scratch): 17.5 tokens/s
+# without, 20.8 with (eager int8: 12.8); AMD EPYC Zen 4: docs/performance.md. Tokens may differ from the eager model's (float activations here, int8 there);
 # tools/quantize_quality.py measures both.
 COMPILE_OPTIONS = {"realize_opcount_threshold": 1}
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from bincode_gpt.quantize import cpu_summary
 from tools import bench
 
 TINY = ["--device=cpu", "--preset=tiny", "--block_size=16", "--batch_size=2", "--steps=1", "--warmup=1", "--repeats=1",
@@ -44,8 +45,13 @@ def test_run_reports_every_section(tmp_path):
         assert r["kv_fraction"] == sa["weight_bytes"] * 4 / cpu["kv_cache"] / r["bandwidth_cpu"]
         assert r["int8_fraction"] == sa["int8_weight_bytes"] * 4 / cpu["int8"] / r["bandwidth_cpu"]
     assert res["sample"]["int8_weight_bytes"] < res["sample"]["weight_bytes"] / 3  # int8 plus a scale per row
+    # every figure names its CPU; the int8 kernel sample.py would run is recorded (tiny: the rows, unmeasured)
+    assert res["cpu"] == cpu_summary() and res["cpu"].split(": ")[0] in bench.table(res).splitlines()[0]
+    assert res["sample"]["int8_kernel"] == f"int8 kernel: rows (int8 weights under 16 MiB: in the CPU's caches) on {res['cpu']}"
     lo = res["load"]
     assert lo["preset"] == "tiny" and lo["ckpt_bytes"] > 0 and set(lo["ways"]) == {"old", "new", "int8", "int8_ckpt"}
+    assert {w: r["kernel"] for w, r in lo["ways"].items()} == {"old": "float32", "new": "float32", "int8": "rows",
+                                                                "int8_ckpt": "rows"}
     assert 0 < lo["int8_ckpt_bytes"] < lo["ckpt_bytes"]
     for r in lo["ways"].values():
         assert 0 < r["first_token_s"] < r["last_token_s"] < r["process_s"] and r["peak_rss"] > lo["ckpt_bytes"]

@@ -4,8 +4,10 @@ checkpoint (tools/convert.py native2int8) samples the same tokens and is refused
 
 import hashlib
 import os
+import statistics
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -17,8 +19,10 @@ import train
 from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.decode import compiled_step, generate, KVCache
 from bincode_gpt.shards import load_meta
-from model import canonical_code
-from bincode_gpt.quantize import (check_quantize, drop_pages, file_mappings, int8_rows, Int8Linear, PACK_MIN_BYTES, quantize_int8, SCHEME, start_packing, wait_packed, weight_only_copy)
+from model import canonical_code, get_config, GPT
+from bincode_gpt.quantize import (check_quantize, choose_kernel, drop_pages, file_mappings, int8_rows, Int8Linear, KERNELS,
+                                   kernel_line, PACK_MIN_BYTES, quantize_int8, SCHEME, start_packing, wait_packed,
+                                   weight_only_copy)
 from bincode_gpt.windows import Split
 from tools import convert
 from tools.quantize_quality import main as quantize_main
@@ -114,21 +118,24 @@ def test_float_model_and_code_table_are_untouched(trained):
     assert q.lm_head.weight.dtype == torch.int8 is not model.lm_head.weight.dtype
 
 
-def packed_copy(model, min_bytes):
-    """quantize_int8's copy of `model`, packed whole if its int8 weights reach min_bytes (0: whatever its size)."""
-    return wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=min_bytes))
+def packed_copy(model, kernel="onednn-u8"):
+    """quantize_int8's copy of `model`, every layer packed for `kernel` (one of oneDNN's)."""
+    return wait_packed(start_packing(quantize_int8(model, pack=False), kernel=kernel))
 
 
-def test_packed_plain_and_half_packed_layers_give_the_same_numbers(trained):
+@pytest.mark.parametrize("kernel", ["onednn-s8", "onednn-u8"])
+def test_packed_plain_and_half_packed_layers_give_the_same_numbers(trained, kernel):
     """A layer multiplies its plain rows (torch._int_mm) until the packing thread swaps in oneDNN's packed
-    form; both give the same float32 outputs bit for bit, so logits and tokens never depend on how far
-    packing has got: none, half the layers, all of them."""
+    form, with int8 or uint8 activations (the kernel choose_kernel measured quickest); all give the same
+    float32 outputs bit for bit, so logits and tokens never depend on the CPU's kernel or on how far packing
+    has got: none, half the layers, all of them."""
     model, _, x, _ = trained
     plain = quantize_int8(model, pack=False)
-    packed = packed_copy(model, 0)  # tiny: packed only if asked
+    packed = packed_copy(model, kernel)  # tiny: packed only if asked
     half = quantize_int8(model, pack=False)
     layers = [m for m in half.modules() if isinstance(m, Int8Linear)]
     for layer in layers[::2]:
+        layer.shift = KERNELS[kernel]
         layer.pack()
     assert not any(m.weight.is_mkldnn for m in plain.modules() if isinstance(m, Int8Linear))
     assert all(m.weight.is_mkldnn for m in packed.modules() if isinstance(m, Int8Linear))
@@ -147,25 +154,74 @@ def test_packing_runs_in_forward_order(trained, monkeypatch):
     q = quantize_int8(model, pack=False)
     order, pack = [], Int8Linear.pack
     monkeypatch.setattr(Int8Linear, "pack", lambda layer: order.append(layer) or pack(layer))
-    wait_packed(start_packing(q, min_bytes=0))
+    wait_packed(start_packing(q, kernel="onednn-u8"))
     names = {m: n for n, m in q.named_modules()}
     assert [names[m] for m in order] == [f"blocks.{i}.{n}" for i in range(model.config.n_layer)
                                          for n in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")] + ["lm_head"]
     assert all(m.weight.is_mkldnn for m in order)
 
 
-def test_only_a_model_past_the_cache_sizes_is_packed(trained):
+@pytest.mark.parametrize("measured", ["onednn-s8", "onednn-u8", "rows"])
+def test_the_measured_kernel_runs_past_the_cache_sizes(trained, monkeypatch, measured):
     """Under PACK_MIN_BYTES of int8 weights no thread starts and every layer keeps its plain rows (quicker
-    there); past it every layer is packed."""
+    there, unmeasured); past it choose_kernel measures, and what it picks runs: every layer packed for a
+    oneDNN kernel, with its activations' shift, or none for the rows; model.int8_kernel says which and why."""
+    from bincode_gpt import quantize
+
     model, _, _, _ = trained
     q = quantize_int8(model)
     n = sum(m.weight.numel() for m in q.modules() if isinstance(m, Int8Linear))
-    assert n < PACK_MIN_BYTES and "_packing" not in q.__dict__
+    assert n < PACK_MIN_BYTES and "_packing" not in q.__dict__ and q.int8_kernel[0] == "rows"
     assert not any(m.weight.is_mkldnn for m in q.modules() if isinstance(m, Int8Linear))
-    q = packed_copy(model, n)
-    assert all(m.weight.is_mkldnn for m in q.modules() if isinstance(m, Int8Linear))
-    q = packed_copy(model, n + 1)
-    assert not any(m.weight.is_mkldnn for m in q.modules() if isinstance(m, Int8Linear))
+    monkeypatch.setattr(quantize, "choose_kernel", lambda layers: (measured, "measured"))
+    for min_bytes, chosen in ((n + 1, "rows"), (n, measured)):
+        q = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=min_bytes))
+        layers = [m for m in q.modules() if isinstance(m, Int8Linear)]
+        assert q.int8_kernel[0] == chosen and ("_packing" in q.__dict__) == (chosen != "rows")
+        assert all(m.weight.is_mkldnn == (chosen != "rows") and m.shift == (KERNELS[chosen] or 0) for m in layers)
+    assert kernel_line(q).startswith(f"int8 kernel: {measured} (measured) on ")
+
+
+def test_choose_kernel_measures_each_kernel_on_a_real_layer(trained):
+    """choose_kernel times every kernel on the model's own smallest leading layer and returns the quickest
+    of those it timed, naming each with its time."""
+    model, _, _, _ = trained
+    layers = [m for m in quantize_int8(model, pack=False).modules() if isinstance(m, Int8Linear)]
+    kernel, why = choose_kernel(layers)
+    assert kernel in KERNELS
+    times = dict(part.rsplit(" ", 1) for part in why.split(": ", 1)[1].replace("; left out after one:", ",").split(", "))
+    assert sorted(times) == sorted(KERNELS) and float(times[kernel]) == min(float(t) for t in times.values())
+    probe = min(layers, key=lambda m: m.weight.numel())  # the tiny model: every layer is a leading one
+    assert why.startswith(f"measured at load, ms a call on a {probe.out_features} x {probe.in_features} layer, cold, "
+                          "best of 3: ")
+
+
+def test_int8_step_is_not_slower_than_float32_on_this_cpu():
+    """The regression test for this CPU's kernel: a model whose weights stream from memory (2 x 1024, V =
+    8,192: 64 MB of float32), one decoding step, int8 (the kernel start_packing measures and picks, as
+    sample.py runs it) against float32, interleaved in this process, medians of 11: ~0.5x on an AMD EPYC
+    (the rows read a quarter of the bytes at half float32's rate), where oneDNN's int8 x int8, forced, takes
+    65x: its reference kernel, the one the measurement leaves out, fails this at once."""
+    torch.manual_seed(0)
+    model = GPT(get_config("small", n_layer=2, n_embd=1024, n_head=8, block_size=64)).eval()
+    q = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=0))
+    x = torch.zeros(1, 1, dtype=torch.long)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the ratio of one thread's rates: no worker's share of the cores in it
+    times = {m: [] for m in (model, q)}
+    try:
+        with torch.no_grad():
+            caches = {m: KVCache(m.config, 1, 8, "cpu", torch.float32) for m in times}
+            for _ in range(12):
+                for m, cache in caches.items():
+                    cache.reset()
+                    start = time.perf_counter()
+                    m(x, cache=cache)
+                    times[m].append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    f32, int8 = (statistics.median(t[1:]) for t in times.values())  # the first: a warm-up
+    assert int8 <= f32, f"int8 step {1e3 * int8:.1f} ms against float32's {1e3 * f32:.1f} ms: {kernel_line(q)}"
 
 
 def test_a_failed_packing_is_named_and_the_plain_rows_serve(trained, monkeypatch, capfd):
@@ -176,7 +232,7 @@ def test_a_failed_packing_is_named_and_the_plain_rows_serve(trained, monkeypatch
         raise RuntimeError("could not create a primitive descriptor\nmore")
 
     monkeypatch.setattr(Int8Linear, "pack", fail)
-    q = packed_copy(model, 0)
+    q = packed_copy(model)
     assert capfd.readouterr().err == ("int8: packing failed (could not create a primitive descriptor); the plain int8 "
                                       "rows serve instead (the same tokens, slower)\n")
     with torch.no_grad():
@@ -200,7 +256,7 @@ def test_packing_stops_once_the_main_thread_ends(tmp_path):
         "    return pack(layer)\n"
         "quantize.Int8Linear.pack = slow\n"
         "model = GPT(get_config('tiny', n_layer=6)).eval()\n"
-        "q = quantize.start_packing(quantize.quantize_int8(model, pack=False), min_bytes=0)\n"
+        "q = quantize.start_packing(quantize.quantize_int8(model, pack=False), kernel='onednn-u8')\n"
         "layers = [m for m in q.modules() if isinstance(m, quantize.Int8Linear)]\n"
         "print(generate(q, torch.zeros(1, 1, dtype=torch.long), 2, temperature=0).shape[1])\n"
         "atexit.register(lambda: print(len(done), len(layers), done == layers[:len(done)]))\n")
@@ -235,6 +291,22 @@ def test_sample_cli_prints_what_the_quantized_model_generates(trained, capsys):
     new = generate(q, torch.tensor([ids]), 10, temperature=0, eos_token_id=codec.eos_token_id)[0, 1:].tolist()
     new = new[: new.index(codec.eos_token_id)] if codec.eos_token_id in new else new
     assert out == codec.decode(new) + "\n"
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--quantize", "int8"], "int8 kernel: rows (int8 weights under 16 MiB: in the CPU's caches) on "),
+    (["--quantize", "int8", "--compile"], "int8 kernel: weight-only, compiled (Int8Linear.weight_only: float32 "
+                                          "activations times the int8 rows) on "),
+    ([], "no int8 weights: float32 matmuls"),
+])
+def test_sample_verbose_names_the_int8_kernel_and_the_cpu(trained, capsys, flags, line):
+    from bincode_gpt.quantize import cpu_summary
+
+    _, folder, _, _ = trained
+    assert sample.main(["--ckpt", folder, "--temperature", "0", "--max_new_tokens", "2", "--device", "cpu",
+                        "--verbose", *flags]) == 0
+    cpu = cpu_summary() if flags else ""
+    assert line + cpu in capsys.readouterr().err.splitlines()
 
 
 # ----------------------------------------------------------------------------- compiled: weight-only int8
@@ -279,7 +351,7 @@ def test_sample_compile_runs_an_int8_model_on_its_rows(trained, int8_ckpt, capsy
 
 def test_a_packed_int8_model_is_not_compiled(trained):
     model, _, x, _ = trained
-    q = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=0))
+    q = packed_copy(model)
     with pytest.raises(Exception, match="an int8 model compiles on its plain rows"):
         generate(q, x[:1, :3], 2, temperature=0, compile=True)
 
@@ -416,12 +488,12 @@ def test_packing_an_int8_checkpoint_drops_each_layers_file_pages(trained, int8_c
     rows = [m.weight for m in layers]
     dropped = []
     monkeypatch.setattr(quantize, "drop_pages", lambda t, mapped: dropped.append((t, mapped)))
-    wait_packed(start_packing(model, file, min_bytes=0))
+    wait_packed(start_packing(model, file, kernel="onednn-u8"))
     assert all(m.weight.is_mkldnn for m in layers)
     assert [id(t) for t, _ in dropped] == [id(t) for t in rows] * 2  # the very tensors, in forward order
     assert all(mapped == file_mappings(file) and any(lo <= t.data_ptr() < hi for lo, hi in mapped) for t, mapped in dropped)
     dropped.clear()
-    packed_copy(trained[0], 0)
+    packed_copy(trained[0])
     assert dropped == []
 
 

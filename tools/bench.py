@@ -31,9 +31,10 @@ Design choices, up front:
   Each way runs at every --threads count, interleaved. At batch 1 the KV cache also runs on bfloat16 and
   float16 copies of the weights: speed against float32, and how many leading tokens stay float32's.
   On a CPU the KV cache also runs on quantize.py's int8 copy (eager, as sample.py gets it, packing done
-  before timing), and on the kernel that copy does not run, forced: the plain rows (torch._int_mm: what runs
-  until the packing thread is done; all a model under quantize.PACK_MIN_BYTES runs) or oneDNN's packed
-  weights, and (--sample_compile) compiled: the weight-only product inductor writes (Int8Linear.weight_only,
+  before timing; the kernel quantize.choose_kernel picked, and why, in the report), and on the kernel that
+  copy does not run, forced: the plain rows (torch._int_mm: what runs until the packing thread is done;
+  what a model under quantize.PACK_MIN_BYTES or a CPU whose measurement chose them runs) or oneDNN's packed
+  weights (uint8 activations), and (--sample_compile) compiled: the weight-only product inductor writes (Int8Linear.weight_only,
   what sample.py --compile runs on int8 weights); beside them "int8 matmuls alone"
   (the int8 ceiling) and the bytes of weights a token reads in each; beside them, the read bandwidth (a
   float32 sum over bandwidth_mb, timed in the same rounds), and the fraction of it each decodes at: weight
@@ -278,9 +279,9 @@ def bench_sample(cfg, device, tmp, threads):
     low = {name: copy.deepcopy(model).to(getattr(torch, name)) for name in cfg.precisions.split(",") if name}
     int8 = Q.wait_packed(Q.quantize_int8(model)) if cfg.int8 and device.type == "cpu" else None  # as sample.py gets it
     if int8 is not None:  # and the kernel it does not run, forced: the plain rows (torch._int_mm) or oneDNN's packed
-        int8_packed = "_packing" in int8.__dict__
+        int8_packed = int8.int8_kernel[0] != "rows"  # quantize.choose_kernel's (or PACK_MIN_BYTES') choice
         kind, other = ("int8_plain", Q.quantize_int8(model, pack=False)) if int8_packed else \
-            ("int8_packed", Q.wait_packed(Q.start_packing(Q.quantize_int8(model, pack=False), min_bytes=0)))
+            ("int8_packed", Q.wait_packed(Q.start_packing(Q.quantize_int8(model, pack=False), kernel="onednn-u8")))
     # and compiled: Int8Linear.weight_only, on the plain rows (sample.py --compile)
     int8_compiled = Q.quantize_int8(model, pack=False) if int8 is not None and cfg.sample_compile else None
     big = torch.ones(cfg.bandwidth_mb * 2**20 // 4) if device.type == "cpu" else None  # read bandwidth: summed
@@ -367,7 +368,7 @@ def bench_sample(cfg, device, tmp, threads):
             "new_tokens": cfg.new_tokens, "rows": rows,
             "bandwidth_mb": cfg.bandwidth_mb,
             "weight_bytes": weight_bytes(model), "int8_weight_bytes": int8 and weight_bytes(int8),
-            "int8_packed": int8 is not None and int8_packed}
+            "int8_packed": int8 is not None and int8_packed, "int8_kernel": int8 is not None and Q.kernel_line(int8)}
 
 
 # ----------------------------------------------------------------------------- loading
@@ -400,13 +401,14 @@ last = time.perf_counter()
 # this process's own peak RSS (VmHWM: kB; ru_maxrss would carry the parent's high-water mark over exec)
 peak = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
 cpu = sum(os.times()[:2])  # every thread's CPU seconds (int8: the packing thread's too), imports included
-print(first, last - t1, last - t0, peak, cpu)
+print(first, last - t1, last - t0, peak, cpu, getattr(model, "int8_kernel", ["float32"])[0])
 """
 
 
 def run_load_child(path, way, tokens, threads):
     """(seconds from reading the file to the first generated token, to the last of `tokens`, seconds
-    since the interpreter started running the child's code, peak RSS in bytes, CPU seconds) of a fresh process."""
+    since the interpreter started running the child's code, peak RSS in bytes, CPU seconds, the int8 kernel it chose
+    or "float32") of a fresh process."""
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where model.py and bincode_gpt/ are
@@ -414,7 +416,8 @@ def run_load_child(path, way, tokens, threads):
                          stdout=subprocess.PIPE, text=True)
     if run.returncode:
         raise RuntimeError(f"the {way} loading child failed (exit {run.returncode})")
-    return tuple(map(float, run.stdout.split()))
+    *numbers, kernel = run.stdout.split()
+    return (*map(float, numbers), kernel)
 
 
 def bench_load(cfg, tmp):
@@ -440,7 +443,8 @@ def bench_load(cfg, tmp):
         os.remove(p)
     rows = {way: {"first_token_s": statistics.median(r[0] for r in rs), "last_token_s": statistics.median(r[1] for r in rs),
                   "process_s": statistics.median(r[2] for r in rs), "peak_rss": max(r[3] for r in rs),
-                  "cpu_s": statistics.median(r[4] for r in rs)} for way, rs in runs.items()}
+                  "cpu_s": statistics.median(r[4] for r in rs), "kernel": ", ".join(sorted({r[5] for r in rs}))}
+            for way, rs in runs.items()}
     return {"preset": cfg.load_preset, "ckpt_bytes": size, "int8_ckpt_bytes": int8_size or None, "repeats": cfg.load_repeats,
             "tokens": cfg.load_tokens, "ways": rows}
 
@@ -576,6 +580,7 @@ def run(cfg: BenchConfig) -> dict:
     check_sections(cfg, sections, device)
     torch.set_num_threads(threads[0])
     res = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
+           "cpu": Q.cpu_summary(),  # model name and flags: every speed figure is this CPU's
            "config": asdict(cfg), "train": None, "sample": None, "load": None, "prep": None, "compile_cache": None,
            "threads": torch.get_num_threads(), "load_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
@@ -654,7 +659,7 @@ def rate(x):
 
 
 def table(res) -> str:
-    lines = [f"device: {res['device']}, {res['threads']} torch threads (sampling: {res['config']['threads'] or 'default'}); 1-min load average {res['load_before']:.2f} before, "
+    lines = [f"CPU: {res['cpu']}", f"device: {res['device']}, {res['threads']} torch threads (sampling: {res['config']['threads'] or 'default'}); 1-min load average {res['load_before']:.2f} before, "
              f"{res['load_after']:.2f} after", ""]
     tr, sa, lo, pr = res["train"], res["sample"], res["load"], res["prep"]
     if tr:
@@ -689,8 +694,9 @@ def table(res) -> str:
         if i8:
             lines += ["", f"int8 weights (quantize.py, eager): a token reads {sa['weight_bytes'] / 1e6:,.0f} MB of weights in float32, "
                       f"{sa['int8_weight_bytes'] / 1e6:,.0f} MB in int8 (with scales); int8 KV: quantize_int8 as sample.py runs it "
-                      f"({'packed' if sa['int8_packed'] else 'plain rows: under quantize.PACK_MIN_BYTES'}); plain: torch._int_mm on the "
-                      "plain rows (what a layer runs until the packing thread reaches it), packed: oneDNN's (the one it does not run forced), the same "
+                      f"({sa['int8_kernel']}); plain: torch._int_mm on the "
+                      "plain rows (what a layer runs until the packing thread reaches it), packed: oneDNN's (forced to onednn-u8 where "
+                      "the rows were chosen), the same "
                       "tokens; int8 matmuls alone: the int8 ceiling; "
                       f"read: a float32 sum over {sa['bandwidth_mb']:,} MB; of read: weight bytes a step reads x steps/s / read, "
                       "both in this process's CPU seconds (other jobs' time left out)",
@@ -730,13 +736,13 @@ def table(res) -> str:
         lines += [f"loading: preset {lo['preset']}, checkpoint {lo['ckpt_bytes'] / 1e9:.2f} GB{int8_file}, a fresh process per load "
                   f"(median of {lo['repeats']}); first and last of {lo['tokens']} greedy tokens: from reading the file, after imports; "
                   "whole process: from the child's first line, imports included",
-                  f"| path | first token s | token {lo['tokens']} s | whole process s | CPU s (all threads) | peak RSS GB | "
+                  f"| path | kernel | first token s | token {lo['tokens']} s | whole process s | CPU s (all threads) | peak RSS GB | "
                   "peak RSS / float32 checkpoint |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
         names = {"old": "old: random init + load_state_dict copy", "new": "load_checkpoint (meta build + mmap + assign) + check_finite",
                  "int8": "load_checkpoint + quantize_int8", "int8_ckpt": "int8 checkpoint (tools.convert native2int8)"}
         for way, r in lo["ways"].items():
-            lines.append(f"| {names[way]} | {r['first_token_s']:.2f} | {r['last_token_s']:.2f} | {r['process_s']:.2f} | {r['cpu_s']:.2f} | "
+            lines.append(f"| {names[way]} | {r['kernel']} | {r['first_token_s']:.2f} | {r['last_token_s']:.2f} | {r['process_s']:.2f} | {r['cpu_s']:.2f} | "
                          f"{r['peak_rss'] / 1e9:.2f} | {r['peak_rss'] / lo['ckpt_bytes']:.2f}x |")
         lines.append("")
     if pr:
