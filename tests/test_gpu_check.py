@@ -156,11 +156,11 @@ def test_a_check_that_fails_itself_is_a_fail_row_and_the_others_go_on():
 
 
 def test_the_paper_row_on_cuda_compares_the_peak_with_the_estimate_and_times_the_stop(tmp_path, monkeypatch):
-    """check_paper as on an 80 GB GPU, its train.py runs stood in: batches above 16 run out of memory; batch 16
+    """check_paper as on a 141 GB GPU (an H200), its train.py runs stood in: batches above 16 run out of memory; batch 16
     logs 3 steps, writes a 2 GB ckpt.pt 12.5 s after its last step line, and peaks at `peak` bytes."""
     paper = get_config("paper", vocab_size=65536)
     estimate = gpu_check.estimated_bytes(paper, 16)
-    monkeypatch.setattr("bincode_gpt.memory.available_memory", lambda device: 80 * 2**30)
+    monkeypatch.setattr("bincode_gpt.memory.available_memory", lambda device: 140 * 2**30)
 
     def stand_in(peak):
         def run(cmd, timeout):
@@ -178,7 +178,8 @@ def test_the_paper_row_on_cuda_compares_the_peak_with_the_estimate_and_times_the
             return Done(0, "".join(l for _, l in lines), f"gpu_check peak cuda {peak}\n", 30.0, lines)
         return run
 
-    first = gpu_check.first_batch(paper, 80 * 2**30)
+    first = gpu_check.first_batch(paper, 140 * 2**30)
+    assert first > 16  # so a larger batch is tried first, and runs out of memory
     tried = ", ".join(str(b) for b in gpu_check.BATCHES if 16 < b <= first)
     stop = "; the stop path after the last step (one-batch check, RNG states, fsync'd 2.00 GB ckpt.pt) 12.5 s"
     for peak, ok in ((estimate, True), (estimate + 1, False)):
