@@ -18,7 +18,8 @@ Those 1024 zeros and ones are the residual stream's input. Nothing about them is
 Design choices, up front:
 - Three input interfaces feed the same decoder (config.input): "binary" (the paper's model: a frozen
   V x K code table kept as a buffer named `weight`, as the released checkpoint stores it), "affine"
-  (table-free: bits computed from the ids, recoded as A c XOR b over GF(2)), "learned" (nn.Embedding).
+  (table-free: bits computed from the ids, recoded as A c XOR b over GF(2)), "learned" (nn.Embedding);
+  a fourth, "random" (a frozen Gaussian table), is a control. For one seed all start from the same decoder.
 - Lifting K bits to n_embd dims is one index vector, `lift` (dim j reads bit lift[j]): both layouts
   are a gather, so no parameters and no matmul.
 - Decoder: pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention) through
@@ -110,7 +111,7 @@ class GPTConfig:
     n_layer: int = 6  # decoder blocks
     n_head: int = 6  # attention heads
     n_embd: int = 384  # model width
-    input: str = "binary"  # binary | affine | learned
+    input: str = "binary"  # binary | affine | learned | random (a frozen Gaussian table, a control)
     layout: str = "tile"  # tile | interleave: how K code bits are lifted to n_embd dims
     affine_seed: int = 0  # draws A and b of the affine input
     pad_token_id: int | None = None  # its code row is all zeros (binary input), as in the release
@@ -229,8 +230,11 @@ class GPT(nn.Module):
                                          config.code_width)
         elif config.input == "affine":
             self.embed = AffineCodeInput(config.vocab_size, config.n_embd, config.layout, config.affine_seed)
-        else:
-            self.embed = nn.Embedding(config.vocab_size, config.n_embd)
+        elif config.input == "random":
+            self.embed = RandomTableInput(config.vocab_size, config.n_embd)
+        else:  # given its (undrawn) weight, nn.Embedding draws nothing here: its init comes below
+            self.embed = nn.Embedding(config.vocab_size, config.n_embd, _weight=torch.empty(config.vocab_size,
+                                                                                          config.n_embd))
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -241,10 +245,18 @@ class GPT(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         if self.lm_head.weight.is_meta:  # shapes only, or weights that follow: nothing to draw
             return
-        self.apply(self._init_weights)
+        # Paired inits: the body draws from the global generator and the input draws nothing from it, so
+        # one seed gives every input the same blocks, ln_f and lm_head; a table draws from its own generator
+        for module in (self.blocks, self.ln_f, self.lm_head):
+            module.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):  # residual projections: keep the stream's variance flat in depth
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        if config.input in ("learned", "random"):
+            table = self.embed.weight
+            own = torch.Generator(table.device).manual_seed(torch.initial_seed())
+            with torch.no_grad():
+                table.normal_(0.0, 0.02 if config.input == "learned" else RandomTableInput.std, generator=own)
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits, loss). With a cache (generation), only the last position's
@@ -353,6 +365,23 @@ class AffineCodeInput(nn.Module):
         return self.code(idx).index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
 
 
+# ----------------------------------------------------------------------------- the frozen random table: a control
+class RandomTableInput(nn.Module):
+    """A V x n_embd table of Gaussian rows, drawn once (GPT.__init__) and never trained: every token gets
+    a dense vector of its own, but nothing about it is learned. A control the paper lacks: does a learned
+    table help by learning, or by giving each token its own dense vector? Rows have std sqrt(1/2), the RMS
+    of a random bit, so they enter at about the binary code's scale. A stored buffer, no parameters."""
+
+    std = 0.5 ** 0.5
+
+    def __init__(self, vocab_size, n_embd):
+        super().__init__()
+        self.register_buffer("weight", torch.zeros(vocab_size, n_embd))
+
+    def forward(self, idx):
+        return self.weight[idx]  # (B, T) -> (B, T, n_embd)
+
+
 # ----------------------------------------------------------------------------- checks
 def check_config(c):
     """Every GPTConfig is checked when made: a shape that cannot work is a clear ValueError here, not
@@ -364,11 +393,11 @@ def check_config(c):
         raise ValueError(f"n_embd ({c.n_embd}) must be divisible by n_head ({c.n_head})")
     if (c.n_embd // c.n_head) % 2:
         raise ValueError(f"head size n_embd/n_head = {c.n_embd // c.n_head} must be even for rotary")
-    if c.input not in ("binary", "affine", "learned"):
-        raise ValueError(f"unknown input {c.input!r}: choose binary, affine or learned")
+    if c.input not in ("binary", "affine", "learned", "random"):
+        raise ValueError(f"unknown input {c.input!r}: choose binary, affine, learned or random")
     if c.layout not in ("tile", "interleave"):
         raise ValueError(f"unknown layout {c.layout!r}: choose tile or interleave")
-    if c.input != "learned" and c.n_embd < c.code_bits:
+    if c.input in ("binary", "affine") and c.n_embd < c.code_bits:
         raise ValueError(f"n_embd ({c.n_embd}) is smaller than the {c.code_bits} code bits of vocab_size "
                          f"{c.vocab_size}: some tokens would share an input")
     K = code_bits(c.vocab_size)
@@ -387,7 +416,7 @@ def constant_input_ids(model) -> list[int]:
     BinaryCodeInput; every bit reaches a dim, so a constant input is a constant code). None for a learned
     table or a model with biases (a norm's bias makes the stream vary after the first block)."""
     c = model.config
-    if c.bias or c.input == "learned":
+    if c.bias or c.input in ("learned", "random"):
         return []
     codes = model.embed.code(torch.arange(c.vocab_size, device=model.embed.lift.device))  # (V, K)
     return (codes == codes[:, :1]).all(-1).nonzero().flatten().tolist()

@@ -23,7 +23,8 @@ Design choices:
   every 10th document for f=0.1, spread over the whole corpus rather than taken from its end. If there
   are too few documents for one of them to be val (fewer than 1/f), each document is cut by characters
   instead: its first int(len*(1-f)) characters are train, the rest val (so one big .txt file such as
-  tinyshakespeare gets the usual 90/10 character split).
+  tinyshakespeare gets the usual 90/10 character split). --doc_chars N first cuts every document at line
+  ends into documents of about N characters, so books yield chapter-sized documents and val samples each.
 - Mixtures (`--mix`): documents are drawn from the inputs with the given weights by a seeded RNG (a
   document-level ratio); the mixture stops when any input runs dry (said on stderr, with what that leaves
   of --max_tokens). An input is what was named: a folder or a glob is one input (its files in order),
@@ -104,6 +105,19 @@ def mix_documents(streams: list, weights: list[float], seed: int = 0, dry: list 
                 dry.append(k)
             return
         yield doc
+
+
+def cut_documents(docs, chars: int):
+    """Each document cut at line ends into pieces of `chars` characters or a little more (the last may be
+    shorter): a book-long .txt becomes chapter-sized documents, so every 10th one for val samples the whole
+    book. 0: the documents as they are."""
+    for doc in docs:
+        start = 0
+        while chars and len(doc) - start > chars and (end := doc.find("\n", start + chars - 1)) >= 0:
+            yield doc[start:end + 1]
+            start = end + 1
+        if doc[start:]:
+            yield doc[start:]
 
 
 def split_documents(docs, val_fraction: float):
@@ -294,14 +308,14 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
             val_fraction: float = 0.1, shard_tokens: int = 100_000_000, workers: int | None = None,
             overwrite: bool = False, text_field: str = "text", mix: list[float] | None = None,
             max_tokens: int | None = None, seed: int = 0, progress: bool = True, reserve_zero: bool = True,
-            reserve_ones: bool = True) -> dict:
+            reserve_ones: bool = True, doc_chars: int = 0) -> dict:
     """Tokenize `inputs` into train/val shards in `out_dir`; returns the meta written there."""
     # everything that can be checked cheaply is checked before any work and before anything is removed
     if not inputs:
         raise ValueError("no inputs given")
-    if not 0 <= val_fraction < 1 or shard_tokens < 1 or (max_tokens is not None and max_tokens < 1):
-        raise ValueError(f"need 0 <= val_fraction < 1, shard_tokens >= 1, max_tokens >= 1; "
-                         f"got {val_fraction}, {shard_tokens}, {max_tokens}")
+    if not 0 <= val_fraction < 1 or shard_tokens < 1 or (max_tokens is not None and max_tokens < 1) or doc_chars < 0:
+        raise ValueError(f"need 0 <= val_fraction < 1, shard_tokens >= 1, max_tokens >= 1, doc_chars >= 0; "
+                         f"got {val_fraction}, {shard_tokens}, {max_tokens}, {doc_chars}")
     workers = (os.cpu_count() or 1) if workers is None else workers  # 0 is refused, not read as "all cores"
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
@@ -325,7 +339,8 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
         try:  # from here on a failure (Ctrl-C included) removes the staging folder
             staging.mkdir()
             (staging / STAGING_MARK).write_text("staging folder of prepare_data.py: removed when its run ends\n")
-            streams = [chain.from_iterable(read_documents(s, text_field) for s in group) for group in groups]
+            streams = [cut_documents(chain.from_iterable(read_documents(s, text_field) for s in group), doc_chars)
+                       for group in groups]
             dry = []  # the mixture's input that ran dry, if one did
             docs = mix_documents(streams, weights, seed, dry) if weights is not None else chain.from_iterable(streams)
             dtype = token_dtype(enc.n_vocab)
@@ -345,7 +360,8 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
                                  "fraction or budget, or --val_fraction 0 for no validation split")
             meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
                     "reserve_zero": reserve_zero, "reserve_ones": reserve_ones, "dtype": dtype.name, "splits": splits,
-                    "inputs": recorded, "sources": sources, "val_fraction": val_fraction, "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed}
+                    "inputs": recorded, "sources": sources, "val_fraction": val_fraction, "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed,
+                    "doc_chars": doc_chars}
             atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
             # all written: from here on only renames and removals (all or none: files.move_in), meta.json last
             move_in(staging, out, [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"],
@@ -398,6 +414,8 @@ class PrepareConfig:
                                             "or 0.5,0.3,0.2 (default: concatenate)", type=parse_weights)
     max_tokens: int | None = setting(PREPARED_DEFAULTS["max_tokens"], "token budget for train+val, whole documents, e.g. 1e9 (default: no limit)")
     seed: int = setting(PREPARED_DEFAULTS["seed"], "seed of the --mix draws")
+    doc_chars: int = setting(PREPARED_DEFAULTS["doc_chars"], "cut each document at line ends into documents of about "
+                             "this many characters (a book into chapter-sized ones; 0: as they are)")
     workers: int | None = setting(None, "tokenizer processes; 1 = no pool (default: one per CPU core)")
     overwrite: bool = setting(False, "replace prepared data already in --out")
 
@@ -419,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_config(argv)
     meta = prepare(a.inputs, a.out, a.encoding, a.vocab_size, a.val_fraction, a.shard_tokens, a.workers,
                    a.overwrite, a.text_field, a.mix, a.max_tokens, a.seed, reserve_zero=a.reserve_zero,
-                   reserve_ones=a.reserve_ones)
+                   reserve_ones=a.reserve_ones, doc_chars=a.doc_chars)
     for name, s in meta["splits"].items():
         print(f"{name}: {s['tokens']:,} tokens, {s['documents']:,} documents, {s['bytes']:,} bytes, {len(s['shards'])} shards")
     print(f"wrote {a.out}")
