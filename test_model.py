@@ -137,6 +137,36 @@ def test_binary_input_has_no_parameters():
     assert "embed.weight" in model.state_dict()  # stored, like the release's frozen nn.Embedding
 
 
+@pytest.mark.parametrize("seed", [0, 7])
+def test_one_seed_gives_every_input_the_same_decoder_and_head(seed):
+    """Paired inits: only the input interface differs between the inputs of one seed."""
+    body = {}
+    for variant in ("learned", "binary", "affine", "random"):
+        torch.manual_seed(seed)
+        state = GPT(get_config("tiny", input=variant)).state_dict()
+        body[variant] = {k: t for k, t in state.items() if not k.startswith("embed.")}
+    assert len(body["learned"]) == len(body["binary"]) > 0
+    for variant in ("binary", "affine", "random"):
+        assert all(torch.equal(body[variant][k], t) for k, t in body["learned"].items()), variant
+    torch.manual_seed(seed + 1)  # and another seed draws another decoder
+    other = GPT(get_config("tiny", input="learned")).state_dict()
+    assert not torch.equal(other["lm_head.weight"], body["learned"]["lm_head.weight"])
+
+
+def test_random_input_is_a_frozen_gaussian_table_drawn_from_the_seed():
+    model = tiny(input="random")
+    table = model.state_dict()["embed.weight"]  # stored, so a checkpoint carries it
+    assert list(model.embed.parameters()) == [] and model.num_params()["input"] == 0
+    assert model.num_params()["frozen"] == 512 * 32
+    assert abs(table.std().item() - 0.5 ** 0.5) < 0.02 and abs(table.mean().item()) < 0.02
+    assert torch.equal(tiny(input="random").embed.weight, table)  # the same seed, the same table
+    idx = torch.tensor([[3, 5]])
+    assert torch.equal(model.embed(idx), table[idx])
+    model.train()
+    model(idx, idx)[1].backward()
+    assert model.embed.weight.grad is None  # never trained
+
+
 def test_model_card_audit_runs_unchanged():
     """Everything after the card's loading lines, verbatim, on a paper-preset binary model."""
     with torch.device("meta"):  # no 470M weights: the code table is built on the CPU all the same

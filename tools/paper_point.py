@@ -57,7 +57,7 @@ from bincode_gpt.cli import config_parser, parse_settings, preset_setting, resol
 from bincode_gpt.files import atomic_write, writer_lock
 from bincode_gpt.inputs import read_documents, resolve_input
 from bincode_gpt.tokenizer import get_tokenizer
-from model import GPT, get_config
+from model import GPT, code_bits, get_config
 from prepare_data import cut_documents, split_documents
 from tools import compare, scaling, share
 
@@ -289,13 +289,277 @@ def train_all(args, data, windows):
         for _, run, v, s in runs:
             compare.check_settings(compare.run_config(run, v, s))
         scaling.run_all(runs, args.jobs)
-        evaluate_sources([compare.run_dir(run.out, v, s) for _, run, v, s in runs if not title.startswith("sweep")],
-                         windows, args.jobs)
+        evaluate_sources(main_run_dirs(args, plan), windows, args.jobs)
         done.add(title)
 
 
+def main_run_dirs(args, plan):
+    return [os.path.join(args.out, p["name"], f"{v}-seed{s}") for _, work in plan for p, v, s in work
+            if p["role"] != "sweep"]
+
+
+# ----------------------------------------------------------------------------- statistics
+def t_quantile(p, df):
+    """The p-quantile (p >= 0.5) of Student's t with df degrees of freedom: its density integrated from 0
+    (Simpson's rule) and inverted by bisection; accurate to ~1e-6 (no scipy needed)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(x):
+        t = np.linspace(0.0, x, 4001)
+        f = c * (1 + t * t / df) ** (-(df + 1) / 2)
+        return 0.5 + x / 12000 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        lo, hi = hi, 2 * hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def interval(gaps, level=0.95):
+    """Mean, sd and the t interval of the mean of per-seed gaps (nats), or None under two seeds."""
+    if len(gaps) < 2:
+        return None
+    m, sd = statistics.mean(gaps), statistics.stdev(gaps)
+    half = t_quantile((1 + level) / 2, len(gaps) - 1) * sd / math.sqrt(len(gaps))
+    return {"n": len(gaps), "mean": m, "sd": sd, "lo": m - half, "hi": m + half}
+
+
+def verdicts(ci):
+    """Computed from a gap's interval (nats): its sign, and where it lies against the paper's +-4.8%."""
+    if ci is None:
+        return {"sign": "no interval (under two seeds)", "paper": "no interval (under two seeds)"}
+    sign = "worse (CI above 0)" if ci["lo"] > 0 else "better (CI below 0)" if ci["hi"] < 0 else "CI includes 0"
+    lo, hi, band = math.expm1(ci["lo"]), math.expm1(ci["hi"]), PAPER["spread_pct"]
+    paper = ("inside +-4.8%" if -band <= lo and hi <= band else "outside +-4.8%" if lo > band or hi < -band
+             else "straddles +-4.8%")
+    return {"sign": sign, "paper": paper}
+
+
+def line_fit(x, y, at):
+    """Least squares y = a + b x over points (x, y), and the 95% t interval of the fitted mean at x = at:
+    (b, prediction, lo, hi), or None under three points or two distinct x."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3 or len(set(x.tolist())) < 2:
+        return None
+    b, a = np.polyfit(x, y, 1)
+    resid = y - (a + b * x)
+    s = math.sqrt((resid ** 2).sum() / (len(x) - 2))
+    se = s * math.sqrt(1 / len(x) + (at - x.mean()) ** 2 / ((x - x.mean()) ** 2).sum())
+    half = t_quantile(0.975, len(x) - 2) * se
+    return b, a + b * at, a + b * at - half, a + b * at + half
+
+
+# ----------------------------------------------------------------------------- the report
+def whole_loss(losses):
+    """A run's loss per token on the whole validation split from its per-source (loss, windows)."""
+    return sum(l * n for l, n in losses.values()) / sum(n for _, n in losses.values())
+
+
+def run_losses(args, p, v, s):
+    """sources.json of a run: {source: (loss, windows)}, or None (not finished, diverged or not evaluated)."""
+    path = os.path.join(args.out, p["name"], f"{v}-seed{s}", "sources.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return {k: tuple(x) for k, x in json.load(f).items()}
+
+
+def pct(nats):
+    return 100 * math.expm1(nats)
+
+
+def ci_text(ci):
+    if ci is None:
+        return "—"
+    return f"{pct(ci['mean']):+.2f}% ({pct(ci['lo']):+.2f} to {pct(ci['hi']):+.2f})"
+
+
+def main_rows(args, plan, windows, meta):
+    """One row per (role, size, input other than learned): paired per-seed gaps against learned of the same
+    role and size (each at its own lr, or both at the shared lr), with everything the tables need."""
+    tokens_per_byte = {k: len(w["tokens"]) / w["bytes"] for k, w in windows.items()}
+    val = meta["splits"]["val"]
+    runs = {}  # (role, size, input, seed) -> (point, losses)
+    for _, work in plan:
+        for p, v, s in work:
+            if p["role"] != "sweep":
+                runs[p["role"], (p["L"], p["D"]), v, s] = (p, run_losses(args, p, v, s))
+    rows = []
+    for role, size, v in dict.fromkeys((r, z, v) for r, z, v, _ in runs if v != "learned"):
+        seeds = sorted(s for r, z, w, s in runs if (r, z, w) == (role, size, v))
+        paired = [s for s in seeds if runs[role, size, v, s][1] and runs.get((role, size, "learned", s), (0, 0))[1]]
+        mine = {s: runs[role, size, v, s][1] for s in paired}
+        base = {s: runs[role, size, "learned", s][1] for s in paired}
+        gaps = [whole_loss(mine[s]) - whole_loss(base[s]) for s in paired]
+        ci = interval(gaps)
+        p = runs[role, size, v, seeds[0]][0]
+        n = counts(args, *size)
+        tokens = p["steps"] * args.batch_size * args.block_size
+        per_nat = val["tokens"] / val["bytes"] / math.log(2)
+        sources = {k: {"learned_bpb": [base[s][k][0] * tokens_per_byte[k] / math.log(2) for s in paired],
+                       "bpb": [mine[s][k][0] * tokens_per_byte[k] / math.log(2) for s in paired],
+                       "ci": interval([mine[s][k][0] - base[s][k][0] for s in paired])} for k in windows}
+        ppl = {w: [math.exp(whole_loss(runs[role, size, w, s][1])) for s in paired] for w in ("learned", v)}
+        spread = max(((max(x) - min(x)) / statistics.mean(x) for x in ppl.values() if len(x) > 1), default=None)
+        learned_p = runs[role, size, "learned", seeds[0]][0] if (role, size, "learned", seeds[0]) in runs else p
+        rows.append({
+            "role": role, "size": f"{size[0]}x{size[1]}", "input": v, "vocab": args.vocab, "lr": p["lr"],
+            "learned_lr": learned_p["lr"], "planned_seeds": len(seeds), "seeds": paired,
+            "learned_trainable": n["learned"], "binary_trainable": n["binary"],
+            "share": args.vocab * size[1] / n["learned"], "tokens": tokens, "tokens_per_param": tokens / n["binary"],
+            "epochs": tokens / meta["splits"]["train"]["tokens"], "gap_nats": gaps, "ci": ci, **verdicts(ci),
+            "learned_bpb": [whole_loss(base[s]) * per_nat for s in paired],
+            "bpb": [whole_loss(mine[s]) * per_nat for s in paired], "sources": sources,
+            "spread": spread, "inside_spread": None if spread is None or ci is None else abs(math.expm1(ci["mean"])) <= spread,
+            "curve": [(t, [math.expm1(g) for g in gs]) for t, gs in share.gap_curve(
+                [r for r in (read_curve(args, runs[role, size, w, s][0], w, s) for w in ("learned", v) for s in paired)
+                 if r], v)]})
+    return rows
+
+
+def read_curve(args, p, v, s):
+    """A run's evaluations along training: {variant, seed, curve}, or None without its log."""
+    log = os.path.join(args.out, p["name"], f"{v}-seed{s}", "log.jsonl")
+    return {"variant": v, "seed": s, "curve": compare.read_log(log)[0]} if os.path.exists(log) else None
+
+
+def sweep_table(args, plan, records):
+    sweep = sweep_points(args)
+    lines, chosen = [], {}
+    variants = list(dict.fromkeys(v for title, work in plan if title.startswith("sweep") for _, v, _ in work))
+    for v in variants:
+        chosen[v] = best_lr(records, sweep, v)
+        for p in sweep:
+            runs = [r for r in records.get(p["name"], []) if r["variant"] == v]
+            losses = [r["val_loss"] for r in runs if "val_loss" in r]
+            diverged = [str(r["seed"]) for r in runs if "diverged" in r]
+            lines.append([v, f"{p['lr']:g}", str(len(runs)), share.ms(losses, ".4f"),
+                          ", ".join(diverged) or "—", "chosen" if chosen[v] == p["lr"] else ""])
+    header = [("input", "l"), ("lr", "r"), ("seeds", "r"), ("val loss (last evaluation)", "r"),
+              ("diverged seeds", "l"), ("", "l")]
+    return compare.markdown_table(header, lines), chosen
+
+
+def source_table(windows):
+    total = sum(w["all_bytes"] for w in windows.values())
+    val = sum(w["bytes"] for w in windows.values())
+    return compare.markdown_table(
+        [("source", "l"), ("bytes", "r"), ("share of the text", "r"), ("val documents", "r"), ("val bytes", "r"),
+         ("share of val", "r")],
+        [[k, f"{w['all_bytes']:,}", f"{100 * w['all_bytes'] / total:.1f}%", str(w["documents"]), f"{w['bytes']:,}",
+          f"{100 * w['bytes'] / val:.1f}%"] for k, w in windows.items()])
+
+
+def point_table(rows):
+    header = [("size", "l"), ("V (K)", "r"), ("input", "l"), ("table share", "r"), ("T", "r"), ("epochs", "r"),
+              ("lr (input / learned)", "r"), ("seeds", "r"), ("learned bits/byte", "r"), ("bits/byte", "r"),
+              ("gap, perplexity (95% CI)", "r"), ("sd (nats)", "r"), ("vs 0", "l"), ("vs the paper's ±4.8%", "l"),
+              ("section 8's rule: range/mean", "l")]
+    body = []
+    for r in rows:
+        rule = "—" if r["spread"] is None else f"{100 * r['spread']:.1f}%: {'inside' if r['inside_spread'] else 'OUTSIDE'}"
+        body.append([r["size"], f"{r['vocab']} ({code_bits(r['vocab'])})", r["input"], f"{100 * r['share']:.1f}%",
+                     f"{r['tokens_per_param']:.1f}", f"{r['epochs']:.2f}", f"{r['lr']:g} / {r['learned_lr']:g}",
+                     f"{len(r['seeds'])} of {r['planned_seeds']}", share.ms(r["learned_bpb"], ".4f"),
+                     share.ms(r["bpb"], ".4f"), ci_text(r["ci"]), "—" if r["ci"] is None else f"{r['ci']['sd']:.4f}",
+                     r["sign"], r["paper"], rule])
+    return compare.markdown_table(header, body)
+
+
+def per_source_table(rows):
+    header = [("size", "l"), ("input", "l"), ("source", "l"), ("learned bits/byte", "r"), ("bits/byte", "r"),
+              ("gap, perplexity (95% CI)", "r"), ("vs 0", "l")]
+    return compare.markdown_table(header, [[r["size"], r["input"], k, share.ms(x["learned_bpb"], ".4f"),
+                                            share.ms(x["bpb"], ".4f"), ci_text(x["ci"]), verdicts(x["ci"])["sign"]]
+                                           for r in rows for k, x in r["sources"].items()])
+
+
+def size_fit(rows):
+    """The binary gap against log N (binary trainable parameters) over every seed at the paper's point, and
+    the fit's mean at the paper's 469.8M parameters (an extrapolation)."""
+    mains = [r for r in rows if r["role"] == "main" and r["input"] == "binary"]
+    x = [math.log(r["binary_trainable"]) for r in mains for _ in r["gap_nats"]]
+    y = [g for r in mains for g in r["gap_nats"]]
+    fit = line_fit(x, y, math.log(PAPER["binary_trainable"]))
+    if fit is None:
+        return None, "Gap against size: too few seeds or sizes for a fit."
+    b, at, lo, hi = fit
+    largest = max(r["binary_trainable"] for r in mains)
+    return ({"slope_per_e": b, "at_paper": at, "lo": lo, "hi": hi, "points": len(x)},
+            f"Gap against size at the paper's point (binary vs learned, {len(x)} per-seed gaps at "
+            f"{len(mains)} sizes, a line in log N): {b * math.log(10):+.4f} nats per decade of N. "
+            f"EXTRAPOLATED {PAPER['binary_trainable'] / largest:,.0f}x past our largest model, to the paper's "
+            f"{PAPER['binary_trainable'] / 1e6:.0f}M parameters: {pct(at):+.1f}% (95% CI of the line {pct(lo):+.1f} "
+            f"to {pct(hi):+.1f}), beside the paper's {100 * PAPER['gap_pct']:+.1f}%. A line through two nearby sizes "
+            f"says little that far out.")
+
+
+def plot(rows, path):
+    """The gap (perplexity %) along training against tokens per binary parameter at the paper's share: one
+    line per (size, input), the paper's point marked, the legend beside the axes."""
+    if (plt := compare.pyplot()) is None:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    for r in rows:
+        if r["role"] != "main" or not r["curve"]:
+            continue
+        c = [(t / r["binary_trainable"], g) for t, g in r["curve"] if t > 0]
+        label = f"{r['size']} {r['input']} ({len(r['seeds'])} seeds), lr {r['lr']:g} vs {r['learned_lr']:g}"
+        style = "-" if r["input"] == "binary" else "--"
+        line, = ax.plot([t for t, _ in c], [100 * statistics.mean(g) for _, g in c], style, label=label)
+        ax.fill_between([t for t, _ in c], [100 * min(g) for _, g in c], [100 * max(g) for _, g in c],
+                        color=line.get_color(), alpha=0.12)
+    ax.axhspan(-100 * PAPER["spread_pct"], 100 * PAPER["spread_pct"], color="green", alpha=0.08,
+               label="the paper's ±4.8% seed spread")
+    ax.plot([PAPER["tokens_per_param"]], [100 * PAPER["gap_pct"]], "r*", ms=13, label="the paper: -3.3% at T = 36")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens per trainable parameter of the binary model (T)")
+    ax.set_ylabel("perplexity vs learned (%), evaluation batches")
+    ax.set_title(f"the gap at the paper's table share (12.5%), V = {rows[0]['vocab'] if rows else ''}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
 def write_report(args, meta, windows):
-    print("report: to come")
+    """The tables, the sentences and the figure, from the finished runs; the unfinished ones listed."""
+    plan = stages(args, read_records(args, stages(args, {})))
+    records = read_records(args, plan)
+    sweep, chosen = sweep_table(args, plan, records)
+    rows = main_rows(args, plan, windows, meta)
+    fit, fit_line = size_fit(rows)
+    missing = [f"{p['name']} {v} seed {s}" for _, work in plan for p, v, s in work
+               if not os.path.exists(os.path.join(args.out, p["name"], f"{v}-seed{s}", "final.json"))]
+    missing += [f"{title}: not planned, its sweep unfinished" for title, work in plan if not work]
+    diverged = [f"{name} {r['variant']} seed {r['seed']}" for name, rs in records.items() for r in rs if "diverged" in r]
+    header = (f"V = {args.vocab}, {args.batch_size} x {args.block_size} tokens a step, {args.n_head} heads, "
+              f"{args.encoding} cut to V; sources cut into ~{args.doc_chars:,}-character documents, every 10th for val; "
+              f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens")
+    mains = [r for r in rows if r["role"] == "main"]
+    report = "\n\n".join([
+        header, "The text, by source:\n\n" + source_table(windows),
+        f"The lr sweep (the smallest size, T = {args.sweep_tokens_per_param:g}; the lr of each input's lowest mean "
+        "loss is chosen):\n\n" + sweep,
+        "At the paper's point (gap: loss(input) - loss(learned) of the same seed on the whole validation split, "
+        "as perplexity; CI: 95%, t over seeds):\n\n" + point_table(mains),
+        f"The same at the one shared lr {args.shared_lr:g} (the smallest size):\n\n"
+        + point_table([r for r in rows if r["role"] == "shared"]),
+        "Bits per byte by source (the same runs, each source's own validation windows):\n\n" + per_source_table(mains),
+        fit_line,
+        "Not finished (not in any table): " + ("; ".join(missing) or "none") + ".",
+        "Diverged: " + ("; ".join(diverged) or "none") + "."]) + "\n"
+    results = {"rows": rows, "sweep_lrs": chosen, "fit": fit, "missing": missing, "diverged": diverged,
+               "sources": {k: {x: w[x] for x in ("all_bytes", "bytes", "documents")} for k, w in windows.items()},
+               "runs": records}
+    compare.write_results(args.out, report, results, ("paper_point.png", lambda path: plot(mains, path)))
+    return rows
 
 
 def parse_config(argv=None):
@@ -314,6 +578,7 @@ def main(argv=None):
         windows = source_windows(args, meta)
         if not args.report:
             train_all(args, data, windows)
+        evaluate_sources(main_run_dirs(args, stages(args, read_records(args, stages(args, {})))), windows, args.jobs)
         return write_report(args, meta, windows)
 
 
