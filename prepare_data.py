@@ -361,7 +361,7 @@ def prepare(inputs: list[str], out_dir: str, encoding: str = "gpt2", vocab_size:
             meta = {"version": VERSION, "encoding": encoding, "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
                     "reserve_zero": reserve_zero, "reserve_ones": reserve_ones, "dtype": dtype.name, "splits": splits,
                     "inputs": recorded, "sources": sources, "val_fraction": val_fraction, "text_field": text_field, "mix": mix, "max_tokens": max_tokens, "seed": seed,
-                    "doc_chars": doc_chars}
+                    **({"doc_chars": doc_chars} if doc_chars else {})}  # absent at 0: data's identity as before
             atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
             # all written: from here on only renames and removals (all or none: files.move_in), meta.json last
             move_in(staging, out, [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"],

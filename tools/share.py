@@ -387,12 +387,12 @@ def plot(rows, path):
     """The gap (perplexity %) against tokens per binary parameter, one line per point, seed min-max bands."""
     if (plt := compare.pyplot()) is None:
         return None
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     for r in rows:
         if r["input"] != "binary" or not r["curve"]:
             continue
         c = [(t / r["binary_trainable"], g) for t, g in r["curve"] if t > 0]
-        label = f"{r['text']} V={r['vocab']:,} (K={r['K']}) {r['size']}: share {100 * r['share']:.1f}%"
+        label = f"{r['text']} V={r['vocab']:,} (K={r['K']}) {r['size']}, {r['steps']:,} steps: share {100 * r['share']:.1f}%"
         line, = ax.plot([t for t, _ in c], [100 * statistics.mean(g) for _, g in c], label=label)
         ax.fill_between([t for t, _ in c], [100 * min(g) for _, g in c], [100 * max(g) for _, g in c],
                         color=line.get_color(), alpha=0.15)
@@ -404,7 +404,7 @@ def plot(rows, path):
     ax.set_xlabel("training tokens per trainable parameter of the binary model")
     ax.set_ylabel("binary vs learned perplexity (%)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, off the data
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})  # no version stamp: same results, same bytes
     plt.close(fig)
