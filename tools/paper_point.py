@@ -57,7 +57,7 @@ from bincode_gpt.cli import config_parser, parse_settings, preset_setting, resol
 from bincode_gpt.files import atomic_write, writer_lock
 from bincode_gpt.inputs import read_documents, resolve_input
 from bincode_gpt.tokenizer import get_tokenizer
-from model import GPT, code_bits, get_config
+from model import code_bits
 from prepare_data import cut_documents, split_documents
 from tools import compare, scaling, share
 
@@ -112,13 +112,7 @@ def text_name(args):
 
 def counts(args, L, D):
     """model.py's trainable parameters of the learned and the binary model of a size."""
-    n = {}
-    for variant in ("learned", "binary"):
-        with torch.device("meta"):
-            cfg = get_config("small", vocab_size=args.vocab, n_layer=L, n_head=args.n_head, n_embd=D,
-                             block_size=args.block_size, input=variant)
-            n[variant] = GPT(cfg).num_params()["trainable"]
-    return n
+    return {v: scaling.trainable(L, D, v, args, args.vocab) for v in ("learned", "binary")}
 
 
 def steps_for(args, L, D, tokens_per_param):
@@ -426,6 +420,14 @@ def read_curve(args, p, v, s):
     return {"variant": v, "seed": s, "curve": compare.read_log(log)[0]} if os.path.exists(log) else None
 
 
+def choice(chosen, lr, grid):
+    """The sweep table's mark of the chosen lr, saying when it sits at the grid's edge (the optimum may lie past it)."""
+    if chosen != lr:
+        return ""
+    edge = "largest" if lr == max(grid) else "smallest" if lr == min(grid) else ""
+    return f"chosen (the grid's {edge}: past it not tried)" if edge else "chosen"
+
+
 def sweep_table(args, plan, records):
     sweep = sweep_points(args)
     lines, chosen = [], {}
@@ -437,7 +439,7 @@ def sweep_table(args, plan, records):
             losses = [r["val_loss"] for r in runs if "val_loss" in r]
             diverged = [str(r["seed"]) for r in runs if "diverged" in r]
             lines.append([v, f"{p['lr']:g}", str(len(runs)), share.ms(losses, ".4f"),
-                          ", ".join(diverged) or "—", "chosen" if chosen[v] == p["lr"] else ""])
+                          ", ".join(diverged) or "—", choice(chosen[v], p["lr"], [q["lr"] for q in sweep])])
     header = [("input", "l"), ("lr", "r"), ("seeds", "r"), ("val loss (last evaluation)", "r"),
               ("diverged seeds", "l"), ("", "l")]
     return compare.markdown_table(header, lines), chosen
@@ -467,6 +469,16 @@ def point_table(rows):
                      share.ms(r["bpb"], ".4f"), ci_text(r["ci"]), "—" if r["ci"] is None else f"{r['ci']['sd']:.4f}",
                      r["sign"], r["paper"], rule])
     return compare.markdown_table(header, body)
+
+
+def summary_table(rows):
+    """The README's table: the main rows, the gap and its verdicts."""
+    header = [("size", "l"), ("input vs learned", "l"), ("table share", "r"), ("T", "r"), ("epochs", "r"),
+              ("lr", "r"), ("seeds", "r"), ("gap, perplexity (95% CI)", "r"), ("vs 0", "l"), ("vs ±4.8%", "l")]
+    return compare.markdown_table(header, [[
+        r["size"], r["input"], f"{100 * r['share']:.1f}%", f"{r['tokens_per_param']:.1f}", f"{r['epochs']:.2f}",
+        f"{r['lr']:g} / {r['learned_lr']:g}", str(len(r["seeds"])), ci_text(r["ci"]), r["sign"], r["paper"]]
+        for r in rows])
 
 
 def per_source_table(rows):
@@ -507,7 +519,7 @@ def plot(rows, path):
         if r["role"] != "main" or not r["curve"]:
             continue
         c = [(t / r["binary_trainable"], g) for t, g in r["curve"] if t > 0]
-        label = f"{r['size']} {r['input']} ({len(r['seeds'])} seeds), lr {r['lr']:g} vs {r['learned_lr']:g}"
+        label = f"{r['size']} {r['input']} vs learned, seeds: {len(r['seeds'])}, lr {r['lr']:g} vs {r['learned_lr']:g}"
         style = "-" if r["input"] == "binary" else "--"
         line, = ax.plot([t for t, _ in c], [100 * statistics.mean(g) for _, g in c], style, label=label)
         ax.fill_between([t for t, _ in c], [100 * min(g) for _, g in c], [100 * max(g) for _, g in c],
@@ -517,6 +529,9 @@ def plot(rows, path):
     ax.plot([PAPER["tokens_per_param"]], [100 * PAPER["gap_pct"]], "r*", ms=13, label="the paper: -3.3% at T = 36")
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xscale("log")
+    ticks = [t for t in (1, 2, 3, 5, 10, 20, 36) if t >= min((r["tokens_per_param"] / 12 for r in rows), default=1)]
+    ax.set_xticks(ticks, labels=[str(t) for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("training tokens per trainable parameter of the binary model (T)")
     ax.set_ylabel("perplexity vs learned (%), evaluation batches")
     ax.set_title(f"the gap at the paper's table share (12.5%), V = {rows[0]['vocab'] if rows else ''}", fontsize=10)
@@ -543,6 +558,11 @@ def write_report(args, meta, windows):
               f"{args.encoding} cut to V; sources cut into ~{args.doc_chars:,}-character documents, every 10th for val; "
               f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens")
     mains = [r for r in rows if r["role"] == "main"]
+    speed = {}  # size -> each main run's median training tokens/s (its log)
+    for p, v, s in (j for title, work in plan if not title.startswith("sweep") for j in work):
+        for r in records.get(p["name"], []):
+            if (r["variant"], r["seed"]) == (v, s) and "tokens_per_s" in r:
+                speed.setdefault(f"{p['L']}x{p['D']}", []).append(r["tokens_per_s"])
     report = "\n\n".join([
         header, "The text, by source:\n\n" + source_table(windows),
         f"The lr sweep (the smallest size, T = {args.sweep_tokens_per_param:g}; the lr of each input's lowest mean "
@@ -553,6 +573,9 @@ def write_report(args, meta, windows):
         + point_table([r for r in rows if r["role"] == "shared"]),
         "Bits per byte by source (the same runs, each source's own validation windows):\n\n" + per_source_table(mains),
         fit_line,
+        "Training speed, median tokens/s of each run's log (min to max over runs): " + ", ".join(
+            f"{k} {statistics.median(x):,.0f} ({min(x):,.0f} to {max(x):,.0f})" for k, x in speed.items()) + ".",
+        "In short (README):\n\n" + summary_table(mains),
         "Not finished (not in any table): " + ("; ".join(missing) or "none") + ".",
         "Diverged: " + ("; ".join(diverged) or "none") + "."]) + "\n"
     results = {"rows": rows, "sweep_lrs": chosen, "fit": fit, "missing": missing, "diverged": diverged,
