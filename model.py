@@ -18,8 +18,9 @@ Those 1024 zeros and ones are the residual stream's input. Nothing about them is
 Design choices, up front:
 - Three input interfaces feed the same decoder (config.input): "binary" (the paper's model: a frozen
   V x K code table kept as a buffer named `weight`, as the released checkpoint stores it), "affine"
-  (table-free: bits computed from the ids, recoded as A c XOR b over GF(2)), "learned" (nn.Embedding);
-  a fourth, "random" (a frozen Gaussian table), is a control. For one seed all start from the same decoder.
+  (table-free: bits computed from the ids, recoded as A c XOR b over GF(2)), "learned"
+  (nn.Embedding); a fourth, "random" (a frozen Gaussian table), is a control. One seed gives every
+  input the same decoder.
 - Lifting K bits to n_embd dims is one index vector, `lift` (dim j reads bit lift[j]): both layouts
   are a gather, so no parameters and no matmul.
 - Decoder: pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention) through
@@ -233,8 +234,8 @@ class GPT(nn.Module):
         elif config.input == "random":
             self.embed = RandomTableInput(config.vocab_size, config.n_embd)
         else:  # given its (undrawn) weight, nn.Embedding draws nothing here: its init comes below
-            self.embed = nn.Embedding(config.vocab_size, config.n_embd, _weight=torch.empty(config.vocab_size,
-                                                                                          config.n_embd))
+            undrawn = torch.empty(config.vocab_size, config.n_embd)
+            self.embed = nn.Embedding(config.vocab_size, config.n_embd, _weight=undrawn)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -245,8 +246,9 @@ class GPT(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         if self.lm_head.weight.is_meta:  # shapes only, or weights that follow: nothing to draw
             return
-        # Paired inits: the body draws from the global generator and the input draws nothing from it, so
-        # one seed gives every input the same blocks, ln_f and lm_head; a table draws from its own generator
+        # Paired inits: the body draws from the global generator and the input draws nothing from
+        # it, so one seed gives every input the same blocks, ln_f and lm_head; a table draws from a
+        # generator of its own
         for module in (self.blocks, self.ln_f, self.lm_head):
             module.apply(self._init_weights)
         for name, p in self.named_parameters():
@@ -255,8 +257,9 @@ class GPT(nn.Module):
         if config.input in ("learned", "random"):
             table = self.embed.weight
             own = torch.Generator(table.device).manual_seed(torch.initial_seed())
+            std = 0.02 if config.input == "learned" else RandomTableInput.std
             with torch.no_grad():
-                table.normal_(0.0, 0.02 if config.input == "learned" else RandomTableInput.std, generator=own)
+                table.normal_(0.0, std, generator=own)
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits, loss). With a cache (generation), only the last position's
@@ -365,12 +368,13 @@ class AffineCodeInput(nn.Module):
         return self.code(idx).index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
 
 
-# ----------------------------------------------------------------------------- the frozen random table: a control
+# ------------------------------------------------------------ the frozen random table: a control
 class RandomTableInput(nn.Module):
-    """A V x n_embd table of Gaussian rows, drawn once (GPT.__init__) and never trained: every token gets
-    a dense vector of its own, but nothing about it is learned. A control the paper lacks: does a learned
-    table help by learning, or by giving each token its own dense vector? Rows have std sqrt(1/2), the RMS
-    of a random bit, so they enter at about the binary code's scale. A stored buffer, no parameters."""
+    """A V x n_embd table of Gaussian rows, drawn once (GPT.__init__) and never trained: every
+    token gets a dense vector of its own, but nothing about it is learned. A control the paper
+    lacks: does a learned table help by learning, or by giving each token its own dense vector?
+    Rows have std sqrt(1/2), the RMS of a random bit, so they enter at about the binary code's
+    scale. A stored buffer, no parameters."""
 
     std = 0.5 ** 0.5
 
