@@ -60,7 +60,7 @@ def test_per_source_windows_add_up_to_the_split_and_one_source_gives_the_whole_s
         books[-1].write_text(words(400 * (i + 1), seed=i))
     args = pp.parse_config(["--quick", "--corpus", *map(str, books), "--out", str(tmp_path / "runs"), "--doc_chars", "1000"])
     data, meta = pp.data_of(args)
-    windows = pp.source_windows(args, meta)  # raises when they do not add up
+    windows = pp.source_windows(meta)  # raises when they do not add up
     assert set(windows) == {"a", "b", "c"} and all(w["documents"] >= 1 for w in windows.values())
     assert sum(w["all_bytes"] for w in windows.values()) == sum(len(b.read_bytes()) for b in books)
 
@@ -70,7 +70,6 @@ def test_per_source_windows_add_up_to_the_split_and_one_source_gives_the_whole_s
     model = GPT(get_config("tiny", vocab_size=257, block_size=16))
     (tmp_path / "run").mkdir()
     atomic_torch_save(checkpoint_dict(model, {"encoding": "gpt2"}), tmp_path / "run" / "ckpt.pt")
-    args = pp.parse_config(["--quick", "--corpus", str(books[2]), "--out", str(tmp_path / "unused")])
-    mine = pp.source_losses(str(tmp_path / "run"), pp.source_windows(args, load_meta(one)), batch_size=8)
+    mine = pp.source_losses(str(tmp_path / "run"), pp.source_windows(load_meta(one)), batch_size=8)
     whole = compare.full_val_loss(str(tmp_path / "run"), str(one), load_meta(one), 8, torch.device("cpu"))
     assert mine["c"][0] == pytest.approx(whole, abs=1e-6)

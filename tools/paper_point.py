@@ -190,7 +190,7 @@ def stages(args, records):
 
 
 # ----------------------------------------------------------------------------- validation per source
-def source_windows(args, meta):
+def source_windows(meta):
     """Each source's validation tokens, by prepare_data.py's own cut and split of the same files:
     {source name: dict(tokens=np.array, bytes=int, documents=int, all_bytes=int)}."""
     enc = get_tokenizer(meta["encoding"], meta["vocab_size"], meta["reserve_zero"], meta["reserve_ones"])
@@ -598,7 +598,7 @@ def main(argv=None):
     with writer_lock(args.out, outputs=("results.md", "results.json")):
         compare.check_results(args.out, ("results.md", "results.json", "paper_point.png"))
         data, meta = data_of(args)
-        windows = source_windows(args, meta)
+        windows = source_windows(meta)
         if not args.report:
             train_all(args, data, windows)
         evaluate_sources(main_run_dirs(args, stages(args, read_records(args, stages(args, {})))), windows, args.jobs)
