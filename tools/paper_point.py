@@ -149,13 +149,13 @@ def sweep_points(args):
     return [point(args, "sweep", L, D, args.sweep_tokens_per_param, lr) for lr in floats(args.lrs, "--lrs")]
 
 
-def best_lr(records, sweep, variant):
+def best_lr(records, sweep, variant, seeds):
     """The sweep's lr with the lowest mean loss over seeds for an input (a diverged seed counts as inf),
     or None before the sweep has every seed of every lr."""
     means = {}
     for p in sweep:
         runs = [r for r in records.get(p["name"], []) if r["variant"] == variant]
-        if not runs:
+        if len(runs) < seeds:
             return None
         means[p["lr"]] = statistics.mean(r.get("val_loss", math.inf) for r in runs)
     return min(means, key=means.get)
@@ -166,7 +166,7 @@ def stages(args, records):
     whose sweep has not finished is left out (the next command runs it)."""
     sizes = scaling.parse_sizes(args.sizes)
     sweep, controls = sweep_points(args), [c for c in args.controls.split(",") if c]
-    lr = {v: best_lr(records, sweep, v) for v in ("learned", "binary", *controls)}
+    lr = {v: best_lr(records, sweep, v, args.sweep_seeds) for v in ("learned", "binary", *controls)}
 
     def main(v, L, D, seeds, at=None):
         chosen = at or lr[v]
@@ -433,7 +433,7 @@ def sweep_table(args, plan, records):
     lines, chosen = [], {}
     variants = list(dict.fromkeys(v for title, work in plan if title.startswith("sweep") for _, v, _ in work))
     for v in variants:
-        chosen[v] = best_lr(records, sweep, v)
+        chosen[v] = best_lr(records, sweep, v, args.sweep_seeds)
         for p in sweep:
             runs = [r for r in records.get(p["name"], []) if r["variant"] == v]
             losses = [r["val_loss"] for r in runs if "val_loss" in r]
