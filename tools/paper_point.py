@@ -5,6 +5,11 @@ length (~36 tokens per trainable parameter of the binary model), at several mode
     python -m tools.paper_point --corpus ../shared/data/{tinyshakespeare,janeausten,kjv}.txt --jobs 2 --out runs/paper
     python -m tools.paper_point --quick            # tiny sizes on tiny Shakespeare, a few minutes
     python -m tools.paper_point ... --report       # train nothing: report the runs that finished
+    # a third size, 3 x 96 at V = 512 (11.4% share; T = 33 keeps it under 3 epochs of that text), at the lrs the
+    # sweep above chose at 4 x 32 (8e-3 for learned and binary; its own one-lr "sweep" only records that lr):
+    python -m tools.paper_point --corpus ... --jobs 2 --out runs/paper512 --vocab 512 --sizes 3x96 \
+        --tokens_per_param 33 --seeds 3 --smallest_seeds 3 --controls "" --lrs 8e-3 --sweep_seeds 1 \
+        --sweep_tokens_per_param 0.5 --shared_lr 8e-3
 
 Design choices, up front:
 - The text: every --corpus file cut into documents of about --doc_chars characters at line ends
