@@ -98,6 +98,8 @@ class PaperPointConfig:
     jobs: int = setting(1, "runs in parallel, each with cores/jobs threads")
     device: str = setting("cpu", "auto | cpu | cuda | mps")
     report: bool = setting(False, "train nothing: report the runs that finished, list the others")
+    also: list[str] = setting([], "other studies' folders (their results.json) whose sizes join the gap-vs-size "
+                                  "fit", nargs="*")
 
 
 def floats(text, flag):
@@ -497,7 +499,7 @@ def per_source_table(rows):
 def size_fit(rows):
     """The binary gap against log N (binary trainable parameters) over every seed at the paper's point, and
     the fit's mean at the paper's 469.8M parameters (an extrapolation)."""
-    mains = [r for r in rows if r["role"] == "main" and r["input"] == "binary"]
+    mains = [r for r in rows if r["role"] == "main" and r["input"] == "binary" and r["gap_nats"]]
     x = [math.log(r["binary_trainable"]) for r in mains for _ in r["gap_nats"]]
     y = [g for r in mains for g in r["gap_nats"]]
     fit = line_fit(x, y, math.log(PAPER["binary_trainable"]))
@@ -507,11 +509,12 @@ def size_fit(rows):
     largest = max(r["binary_trainable"] for r in mains)
     return ({"slope_per_e": b, "at_paper": at, "lo": lo, "hi": hi, "points": len(x)},
             f"Gap against size at the paper's point (binary vs learned, {len(x)} per-seed gaps at "
-            f"{len(mains)} sizes, a line in log N): {b * math.log(10):+.4f} nats per decade of N. "
+            f"{len(mains)} sizes ({', '.join(r['size'] + ' at V = ' + str(r['vocab']) for r in mains)}), a line in log N): "
+            f"{b * math.log(10):+.4f} nats per decade of N. "
             f"EXTRAPOLATED {PAPER['binary_trainable'] / largest:,.0f}x past our largest model, to the paper's "
             f"{PAPER['binary_trainable'] / 1e6:.0f}M parameters: {pct(at):+.1f}% (95% CI of the line {pct(lo):+.1f} "
-            f"to {pct(hi):+.1f}), beside the paper's {100 * PAPER['gap_pct']:+.1f}%. A line through two nearby sizes "
-            f"says little that far out.")
+            f"to {pct(hi):+.1f}), beside the paper's {100 * PAPER['gap_pct']:+.1f}%: a line through sizes "
+            f"{largest / min(r['binary_trainable'] for r in mains):.1f}x apart in N says little that far out.")
 
 
 def plot(rows, path):
@@ -554,7 +557,11 @@ def write_report(args, meta, windows):
     records = read_records(args, plan)
     sweep, chosen = sweep_table(args, plan, records)
     rows = main_rows(args, plan, windows, meta)
-    fit, fit_line = size_fit(rows)
+    also = []  # rows of the other studies named by --also, for the fit
+    for folder in args.also:
+        with open(os.path.join(folder, "results.json")) as f:
+            also += json.load(f)["rows"]
+    fit, fit_line = size_fit(rows + also)
     missing = [f"{p['name']} {v} seed {s}" for _, work in plan for p, v, s in work
                if not os.path.exists(os.path.join(args.out, p["name"], f"{v}-seed{s}", "final.json"))]
     missing += [f"{title}: not planned, its sweep unfinished" for title, work in plan if not work]
