@@ -28,12 +28,12 @@ def test_interval_is_the_t_interval_of_the_mean():
 
 
 @pytest.mark.parametrize("lo, hi, sign, paper", [
-    (0.01, 0.03, "worse (CI above 0)", "inside +-4.8%"),
-    (-0.03, -0.01, "better (CI below 0)", "inside +-4.8%"),
-    (-0.01, 0.03, "CI includes 0", "inside +-4.8%"),
-    (0.02, 0.08, "worse (CI above 0)", "straddles +-4.8%"),
-    (0.06, 0.09, "worse (CI above 0)", "outside +-4.8%"),
-    (-0.2, -0.06, "better (CI below 0)", "outside +-4.8%")])
+    (0.01, 0.03, "worse (CI above 0)", "inside ±4.8%"),
+    (-0.03, -0.01, "better (CI below 0)", "inside ±4.8%"),
+    (-0.01, 0.03, "CI includes 0", "inside ±4.8%"),
+    (0.02, 0.08, "worse (CI above 0)", "straddles ±4.8%"),
+    (0.06, 0.09, "worse (CI above 0)", "outside ±4.8%"),
+    (-0.2, -0.06, "better (CI below 0)", "outside ±4.8%")])
 def test_verdicts_come_from_the_interval(lo, hi, sign, paper):
     assert pp.verdicts({"lo": lo, "hi": hi}) == {"sign": sign, "paper": paper}
 

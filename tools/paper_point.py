@@ -334,8 +334,8 @@ def verdicts(ci):
         return {"sign": "no interval (under two seeds)", "paper": "no interval (under two seeds)"}
     sign = "worse (CI above 0)" if ci["lo"] > 0 else "better (CI below 0)" if ci["hi"] < 0 else "CI includes 0"
     lo, hi, band = math.expm1(ci["lo"]), math.expm1(ci["hi"]), PAPER["spread_pct"]
-    paper = ("inside +-4.8%" if -band <= lo and hi <= band else "outside +-4.8%" if lo > band or hi < -band
-             else "straddles +-4.8%")
+    paper = ("inside ±4.8%" if -band <= lo and hi <= band else "outside ±4.8%" if lo > band or hi < -band
+             else "straddles ±4.8%")
     return {"sign": sign, "paper": paper}
 
 
