@@ -3,8 +3,7 @@ A GPT whose input is each token id's fixed binary code: no trainable input embed
 
 arXiv 2605.09751 (Bochkov, 2026) shows a decoder-only LM learns as well when the usual trainable
 V x d input table is replaced by the token id written in K = ceil(log2 V) bits, tiled to model
-width.
-A worked example, V = 65,536 (K = 16), n_embd = 1024:
+width. A worked example, V = 65,536 (K = 16), n_embd = 1024:
 
     token id 1234 = 0b0000_0100_1101_0010
     its code, bit i = (1234 >> i) & 1, least significant bit first:
@@ -17,10 +16,11 @@ A worked example, V = 65,536 (K = 16), n_embd = 1024:
 Those 1024 zeros and ones are the residual stream's input. Nothing about them is learned.
 
 Design choices, up front:
-- Three input interfaces feed the same decoder (config.input): "binary" (the paper's model: a
+- Four input interfaces feed the same decoder (config.input): "binary" (the paper's model: a
   frozen V x K code table kept as a buffer named `weight`, as the released checkpoint stores it),
   "affine" (table-free: bits computed from the ids, recoded as A c XOR b over GF(2)), "learned"
-  (nn.Embedding).
+  (nn.Embedding), and "random" (a frozen Gaussian table), a control. One seed gives every input
+  the same decoder.
 - Lifting K bits to n_embd dims is one index vector, `lift` (dim j reads bit lift[j]): both layouts
   are a gather, so no parameters and no matmul.
 - Decoder: pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention) through
@@ -117,7 +117,7 @@ class GPTConfig:
     n_layer: int = 6  # decoder blocks
     n_head: int = 6  # attention heads
     n_embd: int = 384  # model width
-    input: str = "binary"  # binary | affine | learned
+    input: str = "binary"  # binary | affine | learned | random (a frozen Gaussian table, a control)
     layout: str = "tile"  # tile | interleave: how K code bits are lifted to n_embd dims
     affine_seed: int = 0  # draws A and b of the affine input
     pad_token_id: int | None = None  # its code row is all zeros (binary input), as in the release
@@ -134,8 +134,7 @@ class GPTConfig:
         return self.code_width or code_bits(self.vocab_size)
 
 
-# GPT-2's tokenizer cut to 512 tokens (K = 9), the quick start's: a small cut learns more per byte
-# on a CPU's budget (docs/quickstart.md); cut to 8,192 (K = 13), the studies': a CPU-sized head
+# GPT-2's tokens cut for a CPU: the quick start's (K = 9; docs/quickstart.md), the studies' (K = 13)
 MINI_VOCAB = 512
 SMALL_VOCAB = 8192
 PRESETS = {  # GPTConfig fields by name; the rest keep their defaults
@@ -156,16 +155,6 @@ def get_config(preset: str, **overrides) -> GPTConfig:
 
 
 # ---------------------------------------------------------- the decoder
-def rotate(x, cos, sin):
-    """Rotary position embedding, written out: a head's dims pair up as (x1[i], x2[i]), its two
-    halves, and each pair turns as a point in the plane by its angle, position *
-    rope_base^(-2i/head_dim): cos, sin (T, head_dim/2). q.k then depends only on how far apart two
-    positions are. The model runs apply_rotary below: the same in three ops (test_model.py holds
-    them equal)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
     """apply_rotary's tables, (T,) positions -> 2 x (T, head_dim): [cos, cos] and [-sin, sin].
     float64 math keeps long positions accurate; the same formula serves the precomputed table and
@@ -178,9 +167,11 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
 
 
 def apply_rotary(x, cos, sin):
-    """rotate() in three ops (q and k, every layer, every decoded token), x * [cos, cos] + [x2, x1]
-    * [-sin, sin] (roll swaps halves, the sign is in the table) in x's dtype: autocast's q, k stay
-    bf16. x (.., T, D), cos (T, D)."""
+    """Rotary position embedding: a head's dims pair up as (x1[i], x2[i]), its two halves, and each
+    pair turns in the plane by position * rope_base^(-2i/D), so q.k depends only on how far apart
+    two positions are: [x1 cos - x2 sin, x2 cos + x1 sin], in three ops as x * [cos, cos] + [x2, x1]
+    * [-sin, sin] (roll swaps the halves; the sign is in the table), in x's dtype (autocast's q, k
+    stay bf16). x (.., T, D), cos and sin (T, D)."""
     return torch.addcmul(x * cos.to(x.dtype), x.roll(x.shape[-1] // 2, -1), sin.to(x.dtype))
 
 
@@ -236,27 +227,44 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
+        V, d = config.vocab_size, config.n_embd
         if config.input == "binary":
-            self.embed = BinaryCodeInput(config.vocab_size, config.n_embd, config.layout, config.pad_token_id,
-                                         config.code_width)
+            pad, width = config.pad_token_id, config.code_width
+            self.embed = BinaryCodeInput(V, d, config.layout, pad, width)
         elif config.input == "affine":
-            self.embed = AffineCodeInput(config.vocab_size, config.n_embd, config.layout, config.affine_seed)
-        else:
-            self.embed = nn.Embedding(config.vocab_size, config.n_embd)
+            self.embed = AffineCodeInput(V, d, config.layout, config.affine_seed)
+        else:  # given its (undrawn) weight, nn.Embedding draws nothing here: its init comes below
+            # "random" is a control the paper lacks: a table of Gaussian rows, never trained. Does a
+            # learned table help by learning, or by giving each token a dense vector of its own?
+            frozen = config.input == "random"
+            self.embed = nn.Embedding(V, d, _weight=torch.empty(V, d), _freeze=frozen)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # on the CPU even inside a meta-device context: non-persistent, so no checkpoint brings them
-        positions, head_dim = torch.arange(config.block_size, device="cpu"), config.n_embd // config.n_head
+        positions = torch.arange(config.block_size, device="cpu")
+        head_dim = config.n_embd // config.n_head
         cos, sin = rotary_cos_sin(positions, head_dim, config.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if self.lm_head.weight.is_meta:  # shapes only, or weights that follow: nothing to draw
             return
-        self.apply(self._init_weights)
+        # Paired inits: the body draws from the global generator and the input draws nothing from
+        # it, so one seed gives every input the same blocks, ln_f and lm_head; a table draws from a
+        # generator of its own
+        for module in (self.blocks, self.ln_f, self.lm_head):
+            module.apply(self._init_weights)
         for name, p in self.named_parameters():
-            if name.endswith("proj.weight"):  # residual projections: keep the stream's variance flat in depth
+            # residual projections: keep the stream's variance flat in depth
+            if name.endswith("proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        if config.input in ("learned", "random"):
+            table = self.embed.weight
+            own = torch.Generator(table.device).manual_seed(torch.initial_seed())
+            # the random rows at std sqrt(1/2), a random bit's RMS: the binary code's scale
+            std = 0.02 if config.input == "learned" else 0.5**0.5
+            with torch.no_grad():
+                table.normal_(0.0, std, generator=own)
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits, loss). With a cache (generation), only the last
@@ -292,9 +300,8 @@ class GPT(nn.Module):
         """Trainable parameters, frozen stored values (code tables, A and b), and the trainable
         parameters of the input interface: the paper's three columns."""
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
-        frozen = sum(p.numel() for p in self.parameters() if not p.requires_grad)
-        buffers = self.state_dict(keep_vars=True).values()
-        frozen += sum(b.numel() for b in buffers if not isinstance(b, nn.Parameter))
+        stored = self.state_dict(keep_vars=True).values()  # parameters and buffers
+        frozen = sum(t.numel() for t in stored if not t.requires_grad)
         embed = sum(p.numel() for p in self.embed.parameters() if p.requires_grad)
         return {"trainable": trainable, "frozen": frozen, "input": embed}
 
@@ -355,8 +362,7 @@ class AffineCodeInput(nn.Module):
             A[:, -1] = (A[:, :-1].sum(1) + 1) % 2  # each row's weight odd: A 1 = 1
             if gf2_rank(A) == bits:
                 break
-        bit = torch.randint(0, 2, (1,), generator=gen, device="cpu")
-        b = bit.repeat(bits)  # all zeros or all ones
+        b = torch.randint(0, 2, (1,), generator=gen, device="cpu").repeat(bits)  # all 0s or all 1s
         self.bits = bits
         self.register_buffer("A", A.float())
         self.register_buffer("b", b.float())
@@ -382,13 +388,13 @@ def check_config(c):
     if c.n_embd % c.n_head:
         raise ValueError(f"n_embd ({c.n_embd}) must be divisible by n_head ({c.n_head})")
     if (c.n_embd // c.n_head) % 2:
-        head = c.n_embd // c.n_head
-        raise ValueError(f"head size n_embd/n_head = {head} must be even for rotary")
-    if c.input not in ("binary", "affine", "learned"):
-        raise ValueError(f"unknown input {c.input!r}: choose binary, affine or learned")
+        raise ValueError(f"head size n_embd/n_head = {c.n_embd // c.n_head} must be even "
+                         "for rotary")
+    if c.input not in ("binary", "affine", "learned", "random"):
+        raise ValueError(f"unknown input {c.input!r}: choose binary, affine, learned or random")
     if c.layout not in ("tile", "interleave"):
         raise ValueError(f"unknown layout {c.layout!r}: choose tile or interleave")
-    if c.input != "learned" and c.n_embd < c.code_bits:
+    if c.input in ("binary", "affine") and c.n_embd < c.code_bits:
         raise ValueError(f"n_embd ({c.n_embd}) is smaller than the {c.code_bits} code bits of "
                          f"vocab_size {c.vocab_size}: some tokens would share an input")
     K = code_bits(c.vocab_size)
@@ -411,7 +417,7 @@ def constant_input_ids(model) -> list[int]:
     None for a learned table or a model with biases (a norm's bias makes the stream vary after the
     first block)."""
     c = model.config
-    if c.bias or c.input == "learned":
+    if c.bias or c.input in ("learned", "random"):
         return []
     codes = model.embed.code(torch.arange(c.vocab_size, device=model.embed.lift.device))  # (V, K)
     return (codes == codes[:, :1]).all(-1).nonzero().flatten().tolist()

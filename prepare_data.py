@@ -25,7 +25,9 @@ Design choices:
   every 10th document for f=0.1, spread over the whole corpus rather than taken from its end. If
   there are too few documents for one of them to be val (fewer than 1/f), each document is cut by
   characters instead: its first int(len*(1-f)) characters are train, the rest val (so one big .txt
-  file such as tinyshakespeare gets the usual 90/10 character split).
+  file such as tinyshakespeare gets the usual 90/10 character split). --doc_chars N first cuts
+  every document at line ends into documents of about N characters, so a book yields
+  chapter-sized documents and val samples the whole of it.
 - Mixtures (`--mix`): documents are drawn from the inputs with the given weights by a seeded RNG (a
   document-level ratio); the mixture stops when any input runs dry (said on stderr, with what that
   leaves of --max_tokens). An input is what was named: a folder or a glob is one input (its files
@@ -125,6 +127,22 @@ def mix_shortfall(name: str, tokens: int, max_tokens: int | None) -> None:
                  "weight to meet the budget")
     print(f"note: the mixture stopped at {tokens:,} tokens when {name} ran dry{short} (the other "
           "inputs' remaining documents are left out, so the --mix ratio holds)", file=sys.stderr)
+
+
+def cut_documents(docs, chars: int):
+    """Each document cut at line ends into pieces of `chars` characters or a little more (the last
+    may be shorter): a book-long .txt becomes chapter-sized documents, so every 10th one for val
+    samples the whole book. 0: the documents as they are."""
+    for doc in docs:
+        start = 0
+        while chars and len(doc) - start > chars:
+            end = doc.find("\n", start + chars - 1)
+            if end < 0:
+                break
+            yield doc[start:end + 1]
+            start = end + 1
+        if doc[start:]:
+            yield doc[start:]
 
 
 def split_documents(docs, val_fraction: float):
@@ -344,15 +362,17 @@ def prepare(inputs: list[str], out_dir: str, *, encoding: str = "gpt2",
             shard_tokens: int = 100_000_000, workers: int | None = None, overwrite: bool = False,
             text_field: str = "text", mix: list[float] | None = None,
             max_tokens: int | None = None, seed: int = 0, progress: bool = True,
-            reserve_zero: bool = True, reserve_ones: bool = True) -> dict:
+            reserve_zero: bool = True, reserve_ones: bool = True, doc_chars: int = 0) -> dict:
     """Tokenize `inputs` into train/val shards in `out_dir`; returns the meta written there."""
     # everything that can be checked cheaply is checked before any work and before anything is
     # removed
     if not inputs:
         raise ValueError("no inputs given")
-    if not 0 <= val_fraction < 1 or shard_tokens < 1 or (max_tokens is not None and max_tokens < 1):
-        raise ValueError(f"need 0 <= val_fraction < 1, shard_tokens >= 1, max_tokens >= 1; "
-                         f"got {val_fraction}, {shard_tokens}, {max_tokens}")
+    too_few_tokens = max_tokens is not None and max_tokens < 1
+    if not 0 <= val_fraction < 1 or shard_tokens < 1 or too_few_tokens or doc_chars < 0:
+        raise ValueError(f"need 0 <= val_fraction < 1, shard_tokens >= 1, max_tokens >= 1, "
+                         f"doc_chars >= 0; got {val_fraction}, {shard_tokens}, {max_tokens}, "
+                         f"{doc_chars}")
     if workers is None:
         workers = os.cpu_count() or 1
     if workers < 1:  # 0 is refused, not read as "all cores"
@@ -380,7 +400,8 @@ def prepare(inputs: list[str], out_dir: str, *, encoding: str = "gpt2",
             staging.mkdir()
             (staging / STAGING_MARK).write_text("staging folder of prepare_data.py: removed when "
                                                 "its run ends\n")
-            streams = [chain.from_iterable(read_documents(s, text_field) for s in group)
+            streams = [cut_documents(chain.from_iterable(read_documents(s, text_field)
+                                                         for s in group), doc_chars)
                        for group in groups]
             dry = []  # the mixture's input that ran dry, if one did
             if weights is not None:
@@ -420,6 +441,8 @@ def prepare(inputs: list[str], out_dir: str, *, encoding: str = "gpt2",
                     "mix": mix,
                     "max_tokens": max_tokens,
                     "seed": seed}
+            if doc_chars:  # absent at 0, so data prepared without it keeps its identity
+                meta["doc_chars"] = doc_chars
             atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
             # all written: from here on only renames and removals (all or none: files.move_in),
             # meta.json last
@@ -477,6 +500,9 @@ class PrepareConfig:
                                      "token budget for train+val, whole documents, e.g. 1e9 "
                                      "(default: no limit)")
     seed: int = setting(PREPARED_DEFAULTS["seed"], "seed of the --mix draws")
+    doc_chars: int = setting(PREPARED_DEFAULTS["doc_chars"], "cut each document at line ends into "
+                             "documents of about this many characters (a book into chapter-sized "
+                             "ones; 0: as they are)")
     workers: int | None = setting(None, "tokenizer processes; 1 = no pool (default: one per CPU "
                                         "core)")
     overwrite: bool = setting(False, "replace prepared data already in --out")
@@ -512,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                    max_tokens=a.max_tokens,
                    seed=a.seed,
                    reserve_zero=a.reserve_zero,
-                   reserve_ones=a.reserve_ones)
+                   reserve_ones=a.reserve_ones,
+                   doc_chars=a.doc_chars)
     for name, s in meta["splits"].items():
         print(f"{name}: {s['tokens']:,} tokens, {s['documents']:,} documents, "
               f"{s['bytes']:,} bytes, {len(s['shards'])} shards")

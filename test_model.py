@@ -21,7 +21,6 @@ from model import (
     gf2_rank,
     lift_index,
     rotary_cos_sin,
-    rotate,
 )
 from bincode_gpt.decode import check_ids, generate
 
@@ -135,6 +134,39 @@ def test_binary_input_has_no_parameters():
     model = tiny()
     assert list(model.embed.parameters()) == []
     assert "embed.weight" in model.state_dict()  # stored, like the release's frozen nn.Embedding
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_one_seed_gives_every_input_the_same_decoder_and_head(seed):
+    """Paired inits: only the input interface differs between the inputs of one seed."""
+    body = {}
+    for variant in ("learned", "binary", "affine", "random"):
+        torch.manual_seed(seed)
+        state = GPT(get_config("tiny", input=variant)).state_dict()
+        body[variant] = {k: t for k, t in state.items() if not k.startswith("embed.")}
+    assert len(body["learned"]) == len(body["binary"]) > 0
+    for variant in ("binary", "affine", "random"):
+        assert all(torch.equal(body[variant][k], t) for k, t in body["learned"].items()), variant
+    torch.manual_seed(seed + 1)  # and another seed draws another decoder
+    other = GPT(get_config("tiny", input="learned")).state_dict()
+    assert not torch.equal(other["lm_head.weight"], body["learned"]["lm_head.weight"])
+
+
+def test_random_input_is_a_frozen_gaussian_table_drawn_from_the_seed():
+    model = tiny(input="random")
+    table = model.state_dict()["embed.weight"]  # stored, so a checkpoint carries it
+    assert not any(p.requires_grad for p in model.embed.parameters()) and model.num_params()["input"] == 0
+    optimized = {id(p) for g in model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu").param_groups
+                 for p in g["params"]}
+    assert id(model.embed.weight) not in optimized  # AdamW never sees it (weight decay included)
+    assert model.num_params()["frozen"] == 512 * 32
+    assert abs(table.std().item() - 0.5 ** 0.5) < 0.02 and abs(table.mean().item()) < 0.02
+    assert torch.equal(tiny(input="random").embed.weight, table)  # the same seed, the same table
+    idx = torch.tensor([[3, 5]])
+    assert torch.equal(model.embed(idx), table[idx])
+    model.train()
+    model(idx, idx)[1].backward()
+    assert model.embed.weight.grad is None  # never trained
 
 
 def test_model_card_audit_runs_unchanged():
@@ -364,14 +396,16 @@ def test_loss_ignores_minus_one_and_starts_near_log_vocab():
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
 def test_apply_rotary_is_the_plain_rotation_of_the_two_halves(dtype, atol):
-    """The model's three-op rotary (roll + addcmul) equals rotate(), the halves x1, x2 spelled out (to
-    rounding: 1e-12 in float64, a float32 step in float32); and rotate() turns each pair (x1[i], x2[i])
-    by position * base^(-2i/D), computed here independently as a complex multiplication."""
+    """The model's three-op rotary (roll + addcmul) equals the rotation written out on the halves x1, x2 (to
+    rounding: 1e-12 in float64, a float32 step in float32), which turns each pair (x1[i], x2[i]) by
+    position * base^(-2i/D), computed here independently as a complex multiplication."""
     D, T = 16, 300
     cos, sin = rotary_cos_sin(torch.arange(T), D, 10000.0)
     x = torch.randn(2, 3, T, D, generator=torch.Generator().manual_seed(0)).to(dtype)
     fast = apply_rotary(x, cos.to(dtype), sin.to(dtype))
-    plain = rotate(x, cos[:, : D // 2].to(dtype), sin[:, D // 2 :].to(dtype))
+    c, s = cos[:, : D // 2].to(dtype), sin[:, D // 2 :].to(dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    plain = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
     torch.testing.assert_close(fast, plain, rtol=0, atol=atol)
     inv_freq = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
     angles = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq

@@ -17,7 +17,7 @@ from bincode_gpt.files import atomic_open, file_problem
 from bincode_gpt.inputs import HUB
 
 # prepare_data.py's defaults of the settings meta.json records, which prepare_command leaves out
-PREPARED_DEFAULTS = {"val_fraction": 0.1, "text_field": "text", "max_tokens": None, "seed": 0}
+PREPARED_DEFAULTS = {"val_fraction": 0.1, "text_field": "text", "max_tokens": None, "seed": 0, "doc_chars": 0}
 
 MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
 DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}

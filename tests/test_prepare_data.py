@@ -334,6 +334,29 @@ def test_document_split_and_cut_tokenizer(tmp_path, gpt2):
     assert val["bytes"] + train["bytes"] == sum(len(t.encode()) for t in texts)
 
 
+def test_cut_documents_cuts_at_line_ends_and_loses_nothing():
+    docs = ["aaa\nbb\ncccc\nd", "", "x\n"]
+    assert list(P.cut_documents(docs, 4)) == ["aaa\n", "bb\ncccc\n", "d", "x\n"]  # a line end at or past 4
+    assert list(P.cut_documents(docs, 0)) == ["aaa\nbb\ncccc\nd", "x\n"]  # 0: as they are (empty ones dropped)
+    assert "".join(P.cut_documents(docs, 1)) == "".join(docs)
+
+
+def test_doc_chars_draws_val_from_every_source(tmp_path):
+    """Three books, each one document: --doc_chars cuts them into pieces, every 10th val, from each book."""
+    books = [tmp_path / f"{name}.txt" for name in ("a", "b", "c")]
+    for i, book in enumerate(books):
+        book.write_text(words(600 * (i + 1), seed=i))
+    meta = P.prepare([str(b) for b in books], tmp_path / "out", doc_chars=2000, workers=1, progress=False)
+    assert meta["doc_chars"] == 2000
+    pieces = [(k, t) for k, b in enumerate(books) for t in P.cut_documents([b.read_text()], 2000)]
+    split = [s for s, _ in P.split_documents([t for _, t in pieces], 0.1)]
+    val = [(k, t) for (k, t), s in zip(pieces, split) if s == "val"]
+    assert {k for k, _ in val} == {0, 1, 2} and len(pieces) > 30  # every book has val documents
+    assert meta["splits"]["val"]["documents"] == len(val)
+    assert meta["splits"]["val"]["bytes"] == sum(len(t.encode()) for _, t in val)
+    assert "--doc_chars 2000" in shards.prepare_command(meta, "x")
+
+
 def test_few_documents_are_each_cut_by_characters(tmp_path):
     for i in range(3):
         (tmp_path / f"{i}.txt").write_text(words(50, seed=i))

@@ -209,8 +209,11 @@ def run_one(args, meta, variant, seed):
             return {"variant": variant, "seed": seed, "diverged": str(e)}
         if summary["interrupted"]:
             raise SystemExit(f"stopped during {out}: rerun the same command to continue")
-        device = pick_device(args.device)
-        val_loss = full_val_loss(out, args.data, meta, args.batch_size, device, pick_dtype(cfg, device))
+        if getattr(args, "full_val", True):
+            device = pick_device(args.device)
+            val_loss = full_val_loss(out, args.data, meta, args.batch_size, device, pick_dtype(cfg, device))
+        else:  # a study that evaluates its runs itself (paper_point.py): the last evaluation's batches
+            val_loss = read_log(os.path.join(out, "log.jsonl"))[0][-1][1]
         atomic_write(final, json.dumps({"val_loss": val_loss, "data": data_hash(args.data)}))
     with open(final) as f:
         done = json.load(f)
@@ -362,18 +365,19 @@ def prepared(args):
     if args.data == "":
         raise ValueError("--data is '' (empty): name a prepared folder, or leave --data out for <out>/data")
     own = args.data is None  # <out>/data: the study prepares it from --corpus, --encoding, ...
+    doc_chars = getattr(args, "doc_chars", 0)  # prepare_data.py's --doc_chars: only paper_point.py sets it
     args.data = args.data or os.path.join(args.out, "data")
     if not os.path.exists(os.path.join(args.data, "meta.json")):
         ids = ("" if args.reserve_zero and args.reserve_ones
                else f" (reserve_zero={args.reserve_zero}, reserve_ones={args.reserve_ones})")
         print(f"preparing {args.corpus} with {args.encoding} cut to {args.vocab_size} tokens{ids} into {args.data}")
         prepare(args.corpus, args.data, encoding=args.encoding, vocab_size=args.vocab_size,
-                reserve_zero=args.reserve_zero, reserve_ones=args.reserve_ones)
+                reserve_zero=args.reserve_zero, reserve_ones=args.reserve_ones, doc_chars=doc_chars)
     meta = load_meta(args.data)
     asked = {"encoding": args.encoding, "vocab_size": args.vocab_size, "reserve_zero": args.reserve_zero,
-             "reserve_ones": args.reserve_ones}
+             "reserve_ones": args.reserve_ones, "doc_chars": doc_chars}
     was = {**asked, **meta, "reserve_zero": meta.get("reserve_zero", False),  # data from before the options: plain ids
-           "reserve_ones": meta.get("reserve_ones", False)}
+           "reserve_ones": meta.get("reserve_ones", False), "doc_chars": meta.get("doc_chars", 0)}
     if own and (diff := [k for k in asked if was[k] != asked[k]]):
         raise ValueError(f"{args.data} was prepared with {', '.join(f'{k}={was[k]}' for k in diff)}, but this "
                          f"command asks for {', '.join(f'{k}={asked[k]}' for k in diff)}: use another --out (or remove "

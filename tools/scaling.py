@@ -400,15 +400,19 @@ def plot(result, path):
     return path
 
 
-def gap_axes(ax, xlabel, ylabel, legend_size):
+def gap_axes(ax, xlabel, ylabel, legend_size, beside=False):
     """Finish a plot of the gap against a log x axis (parameters or tokens): the zero line, the
-    labels, a grid and the legend (this tool's and share.py's)."""
+    labels, a grid and the legend (this tool's and share.py's); `beside`: the legend right of the
+    axes, off the data."""
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=legend_size)
+    if beside:
+        ax.legend(fontsize=legend_size, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=legend_size)
 
 
 def contrast(a, b):

@@ -390,12 +390,12 @@ def plot(rows, path):
     """The gap (perplexity %) against tokens per binary parameter, one line per point, seed min-max bands."""
     if (plt := compare.pyplot()) is None:
         return None
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     for r in rows:
         if r["input"] != "binary" or not r["curve"]:
             continue
         c = [(t / r["binary_trainable"], g) for t, g in r["curve"] if t > 0]
-        label = f"{r['text']} V={r['vocab']:,} (K={r['K']}) {r['size']}: share {100 * r['share']:.1f}%"
+        label = f"{r['text']} V={r['vocab']:,} (K={r['K']}) {r['size']}, {r['steps']:,} steps: share {100 * r['share']:.1f}%"
         line, = ax.plot([t for t, _ in c], [100 * statistics.mean(g) for _, g in c], label=label)
         ax.fill_between([t for t, _ in c], [100 * min(g) for _, g in c], [100 * max(g) for _, g in c],
                         color=line.get_color(), alpha=0.15)
@@ -403,7 +403,7 @@ def plot(rows, path):
                label="± the paper's 4.8% seed spread")
     ax.plot([PAPER["tokens_per_param"]], [100 * PAPER["gap_pct"]], "r*", ms=12, label="paper (share 12.5%)")
     scaling.gap_axes(ax, "training tokens per trainable parameter of the binary model",
-                     "binary vs learned perplexity (%)", 7)
+                     "binary vs learned perplexity (%)", 7, beside=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})  # no version stamp: same results, same bytes
     plt.close(fig)
