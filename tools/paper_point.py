@@ -522,12 +522,13 @@ def plot(rows, path):
     line per (size, input), the paper's point marked, the legend beside the axes."""
     if (plt := compare.pyplot()) is None:
         return None
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
     for r in rows:
         if r["role"] != "main" or not r["curve"]:
             continue
         c = [(t / r["binary_trainable"], g) for t, g in r["curve"] if t > 0]
-        label = f"{r['size']} {r['input']} vs learned, seeds: {len(r['seeds'])}, lr {r['lr']:g} vs {r['learned_lr']:g}"
+        label = (f"{r['size']} V={r['vocab']} {r['input']}: share {100 * r['share']:.1f}%, "
+                 f"T {r['tokens_per_param']:.0f}, {len(r['seeds'])} seeds")
         style = "-" if r["input"] == "binary" else "--"
         line, = ax.plot([t for t, _ in c], [100 * statistics.mean(g) for _, g in c], style, label=label)
         ax.fill_between([t for t, _ in c], [100 * min(g) for _, g in c], [100 * max(g) for _, g in c],
@@ -542,7 +543,7 @@ def plot(rows, path):
     ax.minorticks_off()
     ax.set_xlabel("training tokens per trainable parameter of the binary model (T)")
     ax.set_ylabel("perplexity vs learned (%), evaluation batches")
-    ax.set_title(f"the gap at the paper's table share (12.5%), V = {rows[0]['vocab'] if rows else ''}", fontsize=10)
+    ax.set_title("the gap at the paper's point: table share ~12.5%, T ~ 36", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
@@ -564,7 +565,10 @@ def write_report(args, meta, windows):
     fit, fit_line = size_fit(rows + also)
     missing = [f"{p['name']} {v} seed {s}" for _, work in plan for p, v, s in work
                if not os.path.exists(os.path.join(args.out, p["name"], f"{v}-seed{s}", "final.json"))]
-    missing += [f"{title}: not planned, its sweep unfinished" for title, work in plan if not work]
+    controls = [c for c in args.controls.split(",") if c]
+    missing += [f"every main run of {v} (its sweep unfinished)" for v in ("learned", "binary", *controls)
+                if best_lr(records, sweep_points(args), v, args.sweep_seeds) is None]
+    missing = list(dict.fromkeys(missing))  # a run of two stages (the shared lr is an input's own) once
     diverged = [f"{name} {r['variant']} seed {r['seed']}" for name, rs in records.items() for r in rs if "diverged" in r]
     header = (f"V = {args.vocab}, {args.batch_size} x {args.block_size} tokens a step, {args.n_head} heads, "
               f"{args.encoding} cut to V; sources cut into ~{args.doc_chars:,}-character documents, every 10th for val; "
@@ -593,7 +597,8 @@ def write_report(args, meta, windows):
     results = {"rows": rows, "sweep_lrs": chosen, "fit": fit, "missing": missing, "diverged": diverged,
                "sources": {k: {x: w[x] for x in ("all_bytes", "bytes", "documents")} for k, w in windows.items()},
                "runs": records}
-    compare.write_results(args.out, report, results, ("paper_point.png", lambda path: plot(mains, path)))
+    drawn = mains + [r for r in also if r["role"] == "main"]
+    compare.write_results(args.out, report, results, ("paper_point.png", lambda path: plot(drawn, path)))
     return rows
 
 
