@@ -424,7 +424,7 @@ def constant_input_ids(model) -> list[int]:
 
 
 def main(argv=None):
-    """Print the parameter accounting of a preset's three input variants."""
+    """Print the parameter accounting of a preset's three input variants (the paper's)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--preset", default="paper", choices=list(PRESETS),
                         help="model preset (default: paper)")

@@ -15,8 +15,8 @@ from tools import compare, scaling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
 SCRIPTS = ["model.py", "prepare_data.py", "sample.py", "train.py", "tools/bench.py", "tools/code_figure.py",
-           "tools/compare.py", "tools/convert.py", "tools/gpu_check.py", "tools/lines.py", "tools/quantize_quality.py",
-           "tools/quickstart.py", "tools/scaling.py", "tools/share.py"]
+           "tools/compare.py", "tools/convert.py", "tools/gpu_check.py", "tools/lines.py", "tools/paper_point.py",
+           "tools/quantize_quality.py", "tools/quickstart.py", "tools/scaling.py", "tools/share.py"]
 LIBRARIES = {"bincode_gpt/checkpoint.py": "python sample.py --ckpt FILE", "bincode_gpt/cli.py": "python -m tools.NAME --help",
              "bincode_gpt/quantize.py": "python -m tools.quantize_quality --ckpt X --data_dir 'D D'",
              "bincode_gpt/tokenizer.py": "python prepare_data.py --help"}
@@ -99,7 +99,7 @@ def test_one_ctrl_c_during_the_imports_is_answered_when_they_end(tmp_path):
 
 # the values each command line gave before the common style (argparse, DEFAULTS dicts, --quick/--gpu presets)
 PREPARE = dict(inputs=["a.txt"], out="o", encoding="gpt2", vocab_size=None, reserve_zero=True, reserve_ones=True, val_fraction=0.1,
-               shard_tokens=100_000_000, text_field="text", mix=None, max_tokens=None, seed=0, workers=None,
+               shard_tokens=100_000_000, text_field="text", mix=None, max_tokens=None, seed=0, doc_chars=0, workers=None,
                overwrite=False)
 
 
