@@ -526,20 +526,8 @@ def parse_config(argv: list[str] | None = None) -> PrepareConfig:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_config(argv)
-    meta = prepare(a.inputs, a.out,
-                   encoding=a.encoding,
-                   vocab_size=a.vocab_size,
-                   val_fraction=a.val_fraction,
-                   shard_tokens=a.shard_tokens,
-                   workers=a.workers,
-                   overwrite=a.overwrite,
-                   text_field=a.text_field,
-                   mix=a.mix,
-                   max_tokens=a.max_tokens,
-                   seed=a.seed,
-                   reserve_zero=a.reserve_zero,
-                   reserve_ones=a.reserve_ones,
-                   doc_chars=a.doc_chars)
+    options = {k: v for k, v in vars(a).items() if k not in ("inputs", "out")}  # prepare's keywords
+    meta = prepare(a.inputs, a.out, **options)
     for name, s in meta["splits"].items():
         print(f"{name}: {s['tokens']:,} tokens, {s['documents']:,} documents, "
               f"{s['bytes']:,} bytes, {len(s['shards'])} shards")
