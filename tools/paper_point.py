@@ -2,7 +2,7 @@
 The paper's point, measured: the learned-vs-binary gap at the paper's table share (12.5%) and training
 length (~36 tokens per trainable parameter of the binary model), at several model sizes.
 
-    python -m tools.paper_point --corpus ../shared/data/{tinyshakespeare,janeausten,kjv}.txt --jobs 2 --out runs/paper
+    python -m tools.paper_point --corpus tinyshakespeare.txt janeausten.txt kjv.txt --jobs 2 --out runs/paper
     python -m tools.paper_point --quick            # tiny sizes on tiny Shakespeare, a few minutes
     python -m tools.paper_point ... --report       # train nothing: report the runs that finished
     # a third size, 3 x 96 at V = 512 (11.4% share; T = 33 keeps it under 3 epochs of that text), at the lrs the
