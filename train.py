@@ -33,7 +33,6 @@ from bincode_gpt import launch, preflight, run_dir
 from bincode_gpt.checkpoint import atomic_torch_save, checkpoint_dict, load_weights, rng_state
 from bincode_gpt.cli import config_parser, parse_settings, run_main, setting, with_overrides
 from bincode_gpt.devices import peak_flops
-from bincode_gpt.preflight import check_window_starts
 from bincode_gpt.progress import Log
 from bincode_gpt.shards import load_meta
 from bincode_gpt.stopping import GracefulStop, check_state, check_step, check_val_loss
@@ -159,8 +158,8 @@ def set_up(cfg, rank, world, device, distributed, out_lock):
     if ckpt is not None:
         load_weights(raw_model, ckpt["model"], source)
     # a warning, printed once: rank 0 scans the windows, the others wait for it
-    launch.on_rank0(rank, distributed, device,
-                    lambda: check_window_starts(train_split, meta, raw_model, cfg.data_dir))
+    launch.on_rank0(rank, distributed, device, lambda: preflight.check_window_starts(
+        train_split, meta, raw_model, cfg.data_dir))
     betas = (cfg.beta1, cfg.beta2)
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, betas, device.type)
     model = torch.compile(raw_model) if cfg.compile else raw_model

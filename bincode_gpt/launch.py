@@ -69,10 +69,10 @@ def wait_for_all(distributed, device):
         dist.barrier()
 
 
-def on_rank0(rank, distributed, device, fn, *args):
-    """fn(*args) on rank 0 alone (a check that prints once), every rank waiting for it (wait_for_all)."""
+def on_rank0(rank, distributed, device, fn):
+    """fn() on rank 0 alone (a check that prints once), every rank waiting for it (wait_for_all)."""
     if rank == 0:
-        fn(*args)
+        fn()
     wait_for_all(distributed, device)
 
 
