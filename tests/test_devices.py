@@ -102,7 +102,7 @@ def started_on_meta(cfg, monkeypatch):
     on the CPU as on a GPU machine; window checks that read the model's values are recorded, not run."""
     monkeypatch.setattr(launch, "pick_device", lambda name: META)
     seen = {}
-    monkeypatch.setattr(train, "check_window_starts", lambda split, meta, model, data_dir:
+    monkeypatch.setattr(train.preflight, "check_window_starts", lambda split, meta, model, data_dir:
                         seen.update(off=off_device(model, META)))
 
     def loop(run, state):
