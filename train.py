@@ -34,10 +34,8 @@ from bincode_gpt.checkpoint import atomic_torch_save, checkpoint_dict, load_weig
 from bincode_gpt.cli import config_parser, parse_settings, run_main, setting, with_overrides
 from bincode_gpt.devices import peak_flops
 from bincode_gpt.progress import Log
-from bincode_gpt.shards import load_meta
 from bincode_gpt.stopping import GracefulStop, check_state, check_step, check_val_loss
 from bincode_gpt.stopping import mean_loss_and_stop
-from bincode_gpt.tokenizer import tiktoken_entry
 from bincode_gpt.windows import Split
 from model import GPT, PRESETS, GPTConfig
 
@@ -137,47 +135,43 @@ def micro_batch_start(position, rank, micro, batch_size, grad_accum):
 
 
 # ---------------------------------------------------------- model and optimizer
-def set_up(cfg, rank, world, device, distributed, out_lock):
-    """Check the settings, read the data and the checkpoint to start from, build model and
-    optimizer -> Run, State. All before the out_dir claim only reads: a refusal writes nothing."""
-    preflight.check_settings(preflight.resolve_settings(cfg))  # min_lr's default follows lr
-    dtype = launch.set_precision(cfg, device)  # float32 or bfloat16 autocast; TF32 on CUDA
-    meta = load_meta(cfg.data_dir)  # a ShardError names what is missing or malformed
-    source, ckpt, ckpt_stamp = run_dir.read_start(cfg)  # --resume's or --init_from's, or None
-    # tokenizer, shape, the checkpoint's weights, memory
-    mcfg = preflight.checked_model_config(cfg, meta, ckpt, source, rank=rank, world=world,
-                                          device=device, dtype=dtype)
-    train_split = Split(cfg.data_dir, meta, "train", mcfg.block_size, mcfg.vocab_size)
-    val_split = Split(cfg.data_dir, meta, "val", mcfg.block_size, mcfg.vocab_size)
-    run_dir.claim_out_dir(cfg, out_lock if rank == 0 else None, ckpt_stamp)  # rank 0, to the end
+def set_up(cfg, out_lock, *, rank, world, device, dtype, distributed):
+    """Read and check what the run starts from, claim out_dir, build model and optimizer -> Run,
+    State. Everything before the claim only reads: a refusal writes nothing."""
+    # the settings, the data, the checkpoint to start from, the model's shape, memory
+    start = preflight.check_start(cfg, rank=rank, world=world, device=device, dtype=dtype)
+    mcfg = start.model_config
+    train_split = Split(cfg.data_dir, start.meta, "train", mcfg.block_size, mcfg.vocab_size)
+    val_split = Split(cfg.data_dir, start.meta, "val", mcfg.block_size, mcfg.vocab_size)
     fingerprint = run_dir.data_fingerprint(cfg.data_dir)  # what a saved data position indexes
+    run_dir.claim_out_dir(cfg, out_lock if rank == 0 else None, start.stamp)  # rank 0, to the end
 
     # rank 0's init is every rank's (DDP broadcasts it); dropout draws differ per rank
     torch.manual_seed(cfg.seed + rank)
     raw_model = GPT(mcfg).to(device)
-    if ckpt is not None:
-        load_weights(raw_model, ckpt["model"], source)
-    # a warning, printed once: rank 0 scans the windows, the others wait for it
-    launch.on_rank0(rank, distributed, device, lambda: preflight.check_window_starts(
-        train_split, meta, raw_model, cfg.data_dir))
+    if start.ckpt is not None:
+        load_weights(raw_model, start.ckpt["model"], start.source)
+    if rank == 0:  # a warning, printed once; the other ranks wait for it below
+        preflight.check_window_starts(train_split, start.meta, raw_model, cfg.data_dir)
     betas = (cfg.beta1, cfg.beta2)
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, betas, device.type)
+    flops = raw_model.flops_per_token(mcfg.block_size)
     model = torch.compile(raw_model) if cfg.compile else raw_model
+    launch.wait_for_all(distributed, device)  # for rank 0's window scan
     if distributed:
         model = launch.data_parallel(model, device, compiled=cfg.compile)  # DDP
     autocast = nullcontext()
     if dtype == "bfloat16":
         autocast = torch.autocast(device.type, dtype=torch.bfloat16)
-    log = Log(cfg=cfg, master=rank == 0, world=world, block_size=mcfg.block_size,
-              flops=raw_model.flops_per_token(mcfg.block_size),
+    log = Log(cfg=cfg, master=rank == 0, world=world, block_size=mcfg.block_size, flops=flops,
               peak=cfg.peak_flops or peak_flops(device, dtype))
     run = Run(cfg=cfg, rank=rank, world=world, device=device, distributed=distributed,
               model=model, raw_model=raw_model, optimizer=optimizer,
               train_split=train_split, val_split=val_split, autocast=autocast,
-              tokenizer=tiktoken_entry(meta), fingerprint=fingerprint, log=log)
+              tokenizer=start.tokenizer, fingerprint=fingerprint, log=log)
     state = State()
     if cfg.resume:
-        run_dir.restore(run, state, ckpt, source)  # optimizer, step, data position, RNG
+        run_dir.restore(run, state, start.ckpt, start.source)  # optimizer, step, data position, RNG
     log.start(run, state, dtype)  # opens log.jsonl (rank 0), says what is trained
     return run, state
 
@@ -266,9 +260,11 @@ def train(cfg: TrainConfig) -> dict:
     """Train as cfg says; returns a summary (steps, tokens, first/final/best val loss, ...)."""
     rank, world, device, distributed = launch.start_processes(cfg)
     try:
+        dtype = launch.set_precision(cfg, device)  # float32 or bfloat16 autocast; TF32 on CUDA
         t_start = time.time()
         with ExitStack() as out_lock:  # out_dir's writer lock (rank 0), released when the run ends
-            run, state = set_up(cfg, rank, world, device, distributed, out_lock)
+            run, state = set_up(cfg, out_lock, rank=rank, world=world, device=device, dtype=dtype,
+                                distributed=distributed)
             try:
                 loss, stopping = loop(run, state)
                 tokens = state.position * run.raw_model.config.block_size

@@ -68,6 +68,15 @@ def file_problem(path):
     return f"{link}{'a folder' if stat.S_ISDIR(mode) else 'a device, FIFO or socket'}, not a regular file"
 
 
+def file_stamp(path):
+    """Which file is at `path` now (a save replaces it with a new one), or None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def atomic_write(path, data):
     """Write bytes or str to `path` atomically (see atomic_open)."""
     text = {} if isinstance(data, bytes) else {"encoding": "utf-8"}

@@ -69,13 +69,6 @@ def wait_for_all(distributed, device):
         dist.barrier()
 
 
-def on_rank0(rank, distributed, device, fn):
-    """fn() on rank 0 alone (a check that prints once), every rank waiting for it (wait_for_all)."""
-    if rank == 0:
-        fn()
-    wait_for_all(distributed, device)
-
-
 def exit_process(code):
     """Exit with `code`. A torchrun rank leaves at once, its files already written and closed: torch's
     own clean-up at interpreter exit sometimes aborts a finished rank (SIGABRT, about one run in ten

@@ -1,32 +1,54 @@
 """
 The checks train.py runs before its first step, so that a run that cannot work is refused at once, with the
-numbers, and before it writes anything: the settings, the model's shape (preset, checkpoint, overrides), the
-checkpoint's tokenizer against the data's, whether the model and batch fit in memory, and the training windows
-that start on a token the model reads as a constant vector.
+numbers, and before it writes anything: the settings, the data, the checkpoint to start from, its tokenizer
+against the data's, the model's shape (preset, checkpoint, overrides), whether the model and batch fit in memory,
+and the training windows that start on a token the model reads as a constant vector.
 """
 
 import math
 import os
 import sys
 from dataclasses import fields, replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from bincode_gpt.checkpoint import check_buildable, check_finite
+from bincode_gpt.checkpoint import check_buildable, check_finite, read_checkpoint
 from bincode_gpt.cli import one_line
+from bincode_gpt.files import file_stamp
 from bincode_gpt.memory import check_training_fits
-from bincode_gpt.shards import prepare_command
+from bincode_gpt.shards import load_meta, prepare_command
 from bincode_gpt.tokenizer import all_ones_id, reserved_note, tiktoken_entry
 from model import PRESETS, GPTConfig, constant_input_ids, get_config
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # train.TrainConfig overrides each; None keeps the preset's
 
 
-def checked_model_config(cfg, meta, ckpt, source, rank, world, device, dtype):
-    """The model's shape (model_config: preset, checkpoint, overrides) -> its GPTConfig, checked in the
-    order a run meets them: the checkpoint's tokenizer against the data's, the shape, the checkpoint's
-    weights (finite, and as many blocks as its model_config says), and whether training fits in memory."""
+class Start(NamedTuple):
+    """What a run starts from, read and checked by check_start."""
+    meta: dict  # the data's meta.json
+    source: str | None  # the checkpoint it starts from: --resume's out_dir/ckpt.pt, --init_from's file, or None
+    ckpt: dict | None  # that checkpoint, read
+    stamp: tuple | None  # which file --resume read (files.file_stamp): run_dir.claim_out_dir checks it is still there
+    model_config: GPTConfig
+    tokenizer: dict  # the data's tokenizer entry, saved with every checkpoint
+
+
+def check_start(cfg, *, rank, world, device, dtype):
+    """Everything a run starts from, read and checked in the order a run meets it, before anything is written ->
+    Start: the settings, the data's meta.json, the checkpoint to start from, its tokenizer against the data's, the
+    model's shape (model_config), the checkpoint's weights (finite, and as many blocks as its model_config says),
+    and whether training fits in memory."""
+    check_settings(resolve_settings(cfg))  # min_lr's default follows lr
+    meta = load_meta(cfg.data_dir)  # a ShardError names what is missing or malformed
+    source = cfg.ckpt_path if cfg.resume else cfg.init_from
+    stamp = file_stamp(source) if cfg.resume else None
+    best = os.path.join(cfg.out_dir, "best.pt")
+    if cfg.resume and stamp is None and os.path.isfile(best):
+        raise FileNotFoundError(f"{source}: no checkpoint there to resume; {best} holds weights only (no optimizer, "
+                                f"data position or RNG state): start a run from them with --init_from {best}")
+    ckpt = read_checkpoint(source) if source else None
     if ckpt is not None:
         check_tokenizer(ckpt, meta, source, cfg.data_dir)
     mcfg = model_config(cfg, meta, ckpt, source, note=print if rank == 0 else lambda text: None)
@@ -36,7 +58,7 @@ def checked_model_config(cfg, meta, ckpt, source, rank, world, device, dtype):
     check_training_fits(cfg, mcfg, world, device, dtype)  # refused with the numbers, not built until OOM
     if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
         print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
-    return mcfg
+    return Start(meta=meta, source=source, ckpt=ckpt, stamp=stamp, model_config=mcfg, tokenizer=tiktoken_entry(meta))
 
 
 def resolve_settings(cfg):

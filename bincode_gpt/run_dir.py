@@ -9,23 +9,11 @@ import json
 import os
 import sys
 
-from bincode_gpt.checkpoint import load_optimizer_state, read_checkpoint, set_rng_state
+from bincode_gpt.checkpoint import load_optimizer_state, set_rng_state
 from bincode_gpt.cli import one_line
-from bincode_gpt.files import DISK_FULL, LOCK_NAME, writer_lock
+from bincode_gpt.files import DISK_FULL, LOCK_NAME, file_stamp, writer_lock
 
 OUTPUTS = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run writes in out_dir, and all it ever replaces or removes there
-
-
-def read_start(cfg):
-    """-> the checkpoint a run starts from (--resume: out_dir's ckpt.pt, --init_from: that file, else None), the
-    checkpoint read (or None), and which file it was (file_stamp: claim_out_dir checks it is still the same)."""
-    source = cfg.ckpt_path if cfg.resume else cfg.init_from
-    stamp = file_stamp(source) if cfg.resume else None
-    best = os.path.join(cfg.out_dir, "best.pt")
-    if cfg.resume and stamp is None and os.path.isfile(best):
-        raise FileNotFoundError(f"{source}: no checkpoint there to resume; {best} holds weights only (no optimizer, "
-                                f"data position or RNG state): start a run from them with --init_from {best}")
-    return source, read_checkpoint(source) if source else None, stamp
 
 
 def claim_out_dir(cfg, out_lock, ckpt_stamp):
@@ -33,7 +21,7 @@ def claim_out_dir(cfg, out_lock, ckpt_stamp):
     refuses a second run into it, even one started in the same second, and removes the temp files of a
     writer killed mid-save. What out_dir holds is checked (check_out_dir) under the lock; a folder no run
     has locked yet is checked before it too, so a refusal leaves a user's folder exactly as it was. A
-    resumed run read ckpt.pt before the lock (`ckpt_stamp`: its file_stamp): another run may have saved it since."""
+    resumed run read ckpt.pt before the lock (`ckpt_stamp`: its files.file_stamp): another run may have saved it since."""
     if not os.path.exists(os.path.join(cfg.out_dir, LOCK_NAME)):
         check_out_dir(cfg)
     if out_lock is not None:
@@ -41,15 +29,6 @@ def claim_out_dir(cfg, out_lock, ckpt_stamp):
         check_out_dir(cfg)
         if ckpt_stamp is not None and file_stamp(cfg.ckpt_path) != ckpt_stamp:
             raise ValueError(f"{cfg.ckpt_path} was replaced by another run while this one started: resume again")
-
-
-def file_stamp(path):
-    """Which file is at `path` now (a save replaces it with a new one), or None."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def check_out_dir(cfg):

@@ -278,7 +278,7 @@ def test_two_gloo_processes_stopped_by_sigterm_equal_gradient_accumulation(data_
     # validation: each rank takes its share of the fixed windows, and the mean is over all of them
     v2 = train_log(tmp_path / "two", "eval")[-1]["val_loss"]
     model, _ = load_checkpoint(str(tmp_path / "two" / "ckpt.pt"))
-    meta = train.load_meta(data_dir)
+    meta = shards.load_meta(data_dir)
     val = Split(str(data_dir), meta, "val", 32, 512)
     cfg = config(data_dir, tmp_path, batch_size=4, eval_steps=4)  # 1 process, the same 16 windows
     run = SimpleNamespace(model=model, val_split=val, cfg=cfg, rank=0, world=1, device=torch.device("cpu"),
