@@ -4,7 +4,6 @@ flags the scripts lack are refused before anything runs, and nanoGPT's recipe ru
 checkout (when one lies beside the checkout: ../ext/nanoGPT) without touching it."""
 
 import json
-import os
 import shlex
 from pathlib import Path
 
