@@ -68,6 +68,31 @@ def int8_rows(w):
 
 
 WEIGHT_ONLY_SPLIT = 8  # row blocks of the compiled product (Int8Linear.weight_only)
+EXACT_K = 1024  # 127 * 127 * 1,024 < 2**24: a float32 sum of up to 1,024 int8 x int8 products is exact
+# float32 values widened_sums widens at a time (2 MB): the paper preset, one thread, an AVX2-only AMD EPYC, ms a
+# token for 2**17 / 2**18 / 2**19 / 2**20 / 2**21: 418-464 / 283-316 / 234-259 / 270-354 / 390-481
+WIDEN_BLOCK = 2**19
+
+
+def widened_sums(xr, q):
+    """The int32 sums of xr (rows, K: integers in [-127, 127], as float32) times int8 rows q (N, K), exactly,
+    as float32 (what torch._int_mm's int32 sums give converted): q widened to float32 a block of rows at a
+    time, summed by float32 matmuls over at most EXACT_K terms, where every partial sum is an integer below
+    2**24 and so exact in any order; longer rows add those sums in float64. Quicker than torch._int_mm
+    where a CPU has no int8 dot products (an AVX2-only AMD EPYC: docs/performance.md)."""
+    n, k = q.shape
+    rows = max(1, WIDEN_BLOCK // k)
+    buf = torch.empty(min(rows, n), k)
+    out = torch.empty(len(xr), n, dtype=torch.float32 if k <= EXACT_K else torch.float64)
+    for i in range(0, n, rows):
+        block = buf[: min(rows, n - i)].copy_(q[i : i + rows])  # (rows, K) int8 -> float32
+        if k <= EXACT_K:
+            torch.mm(xr, block.t(), out=out[:, i : i + rows])
+            continue
+        part = out[:, i : i + rows].zero_()
+        for j in range(0, k, EXACT_K):
+            part += torch.mm(xr[:, j : j + EXACT_K], block[:, j : j + EXACT_K].t())
+    return out.float()
 
 
 class Int8Linear(nn.Module):
@@ -85,6 +110,7 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.packed = False  # set once pack() has swapped the rows (torch.compile reads, and guards on, a flag)
         self.shift = 0  # the packed kernel's activations: int8 (0) or uint8 around 128 (128; set by start_packing)
+        self.widen = False  # the plain rows through widened_sums, not torch._int_mm (set by start_packing)
 
     @classmethod
     def of(cls, linear: nn.Linear):
@@ -111,6 +137,8 @@ class Int8Linear(nn.Module):
             xq = xr.add_(self.shift).to(torch.uint8) if self.shift else xr.to(torch.int8)
             y = torch.ops.onednn.qlinear_pointwise.default(xq, 1.0, self.shift, w, self.scale, self.zero,
                                                            None, 1.0, 0, torch.float32, "none", [], "")
+        elif self.widen:  # the plain rows widened to float32: the same sums, exact
+            y = torch.mul(widened_sums(xr, w), self.scale)
         else:  # the plain rows: the same int32 sums and float32 products
             y = torch.mul(torch._int_mm(xr.to(torch.int8), w.t()), self.scale)  # int32 sums to float32, scaled
         y = y.mul_(x_scale).view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
@@ -270,7 +298,8 @@ def drop_pages(t, mapped):
 # packed / plain at 14 MB: 1.03x and 0.82x on an Intel Xeon with AMX at 1 and 2 threads, 0.83x on an AMD
 # EPYC Zen 4 at 1; past it the choice is measured, so the threshold only saves small models the probe).
 PACK_MIN_BYTES = 16 * 2**20
-KERNELS = {"onednn-s8": 0, "onednn-u8": 128, "rows": None}  # eager int8 products: the packed ones' activation shift
+# eager int8 products: the packed (oneDNN) ones' activation shift, None for the plain rows
+KERNELS = {"onednn-s8": 0, "onednn-u8": 128, "rows": None, "widened": None}
 FLUSH_BYTES = 64 * 2**20  # choose_kernel reads this much of the leading layers between calls: past a last-level cache
 CPU_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
 
@@ -290,13 +319,17 @@ def cpu_summary():
 
 
 def choose_kernel(layers, flush_bytes=FLUSH_BYTES, rounds=3):
-    """The quickest eager int8 product on this CPU, measured, and a line saying what was measured. The probe is
-    one real layer, the smallest of the model's leading layers (a copy packed: oneDNN packs at 0.05-0.23 GB/s),
-    each call timed cold, after a pass of the plain rows over the leading flush_bytes of layers, so that its
-    weights come from memory as a decoded token reads them: 0.3-0.45 s on the paper preset on a busy AMD
-    EPYC, most of it two calls of the reference kernel below. A kernel whose first call fails, or 10x slower
-    than the quickest in the first round is left out of the rest (oneDNN's reference kernel, ~700x the rows
-    on some CPUs); the best of `rounds` rounds, interleaved, decides."""
+    """The quickest exact eager int8 product on this CPU, measured, and a line saying what was measured. The
+    probe is one real layer, the smallest of the model's leading layers (a copy packed: oneDNN packs at
+    0.05-0.23 GB/s). A kernel whose sums differ from the exact int32 ones (torch._int_mm's) on it is left out:
+    on an AVX2-only CPU (no VNNI) oneDNN's uint8 x int8 products saturate 16-bit pair sums, off by up to 17%
+    of the largest output. Each call is timed cold, after a pass of the plain rows over the leading
+    flush_bytes of layers, so that its weights come from memory as a decoded token reads them: 0.3-0.45 s on
+    the paper preset on a busy AMD EPYC, most of it two calls of the reference kernel below. A kernel whose
+    first call fails, or 10x slower than the quickest in the first round is left out of the rest (oneDNN's
+    reference kernel, ~700x the rows on some CPUs); the best of `rounds` rounds, interleaved, decides.
+    float32's product on the same layer (its rows times their scales) is timed alike, for scale:
+    -> kernel, line, the kernel's time / float32's."""
     flush, size = [], 0
     for layer in layers:
         if size >= flush_bytes:
@@ -307,43 +340,74 @@ def choose_kernel(layers, flush_bytes=FLUSH_BYTES, rounds=3):
     try:
         packed = torch.ops.onednn.qlinear_prepack(probe.weight, [1, probe.in_features])
     except RuntimeError as e:  # a CPU or build oneDNN cannot pack for
-        return "rows", f"oneDNN cannot pack here: {str(e).splitlines()[0][:200]}"
+        return "rows", f"oneDNN cannot pack here: {str(e).splitlines()[0][:200]}", 1.0
     x = {k: torch.randint(-127, 128, (1, k), dtype=torch.int8) for k in {m.in_features for m in flush}}
-    xu = (x[probe.in_features].to(torch.int16) + 128).to(torch.uint8)  # the same values around 128
+    dense = probe.weight.float().mul_(probe.scale[:, None])  # float32 rows, for scale
+    xf = x[probe.in_features].float()
 
     def cold(kernel):
         for m in flush:
             torch._int_mm(x[m.in_features], m.weight.t())
-        shift = KERNELS[kernel]
         start = time.perf_counter()
-        if shift is None:
-            torch._int_mm(x[probe.in_features], probe.weight.t())
+        if kernel == "float32":
+            nn.functional.linear(xf, dense)
         else:
-            torch.ops.onednn.qlinear_pointwise.default(xu if shift else x[probe.in_features], 1.0, shift, packed,
-                                                       probe.scale, probe.zero, None, 1.0, 0, torch.float32, "none",
-                                                       [], "")
+            int8_product(kernel, x[probe.in_features], probe, packed)
         return time.perf_counter() - start
 
-    usable = []
+    usable, wrong, failed = [], [], []
     for k in KERNELS:  # the first call builds oneDNN's kernel for the shape; one it cannot build is left out
         try:
-            cold(k)
-            usable.append(k)
+            exact = gives_exact_sums(k, probe, packed)
         except RuntimeError:
-            pass
+            failed.append(k)
+            continue
+        (usable if exact else wrong).append(k)
     best = {k: cold(k) for k in usable}
     kept = [k for k in usable if best[k] <= 10 * min(best.values())]
+    f32 = cold("float32")
     for _ in range(rounds - 1):
         for k in kept:
             best[k] = min(best[k], cold(k))
+        f32 = min(f32, cold("float32"))
     kernel = min(kept, key=best.get)
     why = (f"measured at load, ms a call on a {probe.out_features} x {probe.in_features} layer, cold, best of "
            f"{rounds}: " + ", ".join(f"{k} {1e3 * best[k]:.3f}" for k in kept))
     if len(kept) < len(usable):
         why += "; left out after one: " + ", ".join(f"{k} {1e3 * best[k]:.3f}" for k in usable if k not in kept)
-    if len(usable) < len(KERNELS):
-        why += "; failed: " + ", ".join(k for k in KERNELS if k not in usable)
-    return kernel, why
+    if wrong:
+        why += "; left out, inexact sums here: " + ", ".join(wrong)
+    if failed:
+        why += "; failed: " + ", ".join(failed)
+    why += f"; float32 {1e3 * f32:.3f}"
+    return kernel, why, best[kernel] / f32
+
+
+def int8_product(kernel, x, layer, packed=None):
+    """`layer`'s product of int8 activations x (rows, K) by `kernel` (one of KERNELS; a oneDNN one on
+    `packed`, its weight packed), float32, the rows' scales applied, as Int8Linear.forward computes it."""
+    shift = KERNELS[kernel]
+    if kernel == "widened":
+        return torch.mul(widened_sums(x.float(), layer.weight), layer.scale)
+    if shift is None:
+        return torch.mul(torch._int_mm(x, layer.weight.t()), layer.scale)
+    xq = (x.to(torch.int16) + shift).to(torch.uint8) if shift else x  # the same values around 128
+    return torch.ops.onednn.qlinear_pointwise.default(xq, 1.0, shift, packed, layer.scale, layer.zero, None, 1.0,
+                                                      0, torch.float32, "none", [], "")
+
+
+def gives_exact_sums(kernel, layer, packed=None):
+    """Whether `kernel` computes `layer`'s exact int32 sums on this CPU (the rows' torch._int_mm does), for
+    activations over the whole int8 range; `packed`: the layer's weight packed for oneDNN (default: packed
+    here). True on CPUs with int8 dot products (VNNI, AMX); False for oneDNN on an AVX2-only CPU."""
+    if kernel == "rows":
+        return True
+    if packed is None and KERNELS[kernel] is not None:
+        packed = torch.ops.onednn.qlinear_prepack(layer.weight, [1, layer.in_features])
+    # the extremes, where 16-bit pair sums saturate first, and a spread over the whole range
+    spread = torch.randint(-127, 128, (layer.in_features,), generator=torch.Generator().manual_seed(0))
+    x = torch.stack([torch.full_like(spread, 127), torch.full_like(spread, -127), spread]).to(torch.int8)
+    return torch.equal(int8_product(kernel, x, layer, packed), int8_product("rows", x, layer))
 
 
 def kernel_line(model, compiled=False):
@@ -371,8 +435,14 @@ def start_packing(model, file=None, min_bytes=PACK_MIN_BYTES, kernel=None):
     elif sum(m.out_features * m.in_features for m in layers) < min_bytes:
         kernel, why = "rows", f"int8 weights under {min_bytes / 2**20:g} MiB: in the CPU's caches"
     else:
-        kernel, why = choose_kernel(layers)
+        kernel, why, ratio = choose_kernel(layers)
+        if ratio > 1:  # a CPU without int8 dot products (an AVX2-only AMD EPYC: 1.4-2x float32's time)
+            print(f"note: int8 is slower than float32 on this CPU ({cpu_summary()}): its quickest int8 product, "
+                  f"{kernel}, took {ratio:.1f}x float32's time on a layer of this model; int8 saves memory here, "
+                  "not time", file=sys.stderr)
     model.int8_kernel = kernel, why  # a plain attribute: not a submodule, not in the state dict
+    for layer in layers:
+        layer.widen = kernel == "widened"
     if KERNELS[kernel] is None:
         return model
     for layer in layers:

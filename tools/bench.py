@@ -33,8 +33,8 @@ Design choices, up front:
   On a CPU the KV cache also runs on quantize.py's int8 copy (eager, as sample.py gets it, packing done
   before timing; the kernel quantize.choose_kernel picked, and why, in the report), and on the kernel that
   copy does not run, forced: the plain rows (torch._int_mm: what runs until the packing thread is done;
-  what a model under quantize.PACK_MIN_BYTES or a CPU whose measurement chose them runs) or oneDNN's packed
-  weights (uint8 activations), and (--sample_compile) compiled: the weight-only product inductor writes (Int8Linear.weight_only,
+  what a model under quantize.PACK_MIN_BYTES runs), or where those run, oneDNN's packed weights (uint8
+  activations) where their sums are exact on this CPU, else the widened rows; and (--sample_compile) compiled: the weight-only product inductor writes (Int8Linear.weight_only,
   what sample.py --compile runs on int8 weights); beside them "int8 matmuls alone"
   (the int8 ceiling) and the bytes of weights a token reads in each; beside them, the read bandwidth (a
   float32 sum over bandwidth_mb, timed in the same rounds), and the fraction of it each decodes at: weight
@@ -278,10 +278,15 @@ def bench_sample(cfg, device, tmp, threads):
     hf = hf_twin(model, tmp, device)
     low = {name: copy.deepcopy(model).to(getattr(torch, name)) for name in cfg.precisions.split(",") if name}
     int8 = Q.wait_packed(Q.quantize_int8(model)) if cfg.int8 and device.type == "cpu" else None  # as sample.py gets it
-    if int8 is not None:  # and the kernel it does not run, forced: the plain rows (torch._int_mm) or oneDNN's packed
-        int8_packed = int8.int8_kernel[0] != "rows"  # quantize.choose_kernel's (or PACK_MIN_BYTES') choice
-        kind, other = ("int8_plain", Q.quantize_int8(model, pack=False)) if int8_packed else \
-            ("int8_packed", Q.wait_packed(Q.start_packing(Q.quantize_int8(model, pack=False), kernel="onednn-u8")))
+    forced = None
+    if int8 is not None:  # and a kernel it does not run, forced: the plain rows (torch._int_mm), or where those were
+        # chosen (quantize.choose_kernel, or PACK_MIN_BYTES), oneDNN's uint8 one where its sums are exact here, else
+        # the widened rows
+        layer = next(m for m in int8.modules() if isinstance(m, Q.Int8Linear))
+        forced = "onednn-u8" if Q.gives_exact_sums("onednn-u8", layer) else "widened"
+        if int8.int8_kernel[0] != "rows":
+            forced = "rows"
+        other = Q.wait_packed(Q.start_packing(Q.quantize_int8(model, pack=False), kernel=forced))
     # and compiled: Int8Linear.weight_only, on the plain rows (sample.py --compile)
     int8_compiled = Q.quantize_int8(model, pack=False) if int8 is not None and cfg.sample_compile else None
     big = torch.ones(cfg.bandwidth_mb * 2**20 // 4) if device.type == "cpu" else None  # read bandwidth: summed
@@ -304,7 +309,7 @@ def bench_sample(cfg, device, tmp, threads):
         if int8 is not None:
             ways["int8"] = lambda: D.generate(int8, prompt, cfg.new_tokens, temperature=0)
             ways["int8_matmuls_alone"] = lambda: matmuls_alone(int8, B, cfg.new_tokens)
-            ways[kind] = lambda: D.generate(other, prompt, cfg.new_tokens, temperature=0)
+            ways["int8_forced"] = lambda: D.generate(other, prompt, cfg.new_tokens, temperature=0)
         if int8_compiled is not None:
             ways["int8_compiled"] = lambda: D.generate(int8_compiled, prompt, cfg.new_tokens, temperature=0, compile=True)
         if B == 1:
@@ -334,7 +339,8 @@ def bench_sample(cfg, device, tmp, threads):
         for t in threads:
             out = outs[t]
             assert "recompute" not in out or torch.equal(out["recompute"], out["kv_cache"]), "KV-cache and recompute greedy tokens differ"
-            assert "int8" not in out or torch.equal(out["int8"], out[kind]), "packed and plain int8 greedy tokens differ"
+            assert "int8" not in out or torch.equal(out["int8"], out["int8_forced"]), \
+                f"the int8 greedy tokens of {Q.kernel_line(int8)} and of {forced} differ"
             row = {"threads": t, "batch": B, **{k: B * cfg.new_tokens / statistics.median(times[t, k]) for k in ways},
                    "same_tokens_hf": bool(torch.equal(out["hf_generate"], out["kv_cache"]))}
             if "kv_compiled" in out:
@@ -344,7 +350,6 @@ def bench_sample(cfg, device, tmp, threads):
                 row["cuda_graphs_same_tokens"] = bool(torch.equal(out["kv_cuda_graphs"], out["kv_compiled"]))
             row["agree"] = {name: leading_agreement(out[name], out["kv_cache"], cfg.prompt_len) for name in low if name in out}
             if "int8" in out:
-                row["int8_packed" if int8_packed else "int8_plain"] = row["int8"]  # the same model: timed once
                 row["int8_agree"] = leading_agreement(out["int8"], out["kv_cache"], cfg.prompt_len)
             if "int8_compiled" in out:
                 row["int8_compiled_agree"] = leading_agreement(out["int8_compiled"], out["kv_cache"], cfg.prompt_len)
@@ -368,7 +373,7 @@ def bench_sample(cfg, device, tmp, threads):
             "new_tokens": cfg.new_tokens, "rows": rows,
             "bandwidth_mb": cfg.bandwidth_mb,
             "weight_bytes": weight_bytes(model), "int8_weight_bytes": int8 and weight_bytes(int8),
-            "int8_packed": int8 is not None and int8_packed, "int8_kernel": int8 is not None and Q.kernel_line(int8)}
+            "int8_forced": forced, "int8_kernel": int8 is not None and Q.kernel_line(int8)}
 
 
 # ----------------------------------------------------------------------------- loading
@@ -694,17 +699,16 @@ def table(res) -> str:
         if i8:
             lines += ["", f"int8 weights (quantize.py, eager): a token reads {sa['weight_bytes'] / 1e6:,.0f} MB of weights in float32, "
                       f"{sa['int8_weight_bytes'] / 1e6:,.0f} MB in int8 (with scales); int8 KV: quantize_int8 as sample.py runs it "
-                      f"({sa['int8_kernel']}); plain: torch._int_mm on the "
-                      "plain rows (what a layer runs until the packing thread reaches it), packed: oneDNN's (forced to onednn-u8 where "
-                      "the rows were chosen), the same "
-                      "tokens; int8 matmuls alone: the int8 ceiling; "
+                      f"({sa['int8_kernel']}); forced: the same weights on {sa['int8_forced']} (the plain rows, what a "
+                      "layer runs until the packing thread reaches it; where those were chosen, oneDNN's uint8 kernel if "
+                      "its sums are exact here, else the widened rows), the same tokens; int8 matmuls alone: the int8 ceiling; "
                       f"read: a float32 sum over {sa['bandwidth_mb']:,} MB; of read: weight bytes a step reads x steps/s / read, "
                       "both in this process's CPU seconds (other jobs' time left out)",
-                      "| threads | batch | float32 KV | int8 KV | int8 plain, packed | int8 / float32 | int8 / HF | int8 matmuls alone | "
+                      "| threads | batch | float32 KV | int8 KV | int8 forced | int8 / float32 | int8 / HF | int8 matmuls alone | "
                       "int8 ceiling / HF | read GB/s (wall, CPU) | float32 of read | int8 of read | leading tokens equal to float32 |",
                       "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-            lines += [f"| {r['threads']} | {r['batch']} | {rate(r['kv_cache'])} | {rate(r['int8'])} | {rate(r['int8_plain'])}, "
-                      f"{rate(r['int8_packed'])} | "
+            lines += [f"| {r['threads']} | {r['batch']} | {rate(r['kv_cache'])} | {rate(r['int8'])} | "
+                      f"{rate(r['int8_forced'])} | "
                       f"{r['int8'] / r['kv_cache']:.2f}x | "
                       f"{r['int8'] / r['hf_generate']:.2f}x | {rate(r['int8_matmuls_alone'])} | "
                       f"{r['int8_matmuls_alone'] / r['hf_generate']:.2f}x | {fmt(r.get('bandwidth') and r['bandwidth'] / 1e9, '.1f')}, "
