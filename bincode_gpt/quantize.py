@@ -16,14 +16,18 @@ Design choices, up front:
 - Kernel: chosen at load by what this CPU does (choose_kernel: a few cold calls of each on one of the
   model's own layers, 0.3-0.45 s on a busy AMD EPYC), never assumed: torch's own oneDNN int8 linear on a packed weight
   (torch.ops.onednn.qlinear_prepack / qlinear_pointwise, what torch.compile's x86 int8 lowering emits)
-  with int8 activations ("onednn-s8") or uint8 ones around 128 ("onednn-u8"), or torch._int_mm on the
-  plain rows ("rows"). They differ by CPU by orders of magnitude: on an AMD EPYC (Zen 4: AVX-512 VNNI,
-  no AMX) oneDNN runs int8 x int8 in its reference kernel, ~700x slower than the rows, while uint8 x int8
-  (VNNI's own operand order) is quick; an Intel Xeon with AMX took int8 x int8 1.6x past the rows.
-  All three compute the same int32 sums and the same float32 result bit for bit. Packing costs 2 (the
-  Xeon) to 10 (the AMD EPYC) CPU-seconds for the paper preset, so it runs on a thread of its own
-  (start_packing) and a layer not yet packed multiplies its plain rows: the tokens never depend on the
-  kernel or on how far packing has got.
+  with int8 activations ("onednn-s8") or uint8 ones around 128 ("onednn-u8"), torch._int_mm on the
+  plain rows ("rows"), or the plain rows widened to float32 a block at a time ("widened": widened_sums).
+  They differ by CPU by orders of magnitude: on an AMD EPYC Zen 4 (AVX-512 VNNI, no AMX) oneDNN runs
+  int8 x int8 in its reference kernel, ~700x slower than the rows, while uint8 x int8 (VNNI's own operand
+  order) is quick; an Intel Xeon with AMX took int8 x int8 1.6x past the rows; on an AVX2-only AMD EPYC
+  (no VNNI) oneDNN's products saturate 16-bit pair sums (wrong by up to 17%) and the widened rows are
+  the quickest, 2x torch._int_mm. Only a kernel whose sums equal the exact int32 ones on the probe layer
+  is chosen (gives_exact_sums), so every kernel in use computes the same float32 result bit for bit.
+  Packing costs 2 (the Xeon) to 10 (the AMD EPYC Zen 4) CPU-seconds for the paper preset, so it runs on a
+  thread of its own (start_packing) and a layer not yet packed multiplies its plain rows: the tokens never
+  depend on the kernel or on how far packing has got. Where every int8 product is slower than float32's
+  (a CPU without int8 dot products), a note says so: int8 then saves memory, not time.
   docs/performance.md gives the measurements (over torchao, quantize_dynamic, the weight-only
   _weight_int8pack_mm and packing before the first token), each with its CPU.
 - Compiled (sample.py --compile): no int8 activations and no oneDNN. The weights alone are int8, the
@@ -293,13 +297,14 @@ def drop_pages(t, mapped):
 
 
 # ------------------------------------------------------------------- the kernel, and packing on a thread of its own
-# A model whose int8 weights are smaller stays on its plain rows without measuring: they sit in the CPU's
-# caches, where oneDNN's cost per call outweighs its quicker inner loop (docs/performance.md, tokens/s
-# packed / plain at 14 MB: 1.03x and 0.82x on an Intel Xeon with AMX at 1 and 2 threads, 0.83x on an AMD
-# EPYC Zen 4 at 1; past it the choice is measured, so the threshold only saves small models the probe).
+# A model whose int8 weights are smaller is never packed: they sit in the CPU's caches, where oneDNN's cost
+# per call outweighs its quicker inner loop (docs/performance.md, tokens/s packed / plain at 14 MB: 1.03x and
+# 0.82x on an Intel Xeon with AMX at 1 and 2 threads, 0.83x on an AMD EPYC Zen 4 at 1); its plain rows are
+# measured against the widened ones all the same (1.25x the rows at 13 MiB on an AVX2-only AMD EPYC).
 PACK_MIN_BYTES = 16 * 2**20
 # eager int8 products: the packed (oneDNN) ones' activation shift, None for the plain rows
 KERNELS = {"onednn-s8": 0, "onednn-u8": 128, "rows": None, "widened": None}
+UNPACKED = tuple(k for k, shift in KERNELS.items() if shift is None)
 FLUSH_BYTES = 64 * 2**20  # choose_kernel reads this much of the leading layers between calls: past a last-level cache
 CPU_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
 
@@ -318,8 +323,9 @@ def cpu_summary():
     return f"{info.get('model name', platform.machine())}: {' '.join(found) or 'none of ' + ' '.join(CPU_FLAGS)}"
 
 
-def choose_kernel(layers, flush_bytes=FLUSH_BYTES, rounds=3):
-    """The quickest exact eager int8 product on this CPU, measured, and a line saying what was measured. The
+def choose_kernel(layers, kernels=tuple(KERNELS), flush_bytes=FLUSH_BYTES, rounds=3):
+    """The quickest exact eager int8 product on this CPU among `kernels`, measured, and a line saying what was
+    measured. The
     probe is one real layer, the smallest of the model's leading layers (a copy packed: oneDNN packs at
     0.05-0.23 GB/s). A kernel whose sums differ from the exact int32 ones (torch._int_mm's) on it is left out:
     on an AVX2-only CPU (no VNNI) oneDNN's uint8 x int8 products saturate 16-bit pair sums, off by up to 17%
@@ -337,10 +343,13 @@ def choose_kernel(layers, flush_bytes=FLUSH_BYTES, rounds=3):
         flush.append(layer)
         size += layer.weight.numel()
     probe = min(flush, key=lambda m: m.weight.numel())
-    try:
-        packed = torch.ops.onednn.qlinear_prepack(probe.weight, [1, probe.in_features])
-    except RuntimeError as e:  # a CPU or build oneDNN cannot pack for
-        return "rows", f"oneDNN cannot pack here: {str(e).splitlines()[0][:200]}", 1.0
+    packed, failed = None, []
+    if any(KERNELS[k] is not None for k in kernels):
+        try:
+            packed = torch.ops.onednn.qlinear_prepack(probe.weight, [1, probe.in_features])
+        except RuntimeError as e:  # a CPU or build oneDNN cannot pack for
+            failed = [f"oneDNN cannot pack here ({str(e).splitlines()[0][:200]})"]
+            kernels = [k for k in kernels if KERNELS[k] is None]
     x = {k: torch.randint(-127, 128, (1, k), dtype=torch.int8) for k in {m.in_features for m in flush}}
     dense = probe.weight.float().mul_(probe.scale[:, None])  # float32 rows, for scale
     xf = x[probe.in_features].float()
@@ -355,8 +364,8 @@ def choose_kernel(layers, flush_bytes=FLUSH_BYTES, rounds=3):
             int8_product(kernel, x[probe.in_features], probe, packed)
         return time.perf_counter() - start
 
-    usable, wrong, failed = [], [], []
-    for k in KERNELS:  # the first call builds oneDNN's kernel for the shape; one it cannot build is left out
+    usable, wrong = [], []
+    for k in kernels:  # the first call builds oneDNN's kernel for the shape; one it cannot build is left out
         try:
             exact = gives_exact_sums(k, probe, packed)
         except RuntimeError:
@@ -420,7 +429,7 @@ def kernel_line(model, compiled=False):
 
 
 def start_packing(model, file=None, min_bytes=PACK_MIN_BYTES, kernel=None):
-    """Choose `model`'s int8 product (choose_kernel, if its int8 weights reach min_bytes; else the rows), or
+    """Choose `model`'s int8 product (choose_kernel; under min_bytes of int8 weights, an unpacked one), or
     take `kernel`, record it as model.int8_kernel (kernel_line), and for a packed one pack its Int8Linear
     layers for oneDNN on a background thread, in the order a forward pass meets them; returns `model`. Until
     a layer is packed it multiplies its plain rows (bit-identical, slower), so the first token need not wait
@@ -433,9 +442,11 @@ def start_packing(model, file=None, min_bytes=PACK_MIN_BYTES, kernel=None):
     if kernel is not None:
         why = "asked for"
     elif sum(m.out_features * m.in_features for m in layers) < min_bytes:
-        kernel, why = "rows", f"int8 weights under {min_bytes / 2**20:g} MiB: in the CPU's caches"
+        kernel, why, _ = choose_kernel(layers, kernels=UNPACKED)
+        why = f"int8 weights under {min_bytes / 2**20:g} MiB, in the CPU's caches: not packed; {why}"
     else:
         kernel, why, ratio = choose_kernel(layers)
+        # said of a model that streams its weights from memory, where the kernels' rates are the CPU's
         if ratio > 1:  # a CPU without int8 dot products (an AVX2-only AMD EPYC: 1.4-2x float32's time)
             print(f"note: int8 is slower than float32 on this CPU ({cpu_summary()}): its quickest int8 product, "
                   f"{kernel}, took {ratio:.1f}x float32's time on a layer of this model; int8 saves memory here, "
