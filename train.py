@@ -139,7 +139,7 @@ def set_up(cfg, out_lock, *, rank, world, device, dtype, distributed):
     """Read and check what the run starts from, claim out_dir, build model and optimizer -> Run,
     State. Everything before the claim only reads: a refusal writes nothing."""
     # the settings, the data, the checkpoint to start from, the model's shape, memory
-    start = preflight.check_start(cfg, rank=rank, world=world, device=device, dtype=dtype)
+    start = preflight.read_start(cfg, rank=rank, world=world, device=device, dtype=dtype)
     mcfg = start.model_config
     train_split = Split(cfg.data_dir, start.meta, "train", mcfg.block_size, mcfg.vocab_size)
     val_split = Split(cfg.data_dir, start.meta, "val", mcfg.block_size, mcfg.vocab_size)

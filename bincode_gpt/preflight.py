@@ -26,7 +26,7 @@ MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # train.TrainConfig ove
 
 
 class Start(NamedTuple):
-    """What a run starts from, read and checked by check_start."""
+    """What a run starts from, read and checked by read_start."""
     meta: dict  # the data's meta.json
     source: str | None  # the checkpoint it starts from: --resume's out_dir/ckpt.pt, --init_from's file, or None
     ckpt: dict | None  # that checkpoint, read
@@ -35,7 +35,7 @@ class Start(NamedTuple):
     tokenizer: dict  # the data's tokenizer entry, saved with every checkpoint
 
 
-def check_start(cfg, *, rank, world, device, dtype):
+def read_start(cfg, *, rank, world, device, dtype):
     """Everything a run starts from, read and checked in the order a run meets it, before anything is written ->
     Start: the settings, the data's meta.json, the checkpoint to start from, its tokenizer against the data's, the
     model's shape (model_config), the checkpoint's weights (finite, and as many blocks as its model_config says),
