@@ -113,8 +113,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("zero", torch.zeros(self.out_features, dtype=torch.long))  # symmetric: no offsets
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.packed = False  # set once pack() has swapped the rows (torch.compile reads, and guards on, a flag)
-        self.shift = 0  # the packed kernel's activations: int8 (0) or uint8 around 128 (128; set by start_packing)
-        self.widen = False  # the plain rows through widened_sums, not torch._int_mm (set by start_packing)
+        self.kernel = "rows"  # its product (KERNELS; start_packing sets it); a oneDNN one once pack() has run
 
     @classmethod
     def of(cls, linear: nn.Linear):
@@ -137,15 +136,10 @@ class Int8Linear(nn.Module):
         x_scale = x2.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)  # (rows, 1)
         xr = torch.div(x2, x_scale).round_()  # integers in [-127, 127], as floats
         w = self.weight  # read once: the packing thread may swap it
-        if w.is_mkldnn:  # the kernel takes one activation scale: give it 1 and apply the rows' scales to its output
-            xq = xr.add_(self.shift).to(torch.uint8) if self.shift else xr.to(torch.int8)
-            y = torch.ops.onednn.qlinear_pointwise.default(xq, 1.0, self.shift, w, self.scale, self.zero,
-                                                           None, 1.0, 0, torch.float32, "none", [], "")
-        elif self.widen:  # the plain rows widened to float32: the same sums, exact
-            y = torch.mul(widened_sums(xr, w), self.scale)
-        else:  # the plain rows: the same int32 sums and float32 products
-            y = torch.mul(torch._int_mm(xr.to(torch.int8), w.t()), self.scale)  # int32 sums to float32, scaled
-        y = y.mul_(x_scale).view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
+        kernel = self.kernel
+        if KERNELS[kernel] is not None and not w.is_mkldnn:  # not packed yet: the plain rows, the same numbers
+            kernel = "rows"
+        y = int8_product(kernel, xr, w, self).mul_(x_scale).view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
         return y if self.bias is None else y + self.bias
 
     def weight_only(self, x):
@@ -325,8 +319,7 @@ def cpu_summary():
 
 def choose_kernel(layers, kernels=tuple(KERNELS), flush_bytes=FLUSH_BYTES, rounds=3):
     """The quickest exact eager int8 product on this CPU among `kernels`, measured, and a line saying what was
-    measured. The
-    probe is one real layer, the smallest of the model's leading layers (a copy packed: oneDNN packs at
+    measured. The probe is one real layer, the smallest of the model's leading layers (a copy packed: oneDNN packs at
     0.05-0.23 GB/s). A kernel whose sums differ from the exact int32 ones (torch._int_mm's) on it is left out:
     on an AVX2-only CPU (no VNNI) oneDNN's uint8 x int8 products saturate 16-bit pair sums, off by up to 17%
     of the largest output. Each call is timed cold, after a pass of the plain rows over the leading
@@ -350,18 +343,18 @@ def choose_kernel(layers, kernels=tuple(KERNELS), flush_bytes=FLUSH_BYTES, round
         except RuntimeError as e:  # a CPU or build oneDNN cannot pack for
             failed = [f"oneDNN cannot pack here ({str(e).splitlines()[0][:200]})"]
             kernels = [k for k in kernels if KERNELS[k] is None]
-    x = {k: torch.randint(-127, 128, (1, k), dtype=torch.int8) for k in {m.in_features for m in flush}}
+    x = {k: torch.randint(-127, 128, (1, k)).float() for k in {m.in_features for m in flush}}
     dense = probe.weight.float().mul_(probe.scale[:, None])  # float32 rows, for scale
-    xf = x[probe.in_features].float()
 
     def cold(kernel):
         for m in flush:
-            torch._int_mm(x[m.in_features], m.weight.t())
+            int8_product("rows", x[m.in_features], m.weight, m)
         start = time.perf_counter()
         if kernel == "float32":
-            nn.functional.linear(xf, dense)
+            nn.functional.linear(x[probe.in_features], dense)
         else:
-            int8_product(kernel, x[probe.in_features], probe, packed)
+            w = probe.weight if KERNELS[kernel] is None else packed
+            int8_product(kernel, x[probe.in_features], w, probe)
         return time.perf_counter() - start
 
     usable, wrong = [], []
@@ -392,17 +385,18 @@ def choose_kernel(layers, kernels=tuple(KERNELS), flush_bytes=FLUSH_BYTES, round
     return kernel, why, best[kernel] / f32
 
 
-def int8_product(kernel, x, layer, packed=None):
-    """`layer`'s product of int8 activations x (rows, K) by `kernel` (one of KERNELS; a oneDNN one on
-    `packed`, its weight packed), float32, the rows' scales applied, as Int8Linear.forward computes it."""
+def int8_product(kernel, xr, w, layer):
+    """The product of activations xr (rows, K: integers in [-127, 127], as float32) and `layer`'s int8 weights
+    by `kernel` (KERNELS), float32, the rows' scales applied: w is the layer's plain rows, or for a oneDNN
+    kernel its packed weight. Every kernel with exact sums (gives_exact_sums) gives the same numbers."""
     shift = KERNELS[kernel]
-    if kernel == "widened":
-        return torch.mul(widened_sums(x.float(), layer.weight), layer.scale)
-    if shift is None:
-        return torch.mul(torch._int_mm(x, layer.weight.t()), layer.scale)
-    xq = (x.to(torch.int16) + shift).to(torch.uint8) if shift else x  # the same values around 128
-    return torch.ops.onednn.qlinear_pointwise.default(xq, 1.0, shift, packed, layer.scale, layer.zero, None, 1.0,
-                                                      0, torch.float32, "none", [], "")
+    if shift is not None:  # oneDNN takes one activation scale: give it 1 and apply the rows' scales to its output
+        xq = (xr + shift).to(torch.uint8) if shift else xr.to(torch.int8)  # uint8: the same values around 128
+        return torch.ops.onednn.qlinear_pointwise.default(xq, 1.0, shift, w, layer.scale, layer.zero, None, 1.0, 0,
+                                                          torch.float32, "none", [], "")
+    if kernel == "widened":  # the rows widened to float32: the same sums, exact
+        return torch.mul(widened_sums(xr, w), layer.scale)
+    return torch.mul(torch._int_mm(xr.to(torch.int8), w.t()), layer.scale)  # int32 sums to float32, scaled
 
 
 def gives_exact_sums(kernel, layer, packed=None):
@@ -411,12 +405,13 @@ def gives_exact_sums(kernel, layer, packed=None):
     here). True on CPUs with int8 dot products (VNNI, AMX); False for oneDNN on an AVX2-only CPU."""
     if kernel == "rows":
         return True
-    if packed is None and KERNELS[kernel] is not None:
-        packed = torch.ops.onednn.qlinear_prepack(layer.weight, [1, layer.in_features])
+    w = layer.weight
+    if KERNELS[kernel] is not None:
+        w = packed if packed is not None else torch.ops.onednn.qlinear_prepack(w, [1, layer.in_features])
     # the extremes, where 16-bit pair sums saturate first, and a spread over the whole range
-    spread = torch.randint(-127, 128, (layer.in_features,), generator=torch.Generator().manual_seed(0))
-    x = torch.stack([torch.full_like(spread, 127), torch.full_like(spread, -127), spread]).to(torch.int8)
-    return torch.equal(int8_product(kernel, x, layer, packed), int8_product("rows", x, layer))
+    spread = torch.randint(-127, 128, (layer.in_features,), generator=torch.Generator().manual_seed(0)).float()
+    x = torch.stack([torch.full_like(spread, 127), torch.full_like(spread, -127), spread])
+    return torch.equal(int8_product(kernel, x, w, layer), int8_product("rows", x, layer.weight, layer))
 
 
 def kernel_line(model, compiled=False):
@@ -453,11 +448,9 @@ def start_packing(model, file=None, min_bytes=PACK_MIN_BYTES, kernel=None):
                   "not time", file=sys.stderr)
     model.int8_kernel = kernel, why  # a plain attribute: not a submodule, not in the state dict
     for layer in layers:
-        layer.widen = kernel == "widened"
+        layer.kernel = kernel
     if KERNELS[kernel] is None:
         return model
-    for layer in layers:
-        layer.shift = KERNELS[kernel]
     mapped = file_mappings(file) if file else []
 
     def pack_all():

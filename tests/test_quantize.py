@@ -137,7 +137,7 @@ def test_packed_plain_and_half_packed_layers_give_the_same_numbers(trained, kern
     half = quantize_int8(model, pack=False)
     layers = [m for m in half.modules() if isinstance(m, Int8Linear)]
     for layer in layers[::2]:
-        layer.shift = KERNELS[kernel]
+        layer.kernel = kernel
         layer.pack()
     assert not any(m.weight.is_mkldnn for m in plain.modules() if isinstance(m, Int8Linear))
     assert all(m.weight.is_mkldnn for m in packed.modules() if isinstance(m, Int8Linear))
@@ -181,8 +181,7 @@ def test_the_measured_kernel_runs_past_the_cache_sizes(trained, monkeypatch, mea
         q = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=min_bytes))
         layers = [m for m in q.modules() if isinstance(m, Int8Linear)]
         assert q.int8_kernel[0] == chosen and ("_packing" in q.__dict__) == (KERNELS[chosen] is not None)
-        assert all(m.weight.is_mkldnn == (KERNELS[chosen] is not None) and m.shift == (KERNELS[chosen] or 0)
-                   and m.widen == (chosen == "widened") for m in layers)
+        assert all(m.weight.is_mkldnn == (KERNELS[chosen] is not None) and m.kernel == chosen for m in layers)
     assert kernel_line(q).startswith(f"int8 kernel: {measured} (measured) on ")
 
 
@@ -258,7 +257,7 @@ def test_the_widened_rows_give_the_rows_numbers(trained):
     model, _, x, _ = trained
     plain = quantize_int8(model, pack=False)
     widened = wait_packed(start_packing(quantize_int8(model, pack=False), kernel="widened"))
-    assert all(m.widen for m in widened.modules() if isinstance(m, Int8Linear))
+    assert all(m.kernel == "widened" for m in widened.modules() if isinstance(m, Int8Linear))
     with torch.no_grad():
         assert torch.equal(plain(x)[0], widened(x)[0]) and torch.equal(plain(x[:1, :1])[0], widened(x[:1, :1])[0])
     prompt = x[:3, :6]
@@ -274,10 +273,10 @@ def test_a_kernel_with_inexact_sums_is_left_out(trained, monkeypatch):
     layers = [m for m in quantize_int8(model, pack=False).modules() if isinstance(m, Int8Linear)]
     product = quantize.int8_product
 
-    def off_by_one(kernel, x, layer, packed=None):  # onednn-u8 made inexact, and the quickest by far
+    def off_by_one(kernel, xr, w, layer):  # onednn-u8 made inexact, and the quickest by far
         if kernel == "onednn-u8":
-            return torch.mul(torch._int_mm(x, layer.weight.t()) + 1, layer.scale)
-        return product(kernel, x, layer, packed)
+            return torch.mul(torch._int_mm(xr.to(torch.int8), layer.weight.t()) + 1, layer.scale)
+        return product(kernel, xr, w, layer)
 
     monkeypatch.setattr(quantize, "int8_product", off_by_one)
     assert not gives_exact_sums("onednn-u8", layers[0]) and gives_exact_sums("rows", layers[0])

@@ -282,10 +282,10 @@ def bench_sample(cfg, device, tmp, threads):
     if int8 is not None:  # and a kernel it does not run, forced: the plain rows (torch._int_mm), or where those were
         # chosen (quantize.choose_kernel, or PACK_MIN_BYTES), oneDNN's uint8 one where its sums are exact here, else
         # the widened rows
-        layer = next(m for m in int8.modules() if isinstance(m, Q.Int8Linear))
-        forced = "onednn-u8" if Q.gives_exact_sums("onednn-u8", layer) else "widened"
-        if int8.int8_kernel[0] != "rows":
-            forced = "rows"
+        forced = "rows"
+        if int8.int8_kernel[0] == "rows":
+            layer = next(m for m in int8.modules() if isinstance(m, Q.Int8Linear))
+            forced = "onednn-u8" if Q.gives_exact_sums("onednn-u8", layer) else "widened"
         other = Q.wait_packed(Q.start_packing(Q.quantize_int8(model, pack=False), kernel=forced))
     # and compiled: Int8Linear.weight_only, on the plain rows (sample.py --compile)
     int8_compiled = Q.quantize_int8(model, pack=False) if int8 is not None and cfg.sample_compile else None
