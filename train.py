@@ -11,7 +11,7 @@ Train the binary-code GPT of model.py on token shards written by prepare_data.py
 Every setting is a field of TrainConfig (`python train.py --help`); `train(cfg)` and `main(argv)`
 are importable. It reads as a run goes (settings, data, model and optimizer, the loop, evaluation,
 saving); its safety is a call away in bincode_gpt/: launch.py (processes), preflight.py (checks),
-run_dir.py (out_dir, exact resume), stopping.py (signals, divergence), progress.py (the log).
+run_dir.py (out_dir, its data on resume), stopping.py (signals, divergence), progress.py (the log).
 """
 
 from bincode_gpt.cli import quiet_interrupt
@@ -30,7 +30,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bincode_gpt import launch, preflight, run_dir
-from bincode_gpt.checkpoint import atomic_torch_save, checkpoint_dict, load_weights, rng_state
+from bincode_gpt.checkpoint import atomic_torch_save, checkpoint_dict, load_weights, restore
+from bincode_gpt.checkpoint import rng_state
 from bincode_gpt.cli import config_parser, parse_settings, run_main, setting, with_overrides
 from bincode_gpt.devices import peak_flops
 from bincode_gpt.progress import Log
@@ -144,6 +145,8 @@ def set_up(cfg, out_lock, *, rank, world, device, dtype, distributed):
     train_split = Split(cfg.data_dir, start.meta, "train", mcfg.block_size, mcfg.vocab_size)
     val_split = Split(cfg.data_dir, start.meta, "val", mcfg.block_size, mcfg.vocab_size)
     fingerprint = run_dir.data_fingerprint(cfg.data_dir)  # what a saved data position indexes
+    if cfg.resume:
+        run_dir.check_same_data(start.ckpt, start.source, cfg.data_dir, fingerprint, rank=rank)
     run_dir.claim_out_dir(cfg, out_lock if rank == 0 else None, start.stamp)  # rank 0, to the end
 
     # rank 0's init is every rank's (DDP broadcasts it); dropout draws differ per rank
@@ -151,13 +154,13 @@ def set_up(cfg, out_lock, *, rank, world, device, dtype, distributed):
     raw_model = GPT(mcfg).to(device)
     if start.ckpt is not None:
         load_weights(raw_model, start.ckpt["model"], start.source)
-    if rank == 0:  # a warning, printed once; the other ranks wait for it below
-        preflight.check_window_starts(train_split, start.meta, raw_model, cfg.data_dir)
     betas = (cfg.beta1, cfg.beta2)
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, betas, device.type)
     flops = raw_model.flops_per_token(mcfg.block_size)
+    if rank == 0:  # a warning, printed once; the other ranks wait for it
+        preflight.check_window_starts(train_split, start.meta, raw_model, cfg.data_dir)
+    launch.wait_for_all(distributed, device)
     model = torch.compile(raw_model) if cfg.compile else raw_model
-    launch.wait_for_all(distributed, device)  # for rank 0's window scan
     if distributed:
         model = launch.data_parallel(model, device, compiled=cfg.compile)  # DDP
     autocast = nullcontext()
@@ -171,7 +174,7 @@ def set_up(cfg, out_lock, *, rank, world, device, dtype, distributed):
               tokenizer=start.tokenizer, fingerprint=fingerprint, log=log)
     state = State()
     if cfg.resume:
-        run_dir.restore(run, state, start.ckpt, start.source)  # optimizer, step, data position, RNG
+        restore(run, state, start.ckpt, start.source)  # optimizer, step, data position, RNG
     log.start(run, state, dtype)  # opens log.jsonl (rank 0), says what is trained
     return run, state
 

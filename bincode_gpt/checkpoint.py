@@ -1,6 +1,6 @@
 """
 Checkpoints: reading, building the model they hold, and writing them: the one home of every script that
-saves or loads one, and of the RNG states a resumed run restores.
+saves or loads one, and of what --resume reads back (the training state, the RNG streams).
 
 A checkpoint is a dict of plain types, so torch.load(weights_only=True) reads it: "model" (the state
 dict), "model_config" (GPTConfig's fields), "tokenizer" (how to turn ids into text), and training state
@@ -131,6 +131,56 @@ def load_optimizer_state(optimizer, state_dict):
         groups = [{**g, **{k: mine[k] for k in OPTIMIZER_KERNEL if k in mine}} for g, mine in zip(saved, own)]
         state_dict = {**state_dict, "param_groups": groups}
     optimizer.load_state_dict(state_dict)  # a state of another shape: torch's own error
+
+
+def check_resumable(ckpt, source):
+    """--resume reads a checkpoint's training state: a best.pt (weights only), a checkpoint without that
+    state, or one whose entries have other types than restore reads them as (another writer's, an older
+    version's) is refused before the run claims out_dir, naming the odd entry, not a KeyError later."""
+    if ckpt.get("saved_as") == "best.pt":
+        raise ValueError(f"{source} is a best.pt (step {ckpt.get('step')}'s weights, no optimizer, data position or "
+                         "RNG state): --resume continues out_dir/ckpt.pt; start a run from these weights with "
+                         f"--init_from {source}")
+    if not {"optimizer", "step", "data", "rng"} <= ckpt.keys():
+        raise ValueError(f"{source}: holds weights but no training state to resume; start from it with --init_from")
+    data, rng, optimizer = ckpt["data"], ckpt["rng"], ckpt["optimizer"]
+    number_or_none = (int, float, type(None))
+    odd = [what for what, ok in (
+        ("'step' is not a whole number >= 0", type(ckpt["step"]) is int and ckpt["step"] >= 0),
+        ("'data' has no whole-number 'position' >= 0",
+         isinstance(data, dict) and type(data.get("position")) is int and data["position"] >= 0),
+        ("'optimizer' is not an optimizer state dict",
+         isinstance(optimizer, dict) and {"state", "param_groups"} <= optimizer.keys()),
+        ("'rng' is not a list of RNG states (torch, cuda, python, numpy) per process",
+         isinstance(rng, list) and rng and all(
+             isinstance(r, dict) and {"torch", "cuda", "python", "numpy"} <= r.keys() for r in rng)),
+        ("'eval_step' is not a whole number", type(ckpt.get("eval_step")) in (int, type(None))),
+        ("'val_loss' or 'best_val_loss' is not a number",
+         isinstance(ckpt.get("val_loss"), number_or_none) and isinstance(ckpt.get("best_val_loss"), number_or_none)),
+    ) if not ok]
+    if odd:
+        raise ValueError(f"{source}: cannot resume: {odd[0]} (a checkpoint of another program or version?); "
+                         "start from its weights with --init_from")
+
+
+def restore(run, state, ckpt, source):
+    """Continue where a checkpoint that passed check_resumable stopped: optimizer, step, data position,
+    evaluations, RNG streams (each rank its own, when the number of processes is the same)."""
+    try:
+        load_optimizer_state(run.optimizer, ckpt["optimizer"])  # moments to the parameters' device, kernel kept
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+        raise ValueError(f"{source}: its optimizer state does not fit this model ({one_line(e, 120)})") from None
+    state.step, state.position, state.best_val = ckpt["step"], ckpt["data"]["position"], ckpt.get("best_val_loss")
+    state.eval_step, state.val_loss, state.saved_step = ckpt.get("eval_step"), ckpt.get("val_loss"), ckpt["step"]
+    if len(ckpt["rng"]) == run.world:
+        try:
+            set_rng_state(ckpt["rng"][run.rank], run.device)
+        except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+            raise ValueError(f"{source}: its RNG state of rank {run.rank} is unreadable ({one_line(e, 120)})") from None
+    elif run.rank == 0:
+        print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {run.world}: the data order "
+              "continues exactly, but each rank's RNG stays as this run's start set it (seed + rank), so dropout "
+              "draws differ from an unbroken run's")
 
 
 def check_buildable(config, state_dict, source):

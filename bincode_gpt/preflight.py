@@ -14,12 +14,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from bincode_gpt.checkpoint import check_buildable, check_finite, read_checkpoint
-from bincode_gpt.cli import one_line
+from bincode_gpt.checkpoint import check_buildable, check_finite, check_resumable, read_checkpoint
 from bincode_gpt.files import file_stamp
 from bincode_gpt.memory import check_training_fits
 from bincode_gpt.shards import load_meta, prepare_command
-from bincode_gpt.tokenizer import all_ones_id, reserved_note, tiktoken_entry
+from bincode_gpt.tokenizer import all_ones_id, check_tokenizer, tiktoken_entry
 from model import PRESETS, GPTConfig, constant_input_ids, get_config
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))  # train.TrainConfig overrides each; None keeps the preset's
@@ -49,6 +48,9 @@ def read_start(cfg, *, rank, world, device, dtype):
         raise FileNotFoundError(f"{source}: no checkpoint there to resume; {best} holds weights only (no optimizer, "
                                 f"data position or RNG state): start a run from them with --init_from {best}")
     ckpt = read_checkpoint(source) if source else None
+    if cfg.resume:
+        check_resumable(ckpt, source)  # its training state, with the types restore reads
+    tokenizer = tiktoken_entry(meta)
     if ckpt is not None:
         check_tokenizer(ckpt, meta, source, cfg.data_dir)
     mcfg = model_config(cfg, meta, ckpt, source, note=print if rank == 0 else lambda text: None)
@@ -58,7 +60,7 @@ def read_start(cfg, *, rank, world, device, dtype):
     check_training_fits(cfg, mcfg, world, device, dtype)  # refused with the numbers, not built until OOM
     if mcfg.vocab_size != meta["vocab_size"] and rank == 0:
         print(f"note: model vocab_size {mcfg.vocab_size} differs from the data's {meta['vocab_size']}")
-    return Start(meta=meta, source=source, ckpt=ckpt, stamp=stamp, model_config=mcfg, tokenizer=tiktoken_entry(meta))
+    return Start(meta=meta, source=source, ckpt=ckpt, stamp=stamp, model_config=mcfg, tokenizer=tokenizer)
 
 
 def resolve_settings(cfg):
@@ -101,33 +103,6 @@ def check_settings(cfg):
     for name in ("out_dir", "init_from"):  # --data_dir: prepare_data.load_meta
         if getattr(cfg, name) == "":
             raise ValueError(f"--{name} is '' (empty): name a {'file' if name == 'init_from' else 'folder'}")
-
-
-def check_tokenizer(ckpt, meta, source, data_dir):
-    """A token id means what the checkpoint's tokenizer says: the data must come from the same one. Data
-    prepared here is tiktoken's, so a converted release (its tokenizer a tokenizer.json) is refused."""
-    theirs, meta_path = ckpt.get("tokenizer"), os.path.join(data_dir, "meta.json")
-    if theirs is None:
-        print(f"note: {source} names no tokenizer: its token ids are taken to mean what {meta_path} says",
-              file=sys.stderr)
-        return
-    if not isinstance(theirs, dict) or theirs.get("kind") not in ("tiktoken", "hf"):
-        raise ValueError(f"{source}: unknown tokenizer entry {one_line(repr(theirs), 80)}")
-    if theirs["kind"] == "hf":
-        raise ValueError(f"{source}: its tokenizer is a tokenizer.json ({one_line(repr(theirs.get('file')), 80)}), but "
-                         f"{meta_path} says the data was made with tiktoken's {meta['encoding']}: the same ids would "
-                         "mean other text. prepare_data.py writes tiktoken data only, so this model cannot be trained "
-                         "on it here")
-    theirs, ours = tiktoken_entry(theirs), tiktoken_entry(meta)  # an old entry's missing keys: the ids it had
-    if theirs != ours:
-        moves = [k for k in ("reserve_zero", "reserve_ones")
-                 if not theirs[k] and tiktoken_entry({**theirs, k: True})[k]]
-        flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + "".join(  # a reservation
-            f" --no-{k}" for k in moves)  # that would move something
-        raise ValueError(f"{source}: trained on {theirs['encoding']} tokens at vocab_size {theirs['vocab_size']}"
-                         f"{reserved_note(theirs)}, but {os.path.join(data_dir, 'meta.json')} "
-                         f"says {ours['encoding']} at vocab_size {ours['vocab_size']}{reserved_note(ours)}: "
-                         f"prepare the data with {flags}")
 
 
 def check_window_starts(split, meta, model, data_dir):

@@ -4,6 +4,7 @@ Tokenizers: text <-> token ids, the one home of every script that turns text int
 - get_tokenizer: a tiktoken encoding, optionally cut to a smaller vocabulary (what prepare_data.py
   writes shards with, and what a native checkpoint's tokenizer entry names).
 - tiktoken_entry: that "tokenizer" entry, which train.py saves with every checkpoint.
+- check_tokenizer: a checkpoint's entry against the data's, before training it on that data.
 - TiktokenText, HFText: the two text codecs sample.py decodes with, a tiktoken encoding (native runs)
   or a tokenizer.json (converted releases; needs the `tokenizers` package), each with its end-of-text id.
 - load_text_codec: the codec a checkpoint's "tokenizer" entry describes.
@@ -13,10 +14,13 @@ Tokenizers: text <-> token ids, the one home of every script that turns text int
 import codecs
 import json
 import os
+import sys
 from functools import lru_cache
 
 import tiktoken
 import tiktoken.registry  # encoding_parts
+
+from bincode_gpt.cli import one_line
 
 EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]  # end-of-text names, most common first
 
@@ -113,6 +117,33 @@ def reserved_note(entry: dict) -> str:
     ids = ["0"] if entry["reserve_zero"] else []
     ids += [str(all_ones_id(entry["vocab_size"]))] if entry["reserve_ones"] else []
     return f", id{'s' * (len(ids) > 1)} {' and '.join(ids)} reserved" if ids else ""
+
+
+def check_tokenizer(ckpt, meta, source, data_dir):
+    """A token id means what the checkpoint's tokenizer says: the data must come from the same one. Data
+    prepared here is tiktoken's, so a converted release (its tokenizer a tokenizer.json) is refused."""
+    theirs, meta_path = ckpt.get("tokenizer"), os.path.join(data_dir, "meta.json")
+    if theirs is None:
+        print(f"note: {source} names no tokenizer: its token ids are taken to mean what {meta_path} says",
+              file=sys.stderr)
+        return
+    if not isinstance(theirs, dict) or theirs.get("kind") not in ("tiktoken", "hf"):
+        raise ValueError(f"{source}: unknown tokenizer entry {one_line(repr(theirs), 80)}")
+    if theirs["kind"] == "hf":
+        raise ValueError(f"{source}: its tokenizer is a tokenizer.json ({one_line(repr(theirs.get('file')), 80)}), but "
+                         f"{meta_path} says the data was made with tiktoken's {meta['encoding']}: the same ids would "
+                         "mean other text. prepare_data.py writes tiktoken data only, so this model cannot be trained "
+                         "on it here")
+    theirs, ours = tiktoken_entry(theirs), tiktoken_entry(meta)  # an old entry's missing keys: the ids it had
+    if theirs != ours:
+        moves = [k for k in ("reserve_zero", "reserve_ones")
+                 if not theirs[k] and tiktoken_entry({**theirs, k: True})[k]]
+        flags = f"--encoding {theirs['encoding']} --vocab_size {theirs['vocab_size']}" + "".join(  # a reservation
+            f" --no-{k}" for k in moves)  # that would move something
+        raise ValueError(f"{source}: trained on {theirs['encoding']} tokens at vocab_size {theirs['vocab_size']}"
+                         f"{reserved_note(theirs)}, but {os.path.join(data_dir, 'meta.json')} "
+                         f"says {ours['encoding']} at vocab_size {ours['vocab_size']}{reserved_note(ours)}: "
+                         f"prepare the data with {flags}")
 
 
 def file_in(folder, name, what):
@@ -228,8 +259,6 @@ def load_text_codec(ckpt, ckpt_path):
 
 
 if __name__ == "__main__":
-    import sys
-
     from bincode_gpt.cli import not_a_command
     sys.exit(not_a_command("bincode_gpt/tokenizer.py", "tokenize a corpus by `python prepare_data.py --help` (--encoding, "
                                            "--vocab_size); sample.py decodes a checkpoint's tokens"))

@@ -26,7 +26,7 @@ import torch
 from bincode_gpt.checkpoint import check_finite, load_checkpoint
 from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
 from bincode_gpt.decode import generate
-from bincode_gpt.preflight import check_tokenizer
+from bincode_gpt.tokenizer import check_tokenizer
 from bincode_gpt.quantize import quantize_int8, weight_only_copy
 from bincode_gpt.shards import load_meta
 from bincode_gpt.windows import Split
