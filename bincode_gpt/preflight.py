@@ -36,9 +36,9 @@ class Start(NamedTuple):
 
 def read_start(cfg, *, rank, world, device, dtype):
     """Everything a run starts from, read and checked in the order a run meets it, before anything is written ->
-    Start: the settings, the data's meta.json, the checkpoint to start from, its tokenizer against the data's, the
-    model's shape (model_config), the checkpoint's weights (finite, and as many blocks as its model_config says),
-    and whether training fits in memory."""
+    Start: the settings, the data's meta.json, the checkpoint to start from (--resume: its training state), its
+    tokenizer against the data's, the model's shape (model_config), the checkpoint's weights (finite, and as many
+    blocks as its model_config says), and whether training fits in memory."""
     check_settings(resolve_settings(cfg))  # min_lr's default follows lr
     meta = load_meta(cfg.data_dir)  # a ShardError names what is missing or malformed
     source = cfg.ckpt_path if cfg.resume else cfg.init_from

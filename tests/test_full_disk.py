@@ -53,7 +53,7 @@ def fail_at(monkeypatch, name, k, under=None):
     return calls
 
 
-def sweep(monkeypatch, capsys, main, argv, out, name, check_failure=None):
+def sweep(monkeypatch, capsys, main, argv, out, name, *, check_failure=None):
     """Run main(argv) with os.<name> failing at call 1, 2, ... until it succeeds; each failure leaves `out` as it was
     (or as check_failure says). -> the failures seen."""
     before, k = tree(out), 0
@@ -198,5 +198,5 @@ def test_study_results_are_replaced_all_or_none(tiny_data, tmp_path, monkeypatch
         assert {f: (tmp_path / f).read_bytes() for f in old} == old, (name, k)
         assert not [p for p in tmp_path.iterdir() if p.name.startswith(".staging")]
 
-    assert sweep(monkeypatch, capsys, compare.main, argv, tmp_path, name, kept) >= (1 if name == "mkdir" else 2)
+    assert sweep(monkeypatch, capsys, compare.main, argv, tmp_path, name, check_failure=kept) >= (1 if name == "mkdir" else 2)
     assert {f: (tmp_path / f).read_bytes() for f in results} == results

@@ -188,8 +188,8 @@ def test_the_paper_row_on_cuda_compares_the_peak_with_the_estimate_and_times_the
         row = gpu_check.check_paper(gpu_check.CheckConfig(steps=100, compile=True), True, "data", str(work))
         below = "" if ok else " (below the peak: cannot warn before an OOM)"
         assert row == gpu_check.Row(
-            "paper preset, largest batch", ok, 2500.0, 0.25, f"{peak / 2**30:.2f} GiB", 30.0,
-            f"32 x 1024, context 1024, V 65,536, eager bfloat16: batch 16 of {first} first tried ({tried} ran out of "
+            "paper preset, largest batch", ok, tokens_per_s=2500.0, mfu=0.25, peak=f"{peak / 2**30:.2f} GiB",
+            wall_s=30.0, note=f"32 x 1024, context 1024, V 65,536, eager bfloat16: batch 16 of {first} first tried ({tried} ran out of "
             f"memory); peak {peak / 2**30:.1f} GiB against preflight's estimate {estimate / 2**30:.1f} GiB{below}{stop}")
 
 

@@ -331,7 +331,7 @@ def gather(tensors, n_head, n_embd):
     return out, origin, sorted({conv for conv, _, _ in mapped.values()})
 
 
-def input_variant(emb, sd, hint, V, K, n_embd, origin, raw, tensors):
+def input_variant(emb, sd, hint, *, V, K, n_embd, origin, raw, tensors):
     """Which input interface the weights hold; the config's word for it (hint) must agree."""
     if "embed.A" in sd or "embed.b" in sd or (emb is None and hint == "affine"):
         variant = "affine"
@@ -468,8 +468,8 @@ def hf_to_native(folder, layout="auto", input=None):
 
     # the input: metadata of our own export, the model_type and the weights must agree
     emb = sd.pop("embed.weight", None)
-    variant = input_variant(emb, sd, meta.get("input") or input or variant_from_model_type(raw.get("model_type")),
-                            V, K, n_embd, origin, raw, tensors)
+    hint = meta.get("input") or input or variant_from_model_type(raw.get("model_type"))
+    variant = input_variant(emb, sd, hint, V=V, K=K, n_embd=n_embd, origin=origin, raw=raw, tensors=tensors)
     pad = meta.get("pad_token_id", fields["pad_token_id"])
     if variant == "learned":
         sd["embed.weight"] = emb

@@ -323,11 +323,12 @@ def check_training(cfg, cuda, data, work):
     ref_log, entries = read_log(ref)
     tok, mfu = speed(entries, cfg.warmup)
     dtype = "bfloat16, compiled" if cuda and cfg.compile else "bfloat16" if cuda else "float32"
-    rows.append(Row("train (quick start)", True, tok, mfu, peak_of(done.err), done.wall, f"{cfg.steps} steps, {dtype}"))
+    rows.append(Row("train (quick start)", True, tokens_per_s=tok, mfu=mfu, peak=peak_of(done.err),
+                    wall_s=done.wall, note=f"{cfg.steps} steps, {dtype}"))
 
     flags = lambda out_dir, **kw: train_flags(cfg, cuda, data, out_dir, **kw)
-    rows.append(stop_and_resume("SIGTERM, then --resume", cfg, cuda, lambda *a: command("train.py", *a), flags,
-                                os.path.join(work, "stopped"), ref_log, exits=0))
+    rows.append(stop_and_resume("SIGTERM, then --resume", cfg, cuda, launch=lambda *a: command("train.py", *a),
+                                flags=flags, out_dir=os.path.join(work, "stopped"), ref_log=ref_log, exits=0))
 
     tuned = os.path.join(work, "init_from")
     steps = max(2, cfg.steps // 4)
@@ -344,7 +345,7 @@ def check_training(cfg, cuda, data, work):
     return rows
 
 
-def stop_and_resume(name, cfg, cuda, launch, flags, out_dir, ref_log, exits):
+def stop_and_resume(name, cfg, cuda, *, launch, flags, out_dir, ref_log, exits):
     """`launch(*flags(out_dir))` gets SIGTERM once it prints step --stop_at and must exit with `exits`, its
     ckpt.pt at the step it announced; `--resume` then runs it to --steps, its log compared with ref_log -> a Row."""
     first = run(launch(*flags(out_dir)), stop_after=cfg.stop_at, timeout=cfg.timeout)
@@ -431,12 +432,12 @@ def check_paper(cfg, cuda, data, work):
     what = (f"{mcfg.n_layer} x {mcfg.n_embd}, context {mcfg.block_size}, V {mcfg.vocab_size:,}, eager "
             f"{'bfloat16' if cuda else 'float32'}")
     if kind != "cuda":
-        return Row(name, True, tok, mfu, peak_of(done.err), done.wall,
-                   f"dry run, tiny preset ({what}): batch {batch} of {first} first tried{tried}; preflight's "
+        return Row(name, True, tokens_per_s=tok, mfu=mfu, peak=peak_of(done.err), wall_s=done.wall,
+                   note=f"dry run, tiny preset ({what}): batch {batch} of {first} first tried{tried}; preflight's "
                    f"estimate {estimate / 2**20:.1f} MiB (an RSS holds the interpreter: not compared){save}")
     fits = peak <= estimate
-    return Row(name, fits, tok, mfu, peak_of(done.err), done.wall,
-               f"{what}: batch {batch} of {first} first tried{tried}; peak {peak / 2**30:.1f} GiB against preflight's "
+    return Row(name, fits, tokens_per_s=tok, mfu=mfu, peak=peak_of(done.err), wall_s=done.wall,
+               note=f"{what}: batch {batch} of {first} first tried{tried}; peak {peak / 2**30:.1f} GiB against preflight's "
                f"estimate {estimate / 2**30:.1f} GiB{'' if fits else ' (below the peak: cannot warn before an OOM)'}"
                f"{save}")
 
@@ -459,11 +460,11 @@ def check_torchrun(cfg, cuda, data, work):
     start = next(e for e in entries if e["event"] == "start")
     steps = [e["step"] for e in entries if e["event"] == "train"] == list(range(1, cfg.steps + 1))
     how = f"{'nccl' if cuda else 'gloo'}{', compiled' if cfg.compile else ''}"
-    row = Row(names[0], steps and start["world_size"] == 2, tok, mfu, wall_s=done.wall,
+    row = Row(names[0], steps and start["world_size"] == 2, tokens_per_s=tok, mfu=mfu, wall_s=done.wall,
               note=f"{how}, {cfg.steps} steps, world size {start['world_size']}")
     # torchrun forwards the signal to its ranks, which save and exit 0, then re-raises it itself: exit 1
-    stopped = stop_and_resume(names[1], cfg, cuda, lambda *a: torchrun(2, *a), flags,
-                              os.path.join(work, "torchrun-stopped"), ref_log, exits=1)
+    stopped = stop_and_resume(names[1], cfg, cuda, launch=lambda *a: torchrun(2, *a), flags=flags,
+                              out_dir=os.path.join(work, "torchrun-stopped"), ref_log=ref_log, exits=1)
     return [row, stopped]
 
 

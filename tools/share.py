@@ -105,28 +105,29 @@ def points(args):
         raise ValueError(f"--steps needs one value per --vocabs ({len(vocabs)}), got {len(steps)}")
     affine = set(ints(args.affine_vocabs, "--affine_vocabs")) if args.affine_vocabs else set()
     text = os.path.splitext(os.path.basename(args.corpus[0]))[0] if len(args.corpus) == 1 else "mix"
-    point = lambda role, t, c, v, l, d, s, extra=(): dict(role=role, text=t, corpus=c, vocab=v, L=l, D=d,  # noqa: E731
-                                                         steps=s, variants=("learned", "binary") + tuple(extra))
-    out = [point("axis", text, args.corpus, v, L, D, s, ("affine",) if v in affine else ())
-           for v, s in zip(vocabs, steps)]
+    def point(role, text=text, corpus=args.corpus, *, vocab, L=L, D=D, steps, extra=()):
+        return dict(role=role, text=text, corpus=corpus, vocab=vocab, L=L, D=D, steps=steps,
+                    variants=("learned", "binary") + tuple(extra))
+
+    out = [point("axis", vocab=v, steps=s, extra=("affine",) if v in affine else ()) for v, s in zip(vocabs, steps)]
     if args.short_steps:
-        out.append(point("short", text, args.corpus, vocabs[0], L, D, args.short_steps))
+        out.append(point("short", vocab=vocabs[0], steps=args.short_steps))
     if args.depth_point:
         v, size = args.depth_point.split(":") if ":" in args.depth_point else ("", "")
         if not v.isdigit():
             raise ValueError(f"--depth_point must look like 1024:1x128, got {args.depth_point!r}")
         (dl, dd), = scaling.parse_sizes(size, "--depth_point")
         at = steps[vocabs.index(int(v))] if int(v) in vocabs else steps[0]
-        out.append(point("depth", text, args.corpus, int(v), dl, dd, at))
+        out.append(point("depth", vocab=int(v), L=dl, D=dd, steps=at))
     if args.width_point:
         v, w = (args.width_point.split(":") + [""])[:2]
         if not (v.isdigit() and w.isdigit() and int(v) in vocabs):
             raise ValueError(f"--width_point must look like 1024:16, its V one of --vocabs, got {args.width_point!r}")
         at = steps[vocabs.index(int(v))]
-        out.append({**point("width", text, args.corpus, int(v), L, D, at), "variants": ("binary",), "width": int(w)})
+        out.append({**point("width", vocab=int(v), steps=at), "variants": ("binary",), "width": int(w)})
     if args.second:
         second = os.path.splitext(os.path.basename(args.second))[0]
-        out.append(point("second", second, [args.second], args.second_vocab, L, D, args.second_steps))
+        out.append(point("second", second, [args.second], vocab=args.second_vocab, steps=args.second_steps))
     return out
 
 
