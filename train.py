@@ -152,11 +152,15 @@ def set_up(cfg, out_lock, *, rank, world, device, dtype, distributed):
     # rank 0's init is every rank's (DDP broadcasts it); dropout draws differ per rank
     torch.manual_seed(cfg.seed + rank)
     raw_model = GPT(mcfg).to(device)
-    if start.ckpt is not None:
-        load_weights(raw_model, start.ckpt["model"], start.source)
     betas = (cfg.beta1, cfg.beta2)
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, betas, device.type)
     flops = raw_model.flops_per_token(mcfg.block_size)
+    state = State()
+    if start.ckpt is not None:  # its weights, copied into the parameters the optimizer holds
+        load_weights(raw_model, start.ckpt["model"], start.source, copy=True)
+    if cfg.resume:  # where the checkpoint stopped: optimizer, step, data position, RNG
+        restore(state, start.ckpt, start.source, optimizer=optimizer, rank=rank, world=world,
+                device=device)
     if rank == 0:  # a warning, printed once; the other ranks wait for it
         preflight.check_window_starts(train_split, start.meta, raw_model, cfg.data_dir)
     launch.wait_for_all(distributed, device)
@@ -172,9 +176,6 @@ def set_up(cfg, out_lock, *, rank, world, device, dtype, distributed):
               model=model, raw_model=raw_model, optimizer=optimizer,
               train_split=train_split, val_split=val_split, autocast=autocast,
               tokenizer=start.tokenizer, fingerprint=fingerprint, log=log)
-    state = State()
-    if cfg.resume:
-        restore(run, state, start.ckpt, start.source)  # optimizer, step, data position, RNG
     log.start(run, state, dtype)  # opens log.jsonl (rank 0), says what is trained
     return run, state
 

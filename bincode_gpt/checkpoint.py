@@ -98,12 +98,13 @@ def all_finite(t):
     return all(bool(torch.isfinite(block.float()).all()) for block in t.reshape(-1).split(2**20))
 
 
-def load_weights(model, state_dict, source, device=None):
+def load_weights(model, state_dict, source, device=None, *, copy=False):
     """Make model's parameters and buffers the state dict's tensors, each on `device` (default: the device of
     the model's parameters) in the model's dtype: assigned, so where both already match (the CPU) no copy is
     made. A model built on the meta device as a placeholder names its real device here. A meta tensor in the
-    state dict is a stand-in that stays one (quantize.split_int8's: pack_int8 replaces it). A missing,
-    unexpected or misshapen tensor is a ValueError naming `source`."""
+    state dict is a stand-in that stays one (quantize.split_int8's: pack_int8 replaces it). copy=True copies
+    the values into the model's own tensors instead, so an optimizer made over its parameters keeps them. A
+    missing, unexpected or misshapen tensor is a ValueError naming `source`."""
     own = model.state_dict()
     problems = [f"missing {k}" for k in own if k not in state_dict]
     problems += [f"unexpected {k}" for k in state_dict if k not in own]
@@ -112,6 +113,9 @@ def load_weights(model, state_dict, source, device=None):
     if problems:
         more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
         raise ValueError(f"{source}: weights do not fit its model_config: {'; '.join(problems[:4])}{more}")
+    if copy:
+        model.load_state_dict(state_dict)  # each value copied to its tensor's device and dtype
+        return
     device = torch.device(device) if device is not None else next(model.parameters()).device
     # assign: the model takes these very tensors (memory-mapped on the CPU), moved only to another device: a
     # parameter left on the file's device would meet the model's buffers (lift, rotary tables) on the GPU
@@ -163,22 +167,23 @@ def check_resumable(ckpt, source):
                          "start from its weights with --init_from")
 
 
-def restore(run, state, ckpt, source):
-    """Continue where a checkpoint that passed check_resumable stopped: optimizer, step, data position,
-    evaluations, RNG streams (each rank its own, when the number of processes is the same)."""
+def restore(state, ckpt, source, *, optimizer, rank, world, device):
+    """Continue where a checkpoint that passed check_resumable stopped: the optimizer's state, the loop's
+    counters (`state`: step, data position, evaluations), the RNG streams (each rank its own, when the
+    number of processes is the same)."""
     try:
-        load_optimizer_state(run.optimizer, ckpt["optimizer"])  # moments to the parameters' device, kernel kept
+        load_optimizer_state(optimizer, ckpt["optimizer"])  # moments to the parameters' device, kernel kept
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
         raise ValueError(f"{source}: its optimizer state does not fit this model ({one_line(e, 120)})") from None
     state.step, state.position, state.best_val = ckpt["step"], ckpt["data"]["position"], ckpt.get("best_val_loss")
     state.eval_step, state.val_loss, state.saved_step = ckpt.get("eval_step"), ckpt.get("val_loss"), ckpt["step"]
-    if len(ckpt["rng"]) == run.world:
+    if len(ckpt["rng"]) == world:
         try:
-            set_rng_state(ckpt["rng"][run.rank], run.device)
+            set_rng_state(ckpt["rng"][rank], device)
         except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
-            raise ValueError(f"{source}: its RNG state of rank {run.rank} is unreadable ({one_line(e, 120)})") from None
-    elif run.rank == 0:
-        print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {run.world}: the data order "
+            raise ValueError(f"{source}: its RNG state of rank {rank} is unreadable ({one_line(e, 120)})") from None
+    elif rank == 0:
+        print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {world}: the data order "
               "continues exactly, but each rank's RNG stays as this run's start set it (seed + rank), so dropout "
               "draws differ from an unbroken run's")
 
