@@ -109,9 +109,9 @@ def test_the_paper_row_tries_smaller_batches_while_one_runs_out_of_memory():
         tries.append(batch)
         return Done(1, "", oom, 1.0) if batch > 16 else Done(0, "step 1/3\n", "", 1.0)
 
-    batch, done, failed = gpu_check.largest_batch(attempt, 64)
+    batch, done, failed = gpu_check.largest_batch_that_runs(attempt, 64)
     assert (batch, done.code, failed, tries) == (16, 0, [64, 32], [64, 32, 16])
-    other = gpu_check.largest_batch(lambda b: Done(1, "", "ValueError: something else", 1.0), 32)
+    other = gpu_check.largest_batch_that_runs(lambda b: Done(1, "", "ValueError: something else", 1.0), 32)
     assert (other[0], other[2]) == (32, [])  # another failure stops the search: the row reports it
 
 

@@ -388,7 +388,7 @@ def out_of_memory(done):
     return done.code != 0 and re.search(r"out of memory|is free on", done.err, flags=re.I) is not None
 
 
-def largest_batch(attempt, first):
+def largest_batch_that_runs(attempt, first):
     """attempt(batch) -> Done, from `first` down BATCHES while a try runs out of memory -> (the batch of the last
     try, its Done, the batches that ran out of memory)."""
     failed = []
@@ -417,7 +417,7 @@ def check_paper(cfg, cuda, data, work):
     attempt = lambda b: run(command("train.py", *train_flags(
         cfg, cuda, data, os.path.join(work, f"paper-b{b}"), **shape, batch_size=b, max_steps=3, warmup_steps=1, lr=6e-4,
         eval_interval=0, save_interval=0, compile=False)), timeout=cfg.timeout)
-    batch, done, failed = largest_batch(attempt, first)
+    batch, done, failed = largest_batch_that_runs(attempt, first)
     tried = f" ({', '.join(map(str, failed))} ran out of memory)" if failed else ""
     if done.code:
         return Row(name, False, peak=peak_of(done.err), wall_s=done.wall, note=f"batch {batch}{tried}: "

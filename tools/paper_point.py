@@ -415,7 +415,7 @@ def main_rows(args, plan, windows, meta):
             "learned_bpb": [whole_loss(base[s]) * per_nat for s in paired],
             "bpb": [whole_loss(mine[s]) * per_nat for s in paired], "sources": sources,
             "spread": spread, "inside_spread": None if spread is None or ci is None else abs(math.expm1(ci["mean"])) <= spread,
-            "curve": [(t, [math.expm1(g) for g in gs]) for t, gs in share.gap_curve(
+            "curve": [(t, [math.expm1(g) for g in gs]) for t, gs in scaling.seed_gaps(
                 [r for r in (read_curve(args, runs[role, size, w, s][0], w, s) for w in ("learned", v) for s in paired)
                  if r], v)]})
     return rows

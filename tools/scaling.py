@@ -266,18 +266,20 @@ def seed_spread(runs_by_point):
     return statistics.median(ranges) if ranges else math.nan
 
 
-def gap_curve(runs):
-    """Gap (binary - learned) along training: [(tokens, mean gap, min gap, max gap)] over shared seeds."""
+def seed_gaps(runs, variant="binary"):
+    """Along training: [(tokens, [per-seed gaps, variant - learned, in nats])] over the seeds both finished."""
     curves = {(r["variant"], r["seed"]): r["curve"] for r in runs}
-    seeds = [s for s in sorted({r["seed"] for r in runs}) if ("binary", s) in curves and ("learned", s) in curves]
+    seeds = sorted(s for v, s in curves if v == variant and ("learned", s) in curves)
     if not seeds:
         return []
-    n = min(len(curves[v, s]) for s in seeds for v in ("binary", "learned"))
-    out = []
-    for i in range(n):
-        gaps = [curves["binary", s][i][1] - curves["learned", s][i][1] for s in seeds]
-        out.append((curves["binary", seeds[0]][i][0], statistics.mean(gaps), min(gaps), max(gaps)))
-    return out
+    n = min(len(curves[v, s]) for s in seeds for v in (variant, "learned"))
+    return [(curves[variant, seeds[0]][i][0], [curves[variant, s][i][1] - curves["learned", s][i][1] for s in seeds])
+            for i in range(n)]
+
+
+def gap_curve(runs):
+    """Gap (binary - learned) along training: [(tokens, mean gap, min gap, max gap)] over shared seeds."""
+    return [(tokens, statistics.mean(gaps), min(gaps), max(gaps)) for tokens, gaps in seed_gaps(runs)]
 
 
 def size_rows(runs_by_point, meta):

@@ -44,11 +44,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
-import torch
 
 from bincode_gpt.cli import config_parser, parse_settings, preset_setting, resolve_presets, run_main, setting
 from bincode_gpt.files import writer_lock
-from model import GPT, code_bits, get_config
+from model import code_bits
 from tools import compare, scaling
 
 PAPER = {"share": 67_108_864 / 536_937_472, "tokens_per_param": 17e9 / 469_828_608, "gap_pct": 2.36 / 2.44 - 1,
@@ -152,13 +151,8 @@ def run_settings(args, p, data):
 
 def counts(p, args):
     """Trainable parameters of the point's learned and binary models, and the learned table's share."""
-    n = {}
-    for variant in ("learned", "binary"):
-        with torch.device("meta"):
-            cfg = get_config("small", vocab_size=p["vocab"], n_layer=p["L"], n_head=args.n_head, n_embd=p["D"],
-                             block_size=args.block_size, input=variant)
-            n[variant] = GPT(cfg).num_params()["trainable"]
-    return n["learned"], n["binary"], p["vocab"] * p["D"] / n["learned"]
+    learned, binary = (scaling.trainable(p["L"], p["D"], v, args, p["vocab"]) for v in ("learned", "binary"))
+    return learned, binary, p["vocab"] * p["D"] / learned
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -170,17 +164,6 @@ def spread(runs):
         if len(ppl) > 1:
             out = max(out, (max(ppl) - min(ppl)) / statistics.mean(ppl))
     return out
-
-
-def gap_curve(runs, variant="binary"):
-    """Along training: [(tokens, [per-seed gaps in nats])] over the seeds both inputs finished."""
-    curves = {(r["variant"], r["seed"]): r["curve"] for r in runs}
-    seeds = sorted(s for v, s in curves if v == variant and ("learned", s) in curves)
-    if not seeds:
-        return []
-    n = min(len(curves[v, s]) for s in seeds for v in (variant, "learned"))
-    return [(curves[variant, seeds[0]][i][0], [curves[variant, s][i][1] - curves["learned", s][i][1] for s in seeds])
-            for i in range(n)]
 
 
 def fit_tokens(curve, per_param, draws=1000, seed=0):
@@ -232,7 +215,7 @@ def analyse(args, pts, records, metas):
             pct = [math.exp(g) - 1 for g in gaps]
             sp = spread([r for r in runs if r["seed"] in seeds and r["variant"] in ("learned", variant)])
             m = statistics.mean(pct) if pct else math.nan
-            curve = gap_curve(runs, variant)
+            curve = scaling.seed_gaps(runs, variant)
             rows.append({
                 "point": name(p), "role": p["role"], "text": p["text"], "vocab": p["vocab"],
                 "K": p.get("width") or code_bits(p["vocab"]), "size": f"{p['L']}x{p['D']}", "steps": p["steps"], "input": variant, "seeds": len(seeds),
