@@ -483,6 +483,7 @@ def test_checkpoints_of_another_shape_name_the_file(data_dir, tmp_path, capsys):
     torch.save({k: ckpt[k] for k in ("model", "tokenizer")} | {"model_config": torch.load(ckpt_path)["model_config"]},
                tmp_path / "weights_only" / "ckpt.pt")
     assert "--init_from" in expect_error(config(data_dir, tmp_path / "weights_only", resume=True), "no training state")
+    assert os.listdir(tmp_path / "weights_only") == ["ckpt.pt"]  # refused before the claim: no lock file written
     # through the command line: a clear one-line error, exit status 1
     assert run_main(train.main, [f"--data_dir={data_dir}", f"--out_dir={out}", "--resume", "--n_layer=5", "--device=cpu"]) == 1
     assert f"error: {ckpt_path}" in capsys.readouterr().err
