@@ -32,8 +32,6 @@ Design choices, up front:
 
 import argparse
 import math
-import os
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -55,9 +53,8 @@ def binary_code(ids: torch.Tensor, bits: int) -> torch.Tensor:
 
 def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int = 0):
     """The release's V x K code table: row t = bits of t, least significant first; the pad row all
-    zeros (so <pad> and token 0 share an input, as in the release). Built on the CPU. A width W > K
-    (a study of the code's width at fixed V, not the paper's code) appends parity bits: bit K+j =
-    bit j XOR bit j+1 mod K."""
+    zeros (<pad> shares token 0's input, as in the release). Built on the CPU. A width W > K (a
+    study, not the paper's code) appends parity bits: bit K+j = bit j XOR bit j+1 mod K."""
     K = code_bits(vocab_size)
     table = binary_code(torch.arange(vocab_size, device="cpu"), K)
     j = torch.arange(max(0, width - K), device="cpu")  # on the CPU under a meta device too
@@ -70,14 +67,11 @@ def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int 
 
 def lift_index(n_embd: int, bits: int, layout: str) -> torch.Tensor:
     """Which bit each of the n_embd model dims carries (the zero-parameter lift from K to n_embd).
-
-    tile:       dim j carries bit j mod K; when K does not divide n_embd the last copy is cut short.
-    interleave: bit k fills the contiguous dims [k*n_embd/K, (k+1)*n_embd/K), i.e. dim j carries
-                bit floor(j*K / n_embd): code.repeat_interleave(n_embd/K) when K divides n_embd;
-                otherwise every bit still gets floor or ceil of n_embd/K dims.
-    Both keep every bit when n_embd >= K (GPTConfig checks it). Built on the CPU, also inside a
-    meta-device context: the lift is never stored in a checkpoint.
-    """
+    tile: dim j carries bit j mod K (when K does not divide n_embd the last copy is cut short).
+    interleave: dim j carries bit floor(j K / n_embd), bit k fills dims [k n_embd/K, (k+1) n_embd/K)
+    (code.repeat_interleave(n_embd/K) when K divides n_embd, else floor or ceil of n_embd/K dims).
+    Both keep every bit when n_embd >= K (GPTConfig checks it). Built on the CPU, under a meta
+    device too: the lift is never stored in a checkpoint."""
     dims = torch.arange(n_embd, device="cpu")
     if layout == "tile":
         return dims % bits
@@ -86,15 +80,14 @@ def lift_index(n_embd: int, bits: int, layout: str) -> torch.Tensor:
 
 class BinaryCodeInput(nn.Module):
     """The paper's input: a frozen V x K table of token codes, lifted to n_embd. No parameters.
+    The table is a buffer named `weight`: `model.get_input_embeddings().weight` is the code table
+    the released checkpoint's audit checks (row t = bits of t, the pad row zero).
 
-    The table is a registered buffer called `weight`, so `model.get_input_embeddings().weight` is
-    the exact code table the released checkpoint's audit checks (row t = bits of t, the pad row
-    zero). The rule: no id that text can produce (end-of-text included) may enter the model as a
-    constant vector, because LayerNorm maps a constant vector to exactly zero, and without biases
-    that position's stream then stays degenerate (deep models diverge on it). The constant codes
-    are ids 0 and 2^K - 1; the tokenizer gives them to the bytes NUL and 0xFF, which text does not
-    hold, and prepare_data.py moves end-of-text off 2^K - 1 (docs/zero-code.md).
-    """
+    The rule: no id that text can produce (end-of-text included) may enter the model as a constant
+    vector: LayerNorm maps it to exactly zero, and without biases that position's stream stays
+    degenerate (deep models diverge on it). The constant codes are ids 0 and 2^K - 1: the tokenizer
+    gives them to the bytes NUL and 0xFF, end-of-text moves off them, and prepare_data.py keeps
+    them out of the shards (docs/zero-code.md)."""
 
     def __init__(self, vocab_size, n_embd, layout="tile", pad_token_id=None, width=0):
         super().__init__()
@@ -156,9 +149,8 @@ def get_config(preset: str, **overrides) -> GPTConfig:
 
 # ---------------------------------------------------------- the decoder
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
-    """apply_rotary's tables, (T,) positions -> 2 x (T, head_dim): [cos, cos] and [-sin, sin].
-    float64 math keeps long positions accurate; the same formula serves the precomputed table and
-    positions past it."""
+    """apply_rotary's tables, (T,) positions -> 2 x (T, head_dim): [cos, cos] and [-sin, sin], in
+    float64 math (long positions stay accurate), for the precomputed table and positions past it."""
     even = torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device)
     inv_freq = base ** -(even / head_dim)  # (head_dim/2,)
     angles = positions.double()[:, None] * inv_freq[None, :]  # (T, head_dim/2)
@@ -223,14 +215,39 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class CrossEntropy(torch.autograd.Function):
+    """F.cross_entropy(logits, targets, ignore_index=-1) in the logits' memory alone: forward turns
+    them in place into exp(row - max(row)), backward into the loss's gradient, (softmax - onehot)
+    / n (n targets not -1). F.cross_entropy makes three more (N, V) buffers: on a CPU a step's
+    slowest part. Nothing else may read the logits: GPT.forward returns none when it trains."""
+
+    @staticmethod
+    def forward(ctx, logits, targets):
+        keep = targets != -1  # (N,)
+        weight = keep / keep.sum()  # (N,) each position's share of the mean
+        safe = targets.clamp(min=0)  # an ignored row reads column 0, at weight 0
+        picked = logits.gather(1, safe[:, None]).squeeze(1)  # (N,) read before the logits change
+        top = logits.amax(1, keepdim=True)  # (N, 1): exp never overflows below it
+        e = logits.sub_(top).exp_()  # (N, V), in place
+        total = e.sum(1)  # (N,)
+        ctx.save_for_backward(e, total, safe, weight)
+        return ((top.squeeze(1) + total.log() - picked) * weight).sum()
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        e, total, safe, weight = ctx.saved_tensors
+        scale = (grad_loss * weight)[:, None]  # (N, 1)
+        grad = e.mul_(scale / total[:, None])  # softmax * scale, in place
+        return grad.scatter_add_(1, safe[:, None], -scale), None  # minus onehot * scale
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
         V, d = config.vocab_size, config.n_embd
         if config.input == "binary":
-            pad, width = config.pad_token_id, config.code_width
-            self.embed = BinaryCodeInput(V, d, config.layout, pad, width)
+            self.embed = BinaryCodeInput(V, d, config.layout, config.pad_token_id, config.code_width)
         elif config.input == "affine":
             self.embed = AffineCodeInput(V, d, config.layout, config.affine_seed)
         else:  # given its (undrawn) weight, nn.Embedding draws nothing here: its init comes below
@@ -249,14 +266,12 @@ class GPT(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         if self.lm_head.weight.is_meta:  # shapes only, or weights that follow: nothing to draw
             return
-        # Paired inits: the body draws from the global generator and the input draws nothing from
-        # it, so one seed gives every input the same blocks, ln_f and lm_head; a table draws from a
-        # generator of its own
+        # Paired inits: only the body draws from the global generator (a table has its own), so
+        # one seed gives every input the same blocks, ln_f and lm_head
         for module in (self.blocks, self.ln_f, self.lm_head):
             module.apply(self._init_weights)
         for name, p in self.named_parameters():
-            # residual projections: keep the stream's variance flat in depth
-            if name.endswith("proj.weight"):
+            if name.endswith("proj.weight"):  # residual projections: variance flat in depth
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
         if config.input in ("learned", "random"):
             table = self.embed.weight
@@ -267,10 +282,10 @@ class GPT(nn.Module):
                 table.normal_(0.0, std, generator=own)
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) token ids -> (logits, loss). With a cache (generation), only the last
-        position's logits are computed, shape (B, 1, V); otherwise (B, T, V). Ids are not checked
-        here (two host syncs a step): train.py checks its shards, decode.stream() a prompt,
-        decode.check_ids anything else."""
+        """idx (B, T) token ids -> (logits (B, T, V), loss); with a cache (generation) the last
+        position's logits alone, (B, 1, V); training (targets, gradients on) returns no logits:
+        CrossEntropy wrote the gradient over them. Ids are not checked here (two host syncs a step):
+        train.py checks its shards, decode.stream() a prompt, decode.check_ids anything else."""
         T, V = idx.shape[1], self.config.vocab_size
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -281,10 +296,12 @@ class GPT(nn.Module):
         if cache is not None:
             x = x[:, -1:]
         logits = self.lm_head(self.ln_f(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, V), targets.view(-1), ignore_index=-1)
-        return logits, loss
+        if targets is None:
+            return logits, None
+        flat = logits.float().view(-1, V)  # (B, T, V) -> (B*T, V): one row a position
+        if torch.is_grad_enabled():  # training: the logits' memory becomes their gradient
+            return None, CrossEntropy.apply(flat, targets.view(-1))
+        return logits, F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
 
     @staticmethod
     def _init_weights(module):
@@ -293,12 +310,12 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self):  # the Hugging Face name: its .weight is the code table
         return self.embed
 
     def num_params(self):
-        """Trainable parameters, frozen stored values (code tables, A and b), and the trainable
-        parameters of the input interface: the paper's three columns."""
+        """The paper's three columns: trainable parameters, frozen stored values (code tables, A
+        and b), the input interface's trainable parameters."""
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
         stored = self.state_dict(keep_vars=True).values()  # parameters and buffers
         frozen = sum(t.numel() for t in stored if not t.requires_grad)
@@ -306,9 +323,8 @@ class GPT(nn.Module):
         return {"trainable": trainable, "frozen": frozen, "input": embed}
 
     def flops_per_token(self, seq_len=None):
-        """Training FLOPs per token: 6 per matmul weight (forward + backward) plus attention scores
-        and mixing, 12 * n_layer * T * n_embd, counted without the causal half (as PaLM/nanoGPT do).
-        The code input is a gather: it adds none; the learned table is a gather too."""
+        """Training FLOPs per token: 6 a matmul weight (forward + backward) plus attention's
+        12 * n_layer * T * n_embd, causal mask ignored (as PaLM, nanoGPT); an input is a gather."""
         c = self.config
         T = seq_len or c.block_size
         weights = self.named_parameters()
@@ -318,39 +334,32 @@ class GPT(nn.Module):
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW; weight decay on matrices only (not biases and norm gains); fused on CUDA."""
         params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         fused = device_type == "cuda" or None
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
 
 # ---------------------------------------------------------- the affine input: a table-free variant
 def gf2_rank(matrix: torch.Tensor) -> int:
-    """Rank over GF(2) of a 0/1 matrix, by Gaussian elimination with XOR."""
-    rows = [int("".join(str(int(b)) for b in row), 2) for row in matrix.tolist()]
-    rank = 0
-    for col in reversed(range(matrix.shape[1])):
-        pivot = next((r for r in rows if r >> col & 1), None)
-        if pivot is None:
-            continue
-        rows.remove(pivot)
-        rows = [r ^ pivot if r >> col & 1 else r for r in rows]
-        rank += 1
-    return rank
+    """Rank over GF(2) of a 0/1 matrix: its rows as integers, reduced by XOR to an echelon basis."""
+    basis = []  # nonzero rows with distinct leading bits, highest first
+    for row in matrix.tolist():
+        r = int("".join(str(int(b)) for b in row), 2)
+        for b in basis:
+            r = min(r, r ^ b)  # clears b's leading bit where r has it
+        if r:
+            basis = sorted(basis + [r], reverse=True)
+    return len(basis)
 
 
 class AffineCodeInput(nn.Module):
     """Table-free recoded input: c'(t) = A c(t) XOR b over GF(2), then lifted like the plain code.
-
     A (K x K, invertible over GF(2), so the map stays injective) and b (K bits) are drawn once from
     `seed`; the bits are computed from the ids: nothing V-sized is stored. The recoded code is
-    constant only at c = A^-1 b and A^-1 (b XOR 1), so these are kept at ids 0 and 2^K - 1, the ids
-    text never holds (the rule above BinaryCodeInput): each row of A has odd weight (A 1 = 1), b is
-    all zeros or all ones. A and b are stored buffers: a checkpoint keeps the A and b it was trained
-    with, whatever this code would draw.
-    """
+    constant only at c = A^-1 b and A^-1 (b XOR 1), kept at ids 0 and 2^K - 1 as the rule above
+    BinaryCodeInput needs: each row of A has odd weight (A 1 = 1), b is all zeros or all ones. A and
+    b are stored buffers: a checkpoint keeps those it was trained with, whatever this code draws."""
 
     def __init__(self, vocab_size, n_embd, layout="tile", seed=0):
         super().__init__()
@@ -388,8 +397,7 @@ def check_config(c):
     if c.n_embd % c.n_head:
         raise ValueError(f"n_embd ({c.n_embd}) must be divisible by n_head ({c.n_head})")
     if (c.n_embd // c.n_head) % 2:
-        raise ValueError(f"head size n_embd/n_head = {c.n_embd // c.n_head} must be even "
-                         "for rotary")
+        raise ValueError(f"head size n_embd/n_head = {c.n_embd // c.n_head} must be even (rotary)")
     if c.input not in ("binary", "affine", "learned", "random"):
         raise ValueError(f"unknown input {c.input!r}: choose binary, affine, learned or random")
     if c.layout not in ("tile", "interleave"):
@@ -426,8 +434,7 @@ def constant_input_ids(model) -> list[int]:
 def main(argv=None):
     """Print the parameter accounting of a preset's three input variants (the paper's)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--preset", default="paper", choices=list(PRESETS),
-                        help="model preset (default: paper)")
+    parser.add_argument("--preset", default="paper", choices=list(PRESETS), help="(default: paper)")
     args = parser.parse_args(argv)
     print("| input | trainable params | input-interface params | frozen stored values |")
     print("|---|---:|---:|---:|")
@@ -438,8 +445,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":  # python model.py --preset paper: the paper's parameter table, computed
-    try:
-        main()
-        sys.stdout.flush()
-    except BrokenPipeError:  # `| head`: a reader that has had enough is no error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    main()

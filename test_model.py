@@ -389,9 +389,88 @@ def test_loss_ignores_minus_one_and_starts_near_log_vocab():
     _, full = model(idx, targets)
     assert abs(full.item() - torch.log(torch.tensor(512.0)).item()) < 0.5
     targets[:, 16:] = -1
-    logits, half = model(idx, targets)
+    _, half = model(idx, targets)
+    logits, _ = model(idx)
     expected = torch.nn.functional.cross_entropy(logits[:, :16].reshape(-1, 512), idx[:, :16].reshape(-1))
     assert torch.allclose(half, expected)
+
+
+def cross_entropy_reference(model, idx, targets):
+    """The loss of GPT.forward as F.cross_entropy computes it, from the logits of a forward without targets."""
+    logits = model(idx)[0].float()
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+
+
+def gradients(model, loss):
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+@pytest.mark.parametrize("variant", ["binary", "learned"])
+def test_the_training_loss_and_its_gradients_are_cross_entropys(variant, scale):
+    """While training, GPT.forward's loss is model.CrossEntropy (its gradient written over the logits):
+    the loss and every parameter's gradient equal F.cross_entropy's, targets of -1 ignored (a whole row of them
+    too), and a scaled loss (grad_accum divides it) scales them."""
+    model = tiny(input=variant).train()
+    idx = torch.randint(0, 512, (4, 32))
+    targets = torch.roll(idx, -1, 1)
+    targets[:, :5] = -1
+    targets[2] = -1
+    logits, loss = model(idx, targets)
+    assert logits is None  # their memory held the gradient
+    ours = gradients(model, loss * scale)
+    reference = cross_entropy_reference(model, idx, targets)
+    theirs = gradients(model, reference * scale)
+    torch.testing.assert_close(loss, reference, rtol=1e-6, atol=0)
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-8, msg=name)
+
+
+def test_the_training_loss_under_bfloat16_autocast_is_cross_entropys():
+    model = tiny().train()
+    idx = torch.randint(0, 512, (4, 32))
+    targets = torch.roll(idx, -1, 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss = model(idx, targets)
+        reference = cross_entropy_reference(model, idx, targets)
+    ours, theirs = gradients(model, loss), gradients(model, reference)
+    torch.testing.assert_close(loss, reference, rtol=1e-6, atol=0)  # the same bfloat16 logits, in float32
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-3, atol=1e-6, msg=name)
+
+
+def test_the_compiled_training_loss_and_gradients_are_the_eager_ones():
+    """torch.compile traces CrossEntropy (an autograd.Function that writes over its input) into the same numbers."""
+    model = tiny().train()
+    idx = torch.randint(0, 512, (2, 16))
+    targets = torch.roll(idx, -1, 1)
+    eager = model(idx, targets)[1]
+    compiled = torch.compile(model)(idx, targets)[1]
+    torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=0)
+    ours, theirs = gradients(model, compiled), gradients(model, eager)
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-8, msg=name)
+
+
+def test_the_loss_with_no_target_is_nan_as_cross_entropys():
+    model = tiny().train()
+    idx = torch.randint(0, 512, (2, 8))
+    targets = torch.full_like(idx, -1)
+    assert model(idx, targets)[1].isnan() and cross_entropy_reference(model, idx, targets).isnan()
+
+
+def test_evaluation_returns_the_logits_beside_the_loss():
+    """Without gradients (evaluation, sampling's callers) the logits are returned, and the loss is the training
+    path's."""
+    model = tiny()
+    idx = torch.randint(0, 512, (2, 16))
+    targets = torch.roll(idx, -1, 1)
+    with torch.no_grad():
+        logits, loss = model(idx, targets)
+    assert logits.shape == (2, 16, 512)
+    torch.testing.assert_close(loss, model(idx, targets)[1].detach(), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])

@@ -81,6 +81,47 @@ def test_run_reports_every_section(tmp_path):
     json.dumps(res)  # --json works
 
 
+# a stand-in for a nanoGPT checkout's model.py: its GPTConfig and GPT(config) and configure_optimizers, built on ours
+STAND_IN_NANOGPT = """
+from dataclasses import dataclass
+import model
+
+
+@dataclass
+class GPTConfig:
+    block_size: int
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    dropout: float
+    bias: bool
+
+
+class GPT(model.GPT):
+    def __init__(self, config):
+        print("number of parameters: ...")
+        super().__init__(model.GPTConfig(**vars(config), input="learned"))
+"""
+
+
+def test_one_training_step_is_timed_beside_nanogpts(tmp_path):
+    """--nanogpt CHECKOUT: its model.py's GPT and ours take the same step, interleaved; the ratio, a table line and a
+    target (CPU) report it. A folder without model.py is refused, naming it."""
+    (tmp_path / "model.py").write_text(STAND_IN_NANOGPT)
+    train_flags = [f for f in TINY if f.split("=")[0][2:].removeprefix("no-") in bench.READ_BY["train"] + ("device",)]
+    cfg = bench.BenchConfig(**vars(bench.build_parser().parse_args(train_flags + ["--sections=train", f"--nanogpt={tmp_path}"])))
+    res = bench.run(cfg)
+    ng = res["train"]["nanogpt"]
+    assert ng["shape"] == bench.NANOGPT_SHAPE and ng["steps_timed"] == 1 and ng["checkout"] == str(tmp_path)
+    assert ng["ratio"] == ng["nanogpt_step_s"] / ng["ours_step_s"] > 0
+    [step] = [t for t in res["targets"] if t["target"].startswith("training step time, nanoGPT's")]
+    assert step["goal"] == ">= 1.1" and step["ratio"] == ng["ratio"]
+    assert f"one training step beside nanoGPT's model.py ({tmp_path})" in bench.table(res)
+    with pytest.raises(ValueError, match=f"--nanogpt {tmp_path / 'none'}: no model.py there"):
+        bench.run(bench.BenchConfig(**{**vars(cfg), "nanogpt": str(tmp_path / "none")}))
+
+
 def test_main_json_one_section(capsys):
     pytest.importorskip("transformers")
     sample_flags = [f for f in TINY if f.split("=")[0][2:].removeprefix("no-") in bench.READ_BY["sample"] + ("device",)]

@@ -4,6 +4,7 @@ Benchmark training, sampling, loading and data preparation of the binary-code GP
     python -m tools.bench                      # CPU: ~5 min on 2 cores; prints one table
     python -m tools.bench --json               # the same numbers as JSON
     python -m tools.bench --sections=train --repeats=5 --steps=8
+    python -m tools.bench --sections=train --nanogpt ~/nanoGPT   # and one step beside nanoGPT's model.py
     python -m tools.bench --sections=compile_cache   # sample.py --compile's restart cost, paper preset (~8 min)
 
 Design choices, up front:
@@ -13,6 +14,9 @@ Design choices, up front:
   out_dir/log.jsonl is read back; warm-up steps are dropped. The final checkpoint train() writes is
   outside the timed steps. Variants are interleaved over `repeats` rounds (binary, affine, learned,
   binary, ...) so machine noise hits all of them alike; each figure is the median of all kept steps.
+- Beside nanoGPT (--nanogpt, a local checkout, never vendored): one optimizer step of model.GPT and of
+  nanoGPT's model.GPT at NANOGPT_SHAPE (V 8,192, 4 x 256, block 256, batch 8, bias-free), each with its
+  own configure_optimizers, the step as train.py takes it, on one batch, interleaved in one process.
 - MFU = model.flops_per_token(block) * tokens/s / rate, against (a) the dense matmul rate this bench
   measures (a square matmul in the training dtype, timed in every round, median) and (b) the datasheet peak
   (devices.PEAK_FLOPS on CUDA; no datasheet figure on a CPU: "-").
@@ -70,6 +74,7 @@ quiet_interrupt(__name__)
 
 import contextlib
 import copy
+import importlib.util
 import io
 import json
 import multiprocessing as mp
@@ -91,6 +96,7 @@ from bincode_gpt.checkpoint import checkpoint_dict
 from bincode_gpt.cli import config_parser, parse_int, parse_settings, run_main, setting
 from bincode_gpt.devices import has_bf16, peak_flops, pick_device
 from bincode_gpt.tokenizer import get_tokenizer
+from tools.quickstart import NANOGPT_URL
 
 VARIANTS = ("binary", "affine", "learned")
 SECTIONS = ("train", "sample", "load", "prep", "compile_cache")
@@ -112,6 +118,8 @@ class BenchConfig:
     warmup: int = setting(2, "optimizer steps dropped before them")
     compile: bool | None = setting(None, "torch.compile in training (default: on CUDA only)")
     matmul_n: int | None = setting(None, "side of the measured square matmul (default: 2048 CPU, 8192 CUDA)")
+    nanogpt: str | None = setting(None, f"a local nanoGPT checkout ({NANOGPT_URL}): its model.py's training step "
+                                        "timed beside model.py's, at one shape (NANOGPT_SHAPE)")
     # sampling
     sample_preset: str = setting("small", "model preset for sampling")
     sample_input: str = setting("binary", "input of the sampled model (its precision copies and int8 too)",
@@ -207,8 +215,65 @@ def bench_train(cfg, device, tmp):
         tok_s = batch * block / statistics.median(dts[v])
         rows[v] = {"tokens_per_s": tok_s, "mfu_measured": flops * tok_s / rate,
                    "mfu_peak": flops * tok_s / peak if peak else None, "steps_timed": len(dts[v])}
+    nanogpt = bench_step_vs_nanogpt(cfg, device) if cfg.nanogpt else None
     return {"preset": preset, "block_size": block, "batch_size": batch, "dtype": str(dtype).removeprefix("torch."),
-            "compile": compile_, "matmul_flops": rate, "peak_flops": peak, "flops_per_token": flops, "variants": rows}
+            "compile": compile_, "matmul_flops": rate, "peak_flops": peak, "flops_per_token": flops, "variants": rows,
+            "nanogpt": nanogpt}
+
+
+# the shape model.py's training step is timed at beside nanoGPT's: a CPU-sized GPT-2 cut
+NANOGPT_SHAPE = dict(vocab_size=8192, block_size=256, n_layer=4, n_head=4, n_embd=256)
+NANOGPT_BATCH = 8
+
+
+def nanogpt_module(checkout):
+    """nanoGPT's model.py from a local checkout, imported under another name (ours is `model`)."""
+    path = os.path.join(checkout, "model.py")
+    if not os.path.isfile(path):
+        raise ValueError(f"--nanogpt {checkout}: no model.py there (git clone {NANOGPT_URL})")
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def bench_step_vs_nanogpt(cfg, device):
+    """One optimizer step as train.py takes it (the loss, backward, the norm clipped to 1, AdamW,
+    gradients set to None) of model.GPT (the binary input, train.py's default) and of nanoGPT's GPT
+    (bias-free, no dropout) at NANOGPT_SHAPE, float32, one batch for both; each model's own
+    configure_optimizers. Interleaved over --repeats rounds of --steps steps after --warmup; medians."""
+    theirs_module = nanogpt_module(cfg.nanogpt)
+    torch.manual_seed(0)
+    ours = M.GPT(M.GPTConfig(**NANOGPT_SHAPE)).to(device)
+    settings = dict(weight_decay=0.1, learning_rate=6e-4, betas=(0.9, 0.95), device_type=device.type)
+    with contextlib.redirect_stdout(io.StringIO()):  # nanoGPT prints its counts
+        config = theirs_module.GPTConfig(**NANOGPT_SHAPE, bias=False, dropout=0.0)
+        theirs = theirs_module.GPT(config).to(device)
+        optimizers = [m.configure_optimizers(**settings) for m in (ours, theirs)]
+    shape = (NANOGPT_BATCH, NANOGPT_SHAPE["block_size"])
+    x = torch.randint(NANOGPT_SHAPE["vocab_size"], shape, device=device)
+    y = torch.randint(NANOGPT_SHAPE["vocab_size"], shape, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+
+    def step(model, optimizer):
+        t0 = time.perf_counter()
+        loss = model(x, y)[1]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+        return time.perf_counter() - t0
+
+    times = {"ours": [], "nanogpt": []}
+    for _ in range(cfg.repeats):
+        for name, model, optimizer in zip(times, (ours, theirs), optimizers):
+            kept = [step(model, optimizer) for _ in range(cfg.warmup + cfg.steps)][cfg.warmup:]
+            times[name] += kept
+    ours_s, theirs_s = statistics.median(times["ours"]), statistics.median(times["nanogpt"])
+    return {"checkout": os.path.abspath(cfg.nanogpt), "shape": NANOGPT_SHAPE, "batch_size": NANOGPT_BATCH,
+            "ours_step_s": ours_s, "nanogpt_step_s": theirs_s, "ratio": theirs_s / ours_s,
+            "steps_timed": len(times["ours"])}
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -612,6 +677,8 @@ def run(cfg: BenchConfig) -> dict:
     if tr and device.type == "cpu":
         v = tr["variants"]
         target("binary / learned training tokens/s (CPU)", v["binary"]["tokens_per_s"] / v["learned"]["tokens_per_s"], 1.0)
+    if tr and tr["nanogpt"] and device.type == "cpu":
+        target("training step time, nanoGPT's model.py / model.py (CPU, NANOGPT_SHAPE)", tr["nanogpt"]["ratio"], 1.1)
     for r in sa["rows"] if sa else []:
         if r["batch"] == 1:
             target(f"KV-cache / HF generate tokens/s, batch 1, {r['threads']} threads, same tokens ({sa['preset']})",
@@ -675,6 +742,12 @@ def table(res) -> str:
         for v, r in tr["variants"].items():
             lines.append(f"| {v} | {r['tokens_per_s']:,.0f} | {100 * r['mfu_measured']:.1f}% | "
                          f"{fmt(r['mfu_peak'] and 100 * r['mfu_peak'], '.1f')}{'%' if r['mfu_peak'] else ''} | {r['steps_timed']} |")
+        ng = tr["nanogpt"]
+        if ng:
+            shape = ", ".join(f"{k} {v:,}" for k, v in ng["shape"].items())
+            lines.append(f"one training step beside nanoGPT's model.py ({ng['checkout']}), {shape}, batch "
+                         f"{ng['batch_size']}, float32: {1e3 * ng['ours_step_s']:,.1f} ms vs "
+                         f"{1e3 * ng['nanogpt_step_s']:,.1f} ms, {ng['ratio']:.2f}x (medians of {ng['steps_timed']})")
         lines.append("")
     if sa:
         lines += [f"sampling: preset {sa['preset']}, {sa['input']} input, prompt {sa['prompt_len']}, "
@@ -786,7 +859,8 @@ def table(res) -> str:
 # ----------------------------------------------------------------------------- checks on the settings
 # the settings each section reads (the others: device, sections, threads, json, read by the run as a whole):
 # one given for sections that are not run is refused, not ignored
-READ_BY = {"train": ("preset", "block_size", "batch_size", "train_repeats", "steps", "warmup", "compile", "matmul_n", "repeats"),
+READ_BY = {"train": ("preset", "block_size", "batch_size", "train_repeats", "steps", "warmup", "compile", "matmul_n", "repeats",
+                     "nanogpt"),
            "sample": ("sample_preset", "sample_input", "prompt_len", "new_tokens", "sample_batches", "recompute",
                       "sample_compile", "precisions", "int8", "bandwidth_mb", "repeats"),
            "load": ("load_preset", "load_repeats", "load_tokens", "int8"),
