@@ -10,8 +10,8 @@ regular package, so an installed package of the same name cannot shadow it.
     scaling.py           the learned-vs-binary gap against model size and tokens (compare.py's runs)
     quantize_quality.py  what int8 weights (quantize.py) cost a trained model
     bench.py             measured speed of training, sampling, checkpoint loading and data preparation
-    gpu_check.py         the GPU path end to end, offline (train, stop and resume, paper-size memory, torchrun,
-                         sample): one table
+    gpu_check.py         the GPU path end to end, offline, in one command (paper-size memory, train, sample,
+                         stop and resume, torchrun): one table, written row by row
     code_figure.py       README's figure of the code table and its two lifts (assets/code_lifts.png)
     lines.py             the reading path's line counts, against the targets tests/test_layout.py keeps
 """

@@ -1,23 +1,41 @@
 """
-The GPU path end to end, offline, for anyone with a CUDA GPU: the quick start in bfloat16 with --compile; a run
-stopped with SIGTERM and resumed to the end, its log compared with the uninterrupted run's; --init_from; the paper
-preset at the largest batch that fits, its peak memory against preflight's estimate; with two or more GPUs,
-torchrun (grad_accum 2, --compile) and a stop and resume under it; sampling from the checkpoint, eager,
-compiled and as CUDA graphs. One markdown table: tokens/s, MFU, peak memory and every failure.
+The GPU path end to end, in one command, on a GPU node that has only this checkout and no network: the paper
+preset at the largest batch that runs; the quick start in bfloat16 with --compile; sampling from its checkpoint,
+eager, compiled and as CUDA graphs; a run stopped with SIGTERM and resumed to the end, its log compared with the
+uninterrupted run's; --init_from; with two or more GPUs, torchrun (grad_accum 2) and a stop and resume under it.
+One markdown table (tokens/s, MFU, peak memory, every failure), written row by row as each ends.
 
-    python -m tools.gpu_check                       # on the CUDA GPU(s); the table on stdout
-    python -m tools.gpu_check --out gpu_check.md    # and in a file
+    python -m tools.gpu_check --out "$OUT"          # on the CUDA GPU: each row's file in $OUT as it ends
+    python -m tools.gpu_check                       # the table on stdout (and in $OUT where that is set)
     python -m tools.gpu_check --work /shared/gc     # runs kept there: the paper row times a save to that disk
     python -m tools.gpu_check --device cpu          # a dry run of the same steps at tiny sizes (CI)
 
 Design choices, up front:
-- Offline: the text is its own (deterministic English-like sentences, prepared at vocab 512 in the work
-  folder) unless --data_dir names prepared data. Only tiktoken's encoding files are read, from tiktoken's
-  cache: where they are missing the check stops at once and says how to fill a cache (TIKTOKEN_CACHE_DIR).
+- Nothing from outside the checkout: the text is its own (deterministic English-like sentences, prepared at
+  vocab 512 in the work folder) unless --data_dir names prepared data, and GPT-2's two tiktoken files ship in
+  tools/tiktoken-cache, which TIKTOKEN_CACHE_DIR is set to (for the check and every process it starts) where
+  none is set. Another encoding (--data_dir) must be in the user's cache: else the check stops at once.
+- Written as it goes (--out, default $OUT): as each row ends, its own file NN-name.md (the row; for a failure,
+  the last lines its process wrote to stderr) and gpu_check.md (the table so far), each written atomically, so a
+  job stopped at its time limit keeps every row that ended. A row skipped gets no file: on one GPU, 7 row files
+  and the table at most. --work (default: a temp folder, removed at the end) must be new or empty, and --out
+  must hold no gpu_check.md: a second run there is refused before any work.
+- Rows in the order of their value, each as independent of the others as it can be: the paper row (eager,
+  from the data alone); the quick start, whose checkpoint the rows after it start from (where its compiled
+  run fails, the row fails and an eager run stands in for it, and the rows after it train eager); sampling,
+  eager, compiled and as CUDA graphs; the stop and resume; --init_from; torchrun.
+- Time: each row has a share of seconds (ROWS), the processes it starts included: a process still running
+  GRACE seconds before the end of its row's share gets SIGTERM, then SIGKILL at the end; and no row runs past
+  --time_limit (570 s), under a 600 s job. The shares of one GPU's rows add up to 550 s (the torchrun rows,
+  with two GPUs or more, need a longer --time_limit). Expected on one H200 (an estimate: no GPU has run it
+  yet; each process starts in ~10 s, importing torch and starting CUDA): the data ~5 s; the paper row ~40 s
+  (470M parameters built, 3 steps of 16 x 1,024 tokens at ~0.3 s, an fsync'd 5.6 GB save ~15 s; a batch that
+  faults costs ~20 s more); the quick start ~70 s (compiling the mini model's training and evaluation graphs
+  from cold, ~50 s; its 100 steps take seconds); sampling ~100 s (eager ~10 s, each compiled way ~45 s); the
+  stop and resume ~50 s and --init_from ~25 s (inductor's cache warm by then): ~5 minutes, and 9.5 at most.
 - Every step runs the scripts' real command lines (train.py, sample.py, torchrun) in a process of its own, in
-  a work folder (a temp folder, removed at the end, unless --work names one): nothing here re-implements them.
-  A child's stdout is read line by line and its stderr drained by a thread alongside, so a child that
-  writes more than a pipe holds to either never blocks; each is stopped after --timeout seconds.
+  the work folder: nothing here re-implements them. A child's stdout is read line by line and its stderr
+  drained by a thread alongside, so a child that writes more than a pipe holds to either never blocks.
 - A stopped run gets SIGTERM when its output prints step --stop_at (under torchrun, torchrun gets it and
   forwards it, as a scheduler's would); train.py finishes the step it is in, announces it ("step N/"),
   saves and exits; ckpt.pt must hold that step, and --resume then runs to --steps. Its log.jsonl (step,
@@ -27,30 +45,34 @@ Design choices, up front:
   runs of one command already differ in the last bits. The note gives the largest difference found.
 - --init_from starts a run from the reference's ckpt.pt: its step-0 validation loss must be the reference's last
   (the same weights on the same windows; on a GPU within 1e-3, as bfloat16 kernels may order sums otherwise).
-- The paper row: the paper preset (32 x 1024, context 1,024, V = 65,536), eager bfloat16, 3 steps at the
-  paper-size runs' --lr 6e-4, at the largest batch that runs: the first tried is the largest of BATCHES
-  that preflight's estimate fits in free memory, then smaller ones while a try runs out of memory. Its
-  peak (max_memory_allocated) must not exceed the estimate (else preflight could not warn before an
-  out-of-memory); the time from its last step to the end (the one-batch check, the RNG states, the
-  fsync'd ~5.6 GB ckpt.pt, written under --work) is what a stop under torchrun must fit in its
+- The paper row: the paper preset (32 x 1024, context 1,024, V = 65,536), eager bfloat16, PAPER_STEPS steps at
+  the paper-size runs' --lr 6e-4, at the largest batch that runs: the first tried is the largest of BATCHES
+  that preflight's estimate fits in free memory and that gives cross_entropy fewer than 2^31 logits (batch 32
+  gives it exactly 2^31, which overflows its 32-bit indexing), then smaller ones while a try fails with a CUDA
+  fault (out of memory, an illegal memory access, ...) before its last step. Its peak (max_memory_allocated)
+  and tokens/s are written beside preflight's estimate, and the peak must not exceed it (else preflight could
+  not warn before an out-of-memory); the time from its last step to the end (the one-batch check, the RNG
+  states, the fsync'd ~5.6 GB ckpt.pt, written under --work) is what a stop under torchrun must fit in its
   --shutdown_timeout (docs/usage.md). On a CPU the tiny preset stands in, its RSS not compared.
+- The CUDA-graphs row counts the graphs recorded: train.py and sample.py run under CHILD, which counts each
+  torch.cuda.CUDAGraph replayed (inductor replays a graph as soon as it records it); none recorded is a
+  FAIL, with inductor's reason for skipping them (TORCH_LOGS=cudagraphs). On a CPU the row is n/a.
 - torchrun: two processes, grad_accum 2. On a CPU, gloo; on one GPU, skipped with a note: NCCL refuses two
   ranks on one GPU, and train.py picks NCCL for CUDA tensors. With two or more GPUs, one process each.
-- tokens/s and MFU are the median over the logged steps after the first --warmup (compiling); peak memory
+- tokens/s and MFU are the median over the logged steps after the first --warmup (compiling); MFU is against
+  the GPU's datasheet peak for bfloat16 (bincode_gpt/devices.py), named in the table's heading. Peak memory
   is the process's (torch.cuda.max_memory_allocated on CUDA, peak RSS on a CPU). Sampling rows give the
   process's wall time, loading and compiling included.
-- Time on one GPU (an estimate from the steps and sizes, no GPU has run it yet): the mini model's 100
-  steps take seconds, so compiling dominates: ~60 s for the first compile, ~15 s for each of the 3 next
-  (inductor's cache), ~60 s for the paper row (up to 3 tries at ~15 s, 470M parameters built each time,
-  and a 5.6 GB save), ~60 s for sampling (two compiles): about 4 minutes, under 5. Two GPUs add three
-  compiled torchrun runs, ~1.5 minutes. The CPU dry run: ~40 s on 2 cores.
-- Exit status 1 if any step failed (the table says which and why), else 0.
+- Runs on torch 2.11 as on 2.13 (the torch APIs checked: docs/performance.md, "The GPU path").
+- Exit status 1 if any row failed (the table says which and why), else 0.
 """
 
 import json
 import os
+import platform
 import random
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -69,33 +91,60 @@ from bincode_gpt.devices import pick_device
 from bincode_gpt.files import atomic_write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# runs a root script as its __main__ and says its peak memory on stderr at exit, however it exits
-PEAK = """import resource, runpy, sys
+TIKTOKEN_CACHE = os.path.join(ROOT, "tools", "tiktoken-cache")  # GPT-2's files, shipped (its README says which)
+# runs a root script as its __main__ and says on stderr at exit, however it exits, its peak memory and how many
+# CUDA graphs it replayed, and how often (inductor's cudagraph trees replay each graph once they record it)
+CHILD = """import resource, runpy, sys
 import torch
 script = sys.argv.pop(1)
 sys.argv[0] = script
+replays = {}  # id of each CUDA graph replayed -> its replays
+if torch.cuda.is_available():
+    replay = torch.cuda.CUDAGraph.replay
+    def counted(graph):
+        replays[id(graph)] = replays.get(id(graph), 0) + 1
+        return replay(graph)
+    torch.cuda.CUDAGraph.replay = counted
 try:
     runpy.run_path(script, run_name="__main__")
 finally:
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"gpu_check peak {'cuda' if cuda else 'rss'} {peak}", file=sys.stderr, flush=True)
+    print(f"gpu_check cuda_graphs {len(replays)} replays {sum(replays.values())}", file=sys.stderr, flush=True)
 """
 LOGGED = {"train": ("step", "loss", "lr", "grad_norm", "tokens"), "eval": ("step", "val_loss", "best_val_loss")}
 NOISY = {"loss", "grad_norm", "val_loss", "best_val_loss"}  # the logged values that CUDA's kernels may move
 RESUME_RTOL = 1e-2  # CUDA: a resumed run's losses and gradient norms against the uninterrupted run's, relative
 BATCHES = (64, 32, 16, 8, 4, 2, 1)  # the paper row's batch sizes, tried from the largest that the estimate fits
+LOGITS_LIMIT = 2**31  # cross_entropy's logits (batch x context x V) from here on overflow its 32-bit indexing
+PAPER_STEPS = 3
+# a paper-row try that failed with one of these before its last step may run at a smaller batch
+CUDA_FAULT = re.compile(r"out of memory|is free on|CUDA error|AcceleratorError|illegal memory access|CUBLAS_STATUS|"
+                        r"CUDNN_STATUS|unspecified launch failure", flags=re.I)
+# "torch.OutOfMemoryError: CUDA out of memory...", not torchrun's "ChildFailedError:" (its message is the summary
+# under it: the rank's own error line above it says more)
+EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception): \S")
 PROMPT = "The"
 TEXT_CHARS = 300_000  # ~120k tokens at vocab 512: validation windows enough for the paper preset's 1,024 context
 VOCAB = 512  # of the check's own data (K = 9, the quick start's)
+GRACE = 10  # seconds between a late process's SIGTERM (train.py saves and exits) and its SIGKILL
+PREPARE_S = 30  # seconds for preparing the check's own text
+EAGER_S = 30  # of the quick start's share, kept for the eager run that stands in for a failed compiled one
+MIN_ROW_S = 2 * GRACE  # a row that would start with less of --time_limit left is skipped
+TABLE = "gpu_check.md"
 
 
 @dataclass
 class CheckConfig:
     device: str = setting("auto", "cuda (auto: the CUDA GPU) | cpu: a dry run at tiny sizes")
     data_dir: str | None = setting(None, "prepared data (default: the check's own text, prepared in the work folder)")
-    work: str | None = setting(None, "folder for the runs, kept (default: a temp folder, removed at the end)")
-    out: str | None = setting(None, "also write the table to this markdown file")
+    work: str | None = setting(None, "folder for the runs, new or empty, kept (default: a temp folder, removed at "
+                                     "the end)")
+    out: str | None = setting(None, "folder for the table and each row's file, written as each row ends "
+                                    "(default: $OUT where it is set, else none: the table on stdout only)")
+    time_limit: float = setting(570, "seconds the whole check may take: a row gets its share within what is left, "
+                                     "and one that would start with less than 20 s left is skipped")
     steps: int | None = setting(None, "training steps of each run (default: 100 on CUDA, 8 on a CPU)")
     stop_at: int | None = setting(None, "the step after which the stopped runs get SIGTERM (default: steps / 2)")
     warmup: int = setting(5, "first steps left out of tokens/s and MFU (compiling)")
@@ -104,7 +153,6 @@ class CheckConfig:
     sample_compile: bool = setting(True, "also sample with --compile (--no-sample_compile: skipped, as CI's dry run "
                                          "does: it compiles for tens of seconds on a CPU)")
     sample_tokens: int = setting(64, "tokens per sample")
-    timeout: float = setting(900, "seconds each process may run before it is stopped (a FAIL row)")
 
 
 @dataclass
@@ -116,6 +164,7 @@ class Row:
     peak: str = "-"
     wall_s: float | None = None
     note: str = ""
+    log: str = ""  # a failure's last stderr lines: in the row's own file, not in the table
 
 
 @dataclass
@@ -126,16 +175,32 @@ class Done:
     err: str
     wall: float
     lines: list = field(default_factory=list)  # (seconds since its start, stdout line)
+    late: bool = False  # stopped for time: a failure whatever its exit (train.py saves and exits 0 on SIGTERM)
+    cmd: list = field(default_factory=list)
+
+    @property
+    def failed(self):
+        return self.code != 0 or self.late
+
+
+@dataclass
+class Context:
+    """What every row's check reads: the settings, whether it runs on CUDA, the prepared data, the work folder."""
+    cfg: CheckConfig
+    cuda: bool
+    data: str
+    work: str
+    texts: dict = field(default_factory=dict)  # sample.py's text of each way, the others compared with eager's
 
 
 # ----------------------------------------------------------------------------- processes
-def run(cmd, stop_after=None, timeout=900):
+def run(cmd, stop_after=None, timeout=900, env=None):
     """Run cmd in the repository root -> Done. Its stdout is read line by line, each line's arrival time kept,
     and its stderr drained by a thread meanwhile: no pipe is left unread, so a child never blocks on a full
     one. stop_after: SIGTERM once stdout prints that step's line ("step N/"). After `timeout` seconds the
-    child gets SIGTERM (torchrun forwards it to its ranks), and SIGKILL a minute later."""
+    child gets SIGTERM (torchrun forwards it to its ranks), and SIGKILL GRACE seconds later."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     err = []
     drain = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
     drain.start()
@@ -150,25 +215,30 @@ def run(cmd, stop_after=None, timeout=900):
             stop_after = None
     proc.wait()
     drain.join()
-    note = f"\n(stopped after {timeout:g} s)" if late.is_set() else ""
-    return Done(proc.returncode, "".join(line for _, line in lines), "".join(err) + note, time.monotonic() - t0, lines)
+    return Done(proc.returncode, "".join(line for _, line in lines), "".join(err), time.monotonic() - t0, lines,
+                late=late.is_set(), cmd=cmd)
 
 
 def stop_if_late(proc, timeout, late):
-    """SIGTERM `proc` once it has run `timeout` seconds, SIGKILL a minute later (setting `late`)."""
+    """SIGTERM `proc` once it has run `timeout` seconds, SIGKILL GRACE seconds later (setting `late`)."""
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
         late.set()
         proc.terminate()
         try:
-            proc.wait(60)
+            proc.wait(GRACE)
         except subprocess.TimeoutExpired:
             proc.kill()
 
 
+def left(until):
+    """The timeout of a process that a row starts now: its SIGKILL (GRACE after its SIGTERM) lands by `until`."""
+    return max(1, round(until - time.monotonic() - GRACE))
+
+
 def command(script, *args):
-    return [sys.executable, "-c", PEAK, os.path.join(ROOT, script), *args]
+    return [sys.executable, "-c", CHILD, os.path.join(ROOT, script), *args]
 
 
 def torchrun(nproc, *args):
@@ -177,7 +247,7 @@ def torchrun(nproc, *args):
 
 
 def peak_bytes(err):
-    """-> (kind: cuda | rss, bytes) of the PEAK line, or None."""
+    """-> (kind: cuda | rss, bytes) of CHILD's peak line, or None."""
     m = re.search(r"gpu_check peak (cuda|rss) (\d+)", err)
     return (m.group(1), int(m.group(2))) if m else None
 
@@ -187,10 +257,35 @@ def peak_of(err):
     return f"{peak[1] / 2**30:.2f} GiB{' RSS' if peak[0] == 'rss' else ''}" if peak else "-"
 
 
-def why(code, err):
-    """The last line of a failed process's stderr that says something (not the peak line)."""
-    lines = [l for l in err.strip().splitlines() if l.strip() and not l.startswith("gpu_check peak")]
-    return f"exit {code}: {lines[-1].strip()[:200] if lines else 'no message'}"
+def graphs_of(err):
+    """-> (CUDA graphs replayed, replays) of CHILD's line, (0, 0) without one."""
+    m = re.search(r"gpu_check cuda_graphs (\d+) replays (\d+)", err)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def own_lines(err):
+    """A process's stderr lines that say something, less CHILD's."""
+    return [line for line in err.strip().splitlines() if line.strip() and not line.startswith("gpu_check ")]
+
+
+def why(done):
+    """Why a process failed, in one line: stopped for time, else the last of its stderr lines that says so: a
+    script's own `error:` line (under torchrun, the rank that failed first prints it; another may then fail on the
+    lost connection), else an exception's (not a hint printed after it), else its last line."""
+    if done.late:
+        return f"stopped after {done.wall:.0f} s: its row's share of the time ran out"
+    lines = [line.strip() for line in own_lines(done.err)]
+    said = ([line for line in lines if line.startswith("error: ")] or
+            [line for line in lines if EXCEPTION_LINE.match(line)] or lines or ["no message"])
+    return f"exit {done.code}: {said[-1][:200]}"
+
+
+def failed(name, done, before=""):
+    """The FAIL row of a process that failed: why in its note (after `before`); in its log, its command as one
+    would type it (a script under CHILD as `python SCRIPT ...`) and its last stderr lines."""
+    args = done.cmd[3:] if done.cmd[1:3] == ["-c", CHILD] else done.cmd[1:]
+    return Row(name, False, peak=peak_of(done.err), wall_s=done.wall, note=before + why(done),
+               log="\n".join([f"$ {shlex.join(['python', *args])}", *own_lines(done.err)[-40:]]))
 
 
 # ----------------------------------------------------------------------------- data, offline
@@ -218,6 +313,13 @@ def english(chars, seed=0):
     return "\n\n".join(paragraphs) + "\n"
 
 
+def use_shipped_tiktoken():
+    """Point tiktoken at tools/tiktoken-cache where the user set no cache: it reads the variable at each load, so
+    this process and every one it starts find GPT-2's files there."""
+    if "TIKTOKEN_CACHE_DIR" not in os.environ and "DATA_GYM_CACHE_DIR" not in os.environ:
+        os.environ["TIKTOKEN_CACHE_DIR"] = TIKTOKEN_CACHE
+
+
 def check_encoding(name):
     """Stop at once, with how to fix it, where tiktoken cannot read encoding `name`'s files (not cached, and no
     network): preparing the data and decoding samples both need them."""
@@ -227,32 +329,42 @@ def check_encoding(name):
         encoding_parts(name)
     except Exception as e:  # tiktoken's download fails with whatever its HTTP client raises
         cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
-        where = f"TIKTOKEN_CACHE_DIR={cache} holds" if cache else "tiktoken's default cache holds"
+        unset = "" if cache == TIKTOKEN_CACHE else " (unset it: the check then reads gpt2's from tools/tiktoken-cache)"
         raise ValueError(f"tiktoken's {name} encoding could not be read ({type(e).__name__}: {str(e)[:100]}): "
-                         f"{where} no copy and its files cannot be downloaded here. On a machine with internet run "
-                         f"`TIKTOKEN_CACHE_DIR=/path/tiktoken-cache python -c \"import tiktoken; "
-                         f"tiktoken.get_encoding('{name}')\"`, copy that folder here and set TIKTOKEN_CACHE_DIR to "
-                         "it") from None
+                         f"TIKTOKEN_CACHE_DIR={cache}{unset} holds no copy and its files cannot be downloaded "
+                         f"here. On a machine with internet run `TIKTOKEN_CACHE_DIR=/path/tiktoken-cache python -c "
+                         f"\"import tiktoken; tiktoken.get_encoding('{name}')\"`, copy that folder here and set "
+                         "TIKTOKEN_CACHE_DIR to it") from None
 
 
-def prepare(work):
+def refuse_earlier_runs(work, out):
+    """Before any work: --work must be new or empty, and --out hold no table of an earlier check."""
+    if work and os.path.isdir(work) and os.listdir(work):
+        raise ValueError(f"--work {work} is not empty (an earlier check's runs?): name a new or empty folder, "
+                         "each check starts afresh")
+    if out and os.path.exists(os.path.join(out, TABLE)):
+        raise ValueError(f"--out {out} holds an earlier check's {TABLE}: name a new or empty folder")
+
+
+def prepare(work, until):
     """The check's own text, prepared at vocab VOCAB into work/data -> that folder."""
     text, data = os.path.join(work, "text.txt"), os.path.join(work, "data")
     atomic_write(text, english(TEXT_CHARS))
     done = run([sys.executable, os.path.join(ROOT, "prepare_data.py"), text, "--out", data,
-                f"--vocab_size={VOCAB}", "--workers=1"])
-    if done.code:
-        raise ValueError(f"prepare_data.py on the check's own text failed ({why(done.code, done.err)}): give "
+                f"--vocab_size={VOCAB}", "--workers=1"], timeout=left(until))
+    if done.failed:
+        raise ValueError(f"prepare_data.py on the check's own text failed ({why(done)}): give "
                          "prepared data with --data_dir")
     return data
 
 
 # ----------------------------------------------------------------------------- logs
-def train_flags(cfg, cuda, data_dir, out_dir, **kw):
+def train_flags(ctx, out_dir, **kw):
     """The quick start's `python train.py` (bfloat16 and --compile on CUDA), or a tiny run on a CPU; kw overrides."""
-    sizes = {} if cuda else dict(preset="tiny", block_size=32, batch_size=4, eval_steps=2)
-    settings = {**dict(data_dir=data_dir, out_dir=out_dir, device="cuda" if cuda else "cpu",
-                       dtype="bfloat16" if cuda else "float32", max_steps=cfg.steps, log_interval=1,
+    cfg = ctx.cfg
+    sizes = {} if ctx.cuda else dict(preset="tiny", block_size=32, batch_size=4, eval_steps=2)
+    settings = {**dict(data_dir=ctx.data, out_dir=out_dir, device="cuda" if ctx.cuda else "cpu",
+                       dtype="bfloat16" if ctx.cuda else "float32", max_steps=cfg.steps, log_interval=1,
                        eval_interval=max(1, cfg.steps // 4), save_interval=max(1, cfg.steps // 2),
                        warmup_steps=max(1, cfg.steps // 10), compile=cfg.compile, **sizes), **kw}
     flags = [f"--{k}={v}" for k, v in settings.items() if not isinstance(v, bool)]
@@ -312,62 +424,29 @@ def saved_step(out_dir):
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"] if os.path.exists(path) else None
 
 
-# ----------------------------------------------------------------------------- the checks
-def check_training(cfg, cuda, data, work):
-    """The reference run, the stopped and resumed one, and --init_from -> rows."""
-    rows, ref = [], os.path.join(work, "reference")
-    done = run(command("train.py", *train_flags(cfg, cuda, data, ref)), timeout=cfg.timeout)
-    if done.code:
-        return [Row("train (quick start)", False, peak=peak_of(done.err), wall_s=done.wall,
-                    note=why(done.code, done.err))]
-    ref_log, entries = read_log(ref)
-    tok, mfu = speed(entries, cfg.warmup)
-    dtype = "bfloat16, compiled" if cuda and cfg.compile else "bfloat16" if cuda else "float32"
-    rows.append(Row("train (quick start)", True, tokens_per_s=tok, mfu=mfu, peak=peak_of(done.err),
-                    wall_s=done.wall, note=f"{cfg.steps} steps, {dtype}"))
-
-    flags = lambda out_dir, **kw: train_flags(cfg, cuda, data, out_dir, **kw)
-    rows.append(stop_and_resume("SIGTERM, then --resume", cfg, cuda, launch=lambda *a: command("train.py", *a),
-                                flags=flags, out_dir=os.path.join(work, "stopped"), ref_log=ref_log, exits=0))
-
-    tuned = os.path.join(work, "init_from")
-    steps = max(2, cfg.steps // 4)
-    done = run(command("train.py", *flags(tuned, init_from=os.path.join(ref, "ckpt.pt"), max_steps=steps)),
-               timeout=cfg.timeout)
-    if done.code:
-        rows.append(Row("--init_from", False, peak=peak_of(done.err), wall_s=done.wall, note=why(done.code, done.err)))
-    else:
-        first = read_log(tuned)[0][("eval", 0)]["val_loss"]
-        last = ref_log[max(k for k in ref_log if k[0] == "eval")]["val_loss"]
-        same = first == last if not cuda else abs(first - last) <= 1e-3 * abs(last)
-        rows.append(Row("--init_from", same, peak=peak_of(done.err), wall_s=done.wall,
-                        note=f"step-0 val loss {first:.6f}, the reference's last {last:.6f}"))
-    return rows
+def finished(ctx, out_dir):
+    """Whether the run in out_dir ran to --steps (its ckpt.pt holds that step): one a later row can start from."""
+    return saved_step(out_dir) == ctx.cfg.steps
 
 
-def stop_and_resume(name, cfg, cuda, *, launch, flags, out_dir, ref_log, exits):
-    """`launch(*flags(out_dir))` gets SIGTERM once it prints step --stop_at and must exit with `exits`, its
-    ckpt.pt at the step it announced; `--resume` then runs it to --steps, its log compared with ref_log -> a Row."""
-    first = run(launch(*flags(out_dir)), stop_after=cfg.stop_at, timeout=cfg.timeout)
-    step, saved = announced(first.out), saved_step(out_dir)
-    if "SIGTERM: finishing this step" not in first.err or first.code != exits:
-        return Row(name, False, wall_s=first.wall, note=f"no SIGTERM stop at step {cfg.stop_at} (expected exit "
-                                                         f"{exits}), {why(first.code, first.err)}")
-    if saved != step or step >= cfg.steps:
-        return Row(name, False, wall_s=first.wall, note=f"train.py announced step {step} of {cfg.steps}, but "
-                                                         f"ckpt.pt holds step {saved}")
-    second = run(launch(*flags(out_dir, resume=True)), timeout=cfg.timeout)
-    wall = first.wall + second.wall
-    if second.code:
-        return Row(name, False, peak=peak_of(second.err), wall_s=wall, note=why(second.code, second.err))
-    rtol = RESUME_RTOL if cuda else 0
-    differ, worst = differences(ref_log, read_log(out_dir)[0], rtol)
-    same = ("log bit-identical" if not rtol else
-            f"log within rtol {rtol:g} (largest difference {worst:.1e}; step, lr, tokens exact)")
-    note = (f"stopped at step {step} (ckpt.pt holds it), resumed to {cfg.steps}: {same}" if not differ else
-            f"log differs at {len(differ)} entries, first {differ[0][0]} step {differ[0][1]} (largest difference "
-            f"{worst:.1e}{f', rtol {rtol:g}' if rtol else ''})")
-    return Row(name, not differ, peak=peak_of(second.err), wall_s=wall, note=note)
+# ----------------------------------------------------------------------------- the rows
+NO_REFERENCE = "skipped: no finished quick-start run to start from (its row says why)"
+ONE_GPU = ("skipped: one GPU, and NCCL refuses two ranks on one GPU (train.py uses NCCL for CUDA tensors; gloo on "
+           "CUDA is not a train.py option)")
+
+
+def mfu_basis(device):
+    """What MFU is a fraction of on `device`, named: its datasheet peak for bfloat16, the dtype of every CUDA run."""
+    import torch
+
+    from bincode_gpt.devices import peak_flops
+
+    if device.type != "cuda":
+        return "MFU: none on a CPU (no datasheet peak)"
+    name, peak = torch.cuda.get_device_name(device), peak_flops(device, "bfloat16")
+    if peak is None:
+        return f"MFU: none, {name!r} is not in bincode_gpt/devices.py's PEAK_FLOPS"
+    return f"MFU against the {name}'s bfloat16 datasheet peak, {peak / 1e12:,.0f} TFLOP/s (bincode_gpt/devices.py)"
 
 
 def estimated_bytes(mcfg, batch_size):
@@ -378,30 +457,37 @@ def estimated_bytes(mcfg, batch_size):
     return training_bytes(mcfg, batch_size, "bfloat16")
 
 
+def runnable(mcfg):
+    """The BATCHES that give cross_entropy fewer than LOGITS_LIMIT logits."""
+    return [b for b in BATCHES if b * mcfg.block_size * mcfg.vocab_size < LOGITS_LIMIT]
+
+
 def first_batch(mcfg, free):
-    """The largest of BATCHES whose estimate fits in `free` bytes, else the smallest."""
-    return next((b for b in BATCHES if estimated_bytes(mcfg, b) <= free), BATCHES[-1])
+    """The largest runnable batch whose estimate fits in `free` bytes, else the smallest."""
+    batches = runnable(mcfg)
+    return next((b for b in batches if estimated_bytes(mcfg, b) <= free), batches[-1])
 
 
-def out_of_memory(done):
-    """Whether a try ran out of memory, or preflight refused it as too big (a smaller batch may run)."""
-    return done.code != 0 and re.search(r"out of memory|is free on", done.err, flags=re.I) is not None
+def faulted_early(done):
+    """Whether a paper-row try failed with a CUDA fault, or preflight's refusal, before its last step: a smaller
+    batch may run. A fault after it (saving) is no batch's."""
+    return done.failed and announced(done.out) != PAPER_STEPS and CUDA_FAULT.search(done.err) is not None
 
 
 def largest_batch_that_runs(attempt, first):
-    """attempt(batch) -> Done, from `first` down BATCHES while a try runs out of memory -> (the batch of the last
-    try, its Done, the batches that ran out of memory)."""
-    failed = []
+    """attempt(batch) -> Done, from `first` down BATCHES while a try faults early -> (the batch of the last try,
+    its Done, the batches that faulted)."""
+    faulted = []
     for batch in BATCHES[BATCHES.index(first):]:
         done = attempt(batch)
-        if not out_of_memory(done):
-            return batch, done, failed
-        failed.append(batch)
-    return batch, done, failed
+        if not faulted_early(done):
+            return batch, done, faulted
+        faulted.append(batch)
+    return batch, done, faulted
 
 
-def check_paper(cfg, cuda, data, work):
-    """One row: the paper preset (tiny on a CPU) at the largest batch that runs, its speed and peak memory against
+def check_paper(ctx, name, until):
+    """The paper preset (tiny on a CPU) at the largest batch that runs: its speed and peak memory beside
     preflight's estimate, and how long its stop path after the last step took (the save under torchrun's
     --shutdown_timeout)."""
     import torch
@@ -409,118 +495,268 @@ def check_paper(cfg, cuda, data, work):
     from bincode_gpt.memory import available_memory
     from model import get_config
 
-    name = "paper preset, largest batch"
-    shape = dict(preset="paper", vocab_size=65536) if cuda else dict(preset="tiny", block_size=32)
+    if not ctx.cfg.paper:
+        return Row(name, None, note="skipped (--no-paper)")
+    shape = dict(preset="paper", vocab_size=65536) if ctx.cuda else dict(preset="tiny", block_size=32)
     mcfg = get_config(**shape)
-    device = torch.device("cuda" if cuda else "cpu")
+    device = torch.device("cuda" if ctx.cuda else "cpu")
     first = first_batch(mcfg, available_memory(device) or 0)
+    out_dir = lambda b: os.path.join(ctx.work, f"paper-b{b}")
     attempt = lambda b: run(command("train.py", *train_flags(
-        cfg, cuda, data, os.path.join(work, f"paper-b{b}"), **shape, batch_size=b, max_steps=3, warmup_steps=1, lr=6e-4,
-        eval_interval=0, save_interval=0, compile=False)), timeout=cfg.timeout)
-    batch, done, failed = largest_batch_that_runs(attempt, first)
-    tried = f" ({', '.join(map(str, failed))} ran out of memory)" if failed else ""
-    if done.code:
-        return Row(name, False, peak=peak_of(done.err), wall_s=done.wall, note=f"batch {batch}{tried}: "
-                                                                              f"{why(done.code, done.err)}")
-    tok, mfu = speed(read_log(os.path.join(work, f"paper-b{batch}"))[1], 1)
+        ctx, out_dir(b), **shape, batch_size=b, max_steps=PAPER_STEPS, warmup_steps=1, lr=6e-4, eval_interval=0,
+        save_interval=0, compile=False)), timeout=left(until))
+    batch, done, faulted = largest_batch_that_runs(attempt, first)
+    too_many = [b for b in BATCHES if b not in runnable(mcfg)]
+    tried = f" ({', '.join(map(str, faulted))} faulted)" if faulted else ""
+    if too_many:
+        tried += f"; {', '.join(map(str, too_many))} not tried (2^31 logits or more overflow cross_entropy)"
+    if done.failed:
+        return failed(name, done, before=f"batch {batch}{tried}: ")
+    tok, mfu = speed(read_log(out_dir(batch))[1], 1)
     stepped = [t for t, line in done.lines if line.startswith("step ")]
     ended = [t for t, line in done.lines if line.startswith("done:")]
-    ckpt = os.path.join(work, f"paper-b{batch}", "ckpt.pt")
-    save = (f"; the stop path after the last step (one-batch check, RNG states, fsync'd {os.path.getsize(ckpt) / 1e9:.2f}"
-            f" GB ckpt.pt) {ended[0] - stepped[-1]:.1f} s" if stepped and ended and os.path.exists(ckpt) else "")
+    ckpt = os.path.join(out_dir(batch), "ckpt.pt")
+    save = (f"; the stop path after the last step (one-batch check, RNG states, fsync'd "
+            f"{os.path.getsize(ckpt) / 1e9:.2f} GB ckpt.pt) {ended[0] - stepped[-1]:.1f} s"
+            if stepped and ended and os.path.exists(ckpt) else "")
     estimate, (kind, peak) = estimated_bytes(mcfg, batch), peak_bytes(done.err) or (None, None)
     what = (f"{mcfg.n_layer} x {mcfg.n_embd}, context {mcfg.block_size}, V {mcfg.vocab_size:,}, eager "
-            f"{'bfloat16' if cuda else 'float32'}")
+            f"{'bfloat16' if ctx.cuda else 'float32'}")
+    speed_s = f"{tok:,.0f} tokens/s" if tok else "no tokens/s"
     if kind != "cuda":
         return Row(name, True, tokens_per_s=tok, mfu=mfu, peak=peak_of(done.err), wall_s=done.wall,
-                   note=f"dry run, tiny preset ({what}): batch {batch} of {first} first tried{tried}; preflight's "
-                   f"estimate {estimate / 2**20:.1f} MiB (an RSS holds the interpreter: not compared){save}")
+                   note=f"dry run, tiny preset ({what}): batch {batch} of {first} first tried{tried}; {speed_s} "
+                   f"beside preflight's estimate {estimate / 2**20:.1f} MiB (an RSS holds the interpreter: not "
+                   f"compared){save}")
     fits = peak <= estimate
     return Row(name, fits, tokens_per_s=tok, mfu=mfu, peak=peak_of(done.err), wall_s=done.wall,
-               note=f"{what}: batch {batch} of {first} first tried{tried}; peak {peak / 2**30:.1f} GiB against preflight's "
-               f"estimate {estimate / 2**30:.1f} GiB{'' if fits else ' (below the peak: cannot warn before an OOM)'}"
-               f"{save}")
+               note=f"{what}: batch {batch} of {first} first tried{tried}; peak {peak / 2**30:.1f} GiB and "
+               f"{speed_s} beside preflight's estimate {estimate / 2**30:.1f} GiB"
+               f"{'' if fits else ' (below the peak: cannot warn before an OOM)'}; {mfu_basis(device)}{save}")
 
 
-def check_torchrun(cfg, cuda, data, work):
-    """Two processes under torchrun, grad_accum 2, uninterrupted and stopped and resumed -> rows."""
+def check_quick_start(ctx, name, until):
+    """The reference run the rows after it start from: the quick start (bfloat16 and --compile on CUDA). Where the
+    compiled run fails, the row fails, an eager run stands in for it, and the rows after it train eager too: a
+    compiler's fault hides no other row."""
+    cfg, ref = ctx.cfg, os.path.join(ctx.work, "reference")
+    done = run(command("train.py", *train_flags(ctx, ref)), timeout=left(until - EAGER_S if cfg.compile else until))
+    how = "bfloat16" if ctx.cuda else "float32"
+    if not done.failed:
+        tok, mfu = speed(read_log(ref)[1], cfg.warmup)
+        return Row(name, True, tokens_per_s=tok, mfu=mfu, peak=peak_of(done.err), wall_s=done.wall,
+                   note=f"{cfg.steps} steps, {how}{', compiled' if cfg.compile else ''}")
+    row = failed(name, done, before="compiled: " if cfg.compile else "")
+    if cfg.compile:
+        cfg.compile = False  # for the stand-in and every run after it
+        eager = run(command("train.py", *train_flags(ctx, ref, overwrite=True)), timeout=left(until))
+        row.wall_s += eager.wall
+        row.note += (f"; eager instead: {why(eager)}" if eager.failed else
+                     "; eager instead: ok, the rows below start from it and train eager")
+    return row
+
+
+def check_sample(ctx, name, until):
+    """sample.py from the reference's checkpoint, greedy, one way (the row's name: eager, compiled or CUDA graphs):
+    a compiled way's text should be the eager one, and CUDA graphs must be recorded."""
+    way = name.removeprefix("sample.py, ")
+    flags = {"eager": [], "compiled": ["--compile"], "CUDA graphs": ["--compile", "--cuda_graphs"]}[way]
+    ref = os.path.join(ctx.work, "reference")
+    if way == "CUDA graphs" and not ctx.cuda:
+        return Row(name, None, note="n/a on a CPU: CUDA graphs record GPU kernels (sample.py refuses --cuda_graphs "
+                                    "here)")
+    if way != "eager" and not ctx.cfg.sample_compile:
+        return Row(name, None, note="skipped (--no-sample_compile)")
+    if not finished(ctx, ref):
+        return Row(name, None, note=NO_REFERENCE)
+    args = ["--ckpt", ref, "--device", "cuda" if ctx.cuda else "cpu", "--prompt", PROMPT, "--temperature", "0",
+            "--max_new_tokens", str(ctx.cfg.sample_tokens), *flags]
+    env = {**os.environ, "TORCH_LOGS": "cudagraphs"} if way == "CUDA graphs" else None  # says why none recorded
+    done = run(command("sample.py", *args), timeout=left(until), env=env)
+    if done.failed:
+        return failed(name, done)
+    if not (done.out.startswith(PROMPT) and len(done.out) > len(PROMPT) + 1):
+        return Row(name, False, peak=peak_of(done.err), wall_s=done.wall, note="no text")
+    ctx.texts[way] = done.out
+    ok, note = True, f"{ctx.cfg.sample_tokens} greedy tokens"
+    if way != "eager" and "eager" in ctx.texts:
+        note += ", the eager text" if done.out == ctx.texts["eager"] else ", text differs from eager"
+    if way == "CUDA graphs":
+        graphs, replays = graphs_of(done.err)
+        skipped = re.search(r"skipping cudagraphs due to (.*)", done.err)
+        ok = graphs > 0
+        note += (f"; {graphs} CUDA graphs recorded, replayed {replays} times" if ok else
+                 f"; no CUDA graph recorded{f': inductor skipped them ({skipped.group(1)[:150]})' if skipped else ''}")
+    return Row(name, ok, peak=peak_of(done.err), wall_s=done.wall, note=note)
+
+
+def check_resume(ctx, name, until):
+    """The quick start stopped with SIGTERM halfway and resumed, its log against the reference's."""
+    ref = os.path.join(ctx.work, "reference")
+    if not finished(ctx, ref):
+        return Row(name, None, note=NO_REFERENCE)
+    return stop_and_resume(ctx, name, launch=lambda *a: command("train.py", *a), flags=lambda *a, **kw: train_flags(
+        ctx, *a, **kw), out_dir=os.path.join(ctx.work, "stopped"), ref_log=read_log(ref)[0], exits=0, until=until)
+
+
+def check_init_from(ctx, name, until):
+    """A run started from the reference's ckpt.pt: its step-0 validation loss must be the reference's last."""
+    ref, tuned = os.path.join(ctx.work, "reference"), os.path.join(ctx.work, "init_from")
+    if not finished(ctx, ref):
+        return Row(name, None, note=NO_REFERENCE)
+    steps = max(2, ctx.cfg.steps // 4)
+    done = run(command("train.py", *train_flags(ctx, tuned, init_from=os.path.join(ref, "ckpt.pt"), max_steps=steps)),
+               timeout=left(until))
+    if done.failed:
+        return failed(name, done)
+    ref_log = read_log(ref)[0]
+    first = read_log(tuned)[0][("eval", 0)]["val_loss"]
+    last = ref_log[max(k for k in ref_log if k[0] == "eval")]["val_loss"]
+    same = first == last if not ctx.cuda else abs(first - last) <= 1e-3 * abs(last)
+    return Row(name, same, peak=peak_of(done.err), wall_s=done.wall,
+               note=f"step-0 val loss {first:.6f}, the reference's last {last:.6f}")
+
+
+def stop_and_resume(ctx, name, *, launch, flags, out_dir, ref_log, exits, until):
+    """`launch(*flags(out_dir))` gets SIGTERM once it prints step --stop_at and must exit with `exits`, its
+    ckpt.pt at the step it announced; `--resume` then runs it to --steps, its log compared with ref_log -> a Row."""
+    cfg = ctx.cfg
+    first = run(launch(*flags(out_dir)), stop_after=cfg.stop_at, timeout=left(until))
+    step, saved = announced(first.out), saved_step(out_dir)
+    if "SIGTERM: finishing this step" not in first.err or first.code != exits or first.late:
+        return failed(name, first, before=f"no SIGTERM stop at step {cfg.stop_at} (expected exit {exits}), ")
+    if saved != step or step >= cfg.steps:
+        return Row(name, False, wall_s=first.wall, note=f"train.py announced step {step} of {cfg.steps}, but "
+                                                         f"ckpt.pt holds step {saved}")
+    second = run(launch(*flags(out_dir, resume=True)), timeout=left(until))
+    wall = first.wall + second.wall
+    if second.failed:
+        row = failed(name, second)
+        row.wall_s = wall
+        return row
+    rtol = RESUME_RTOL if ctx.cuda else 0
+    differ, worst = differences(ref_log, read_log(out_dir)[0], rtol)
+    same = ("log bit-identical" if not rtol else
+            f"log within rtol {rtol:g} (largest difference {worst:.1e}; step, lr, tokens exact)")
+    note = (f"stopped at step {step} (ckpt.pt holds it), resumed to {cfg.steps}: {same}" if not differ else
+            f"log differs at {len(differ)} entries, first {differ[0][0]} step {differ[0][1]} (largest difference "
+            f"{worst:.1e}{f', rtol {rtol:g}' if rtol else ''})")
+    return Row(name, not differ, peak=peak_of(second.err), wall_s=wall, note=note)
+
+
+def one_gpu(ctx):
     import torch
 
-    names = ("torchrun, 2 processes, grad_accum 2", "torchrun: SIGTERM, then --resume")
-    if cuda and torch.cuda.device_count() < 2:
-        return [Row(n, None, note="skipped: one GPU, and NCCL refuses two ranks on one GPU (train.py uses NCCL "
-                                  "for CUDA tensors; gloo on CUDA is not a train.py option)") for n in names]
-    flags = lambda out_dir, **kw: train_flags(cfg, cuda, data, out_dir, grad_accum=2, **kw)
-    out_dir = os.path.join(work, "torchrun")
-    done = run(torchrun(2, *flags(out_dir)), timeout=cfg.timeout)
-    if done.code:
-        return [Row(names[0], False, wall_s=done.wall, note=why(done.code, done.err))]
-    ref_log, entries = read_log(out_dir)
-    tok, mfu = speed(entries, min(cfg.warmup, cfg.steps - 1))
+    return ctx.cuda and torch.cuda.device_count() < 2
+
+
+def check_torchrun(ctx, name, until):
+    """Two processes under torchrun, grad_accum 2, to --steps."""
+    if one_gpu(ctx):
+        return Row(name, None, note=ONE_GPU)
+    out_dir = os.path.join(ctx.work, "torchrun")
+    done = run(torchrun(2, *train_flags(ctx, out_dir, grad_accum=2)), timeout=left(until))
+    if done.failed:
+        return failed(name, done)
+    entries = read_log(out_dir)[1]
+    tok, mfu = speed(entries, min(ctx.cfg.warmup, ctx.cfg.steps - 1))
     start = next(e for e in entries if e["event"] == "start")
-    steps = [e["step"] for e in entries if e["event"] == "train"] == list(range(1, cfg.steps + 1))
-    how = f"{'nccl' if cuda else 'gloo'}{', compiled' if cfg.compile else ''}"
-    row = Row(names[0], steps and start["world_size"] == 2, tokens_per_s=tok, mfu=mfu, wall_s=done.wall,
-              note=f"{how}, {cfg.steps} steps, world size {start['world_size']}")
+    steps = [e["step"] for e in entries if e["event"] == "train"] == list(range(1, ctx.cfg.steps + 1))
+    how = f"{'nccl' if ctx.cuda else 'gloo'}{', compiled' if ctx.cfg.compile else ''}"
+    return Row(name, steps and start["world_size"] == 2, tokens_per_s=tok, mfu=mfu, wall_s=done.wall,
+               note=f"{how}, {ctx.cfg.steps} steps, world size {start['world_size']}")
+
+
+def check_torchrun_resume(ctx, name, until):
+    """A SIGTERM to torchrun halfway, then --resume under it, its log against the uninterrupted torchrun run's."""
+    if one_gpu(ctx):
+        return Row(name, None, note=ONE_GPU)
+    ref = os.path.join(ctx.work, "torchrun")
+    if not finished(ctx, ref):
+        return Row(name, None, note="skipped: no finished torchrun run to compare with (its row says why)")
     # torchrun forwards the signal to its ranks, which save and exit 0, then re-raises it itself: exit 1
-    stopped = stop_and_resume(names[1], cfg, cuda, launch=lambda *a: torchrun(2, *a), flags=flags,
-                              out_dir=os.path.join(work, "torchrun-stopped"), ref_log=ref_log, exits=1)
-    return [row, stopped]
+    return stop_and_resume(ctx, name, launch=lambda *a: torchrun(2, *a), flags=lambda *a, **kw: train_flags(
+        ctx, *a, grad_accum=2, **kw), out_dir=os.path.join(ctx.work, "torchrun-stopped"), ref_log=read_log(ref)[0],
+        exits=1, until=until)
 
 
-def check_sampling(cfg, cuda, work):
-    """sample.py from the reference's checkpoint, eager, --compile and (CUDA) --compile --cuda_graphs -> rows (greedy:
-    the texts should agree)."""
-    rows, texts = [], {}
-    for way, flags in (("eager", []), ("compiled", ["--compile"]), ("CUDA graphs", ["--compile", "--cuda_graphs"])):
-        if way == "CUDA graphs" and not cuda:
-            rows.append(Row(f"sample.py, {way}", None, note="skipped: CUDA only (sample.py refuses --cuda_graphs "
-                                                            "here)"))
-            continue
-        if way != "eager" and not cfg.sample_compile:
-            rows.append(Row(f"sample.py, {way}", None, note="skipped (--no-sample_compile)"))
-            continue
-        args = ["--ckpt", os.path.join(work, "reference"), "--device", "cuda" if cuda else "cpu", "--prompt", PROMPT,
-                "--temperature", "0", "--max_new_tokens", str(cfg.sample_tokens), *flags]
-        done = run(command("sample.py", *args), timeout=cfg.timeout)
-        ok = done.code == 0 and done.out.startswith(PROMPT) and len(done.out) > len(PROMPT) + 1
-        texts[way] = done.out
-        note = f"{cfg.sample_tokens} greedy tokens" if ok else why(done.code, done.err) if done.code else "no text"
-        rows.append(Row(f"sample.py, {way}", ok, peak=peak_of(done.err), wall_s=done.wall, note=note))
-    for r in rows[1:]:
-        if r.ok and rows[0].ok:
-            way = r.check.removeprefix("sample.py, ")
-            r.note += ", the eager text" if texts[way] == texts["eager"] else ", text differs from eager"
-    return rows
+# each row: its name, its share of seconds (on one GPU 550 s in all, PREPARE_S included: the docstring's Time),
+# and its check, in the order of their value
+ROWS = (("paper preset, largest batch", 100, check_paper),
+        ("train (quick start)", 120, check_quick_start),
+        ("sample.py, eager", 40, check_sample),
+        ("sample.py, compiled", 75, check_sample),
+        ("sample.py, CUDA graphs", 75, check_sample),
+        ("SIGTERM, then --resume", 70, check_resume),
+        ("--init_from", 40, check_init_from),
+        ("torchrun, 2 processes, grad_accum 2", 120, check_torchrun),
+        ("torchrun: SIGTERM, then --resume", 120, check_torchrun_resume))
 
 
-def rows_of(name, check_fn, *args):
-    """check_fn(*args) -> its rows; an exception in it (a log or an output not as this check expects) is one FAIL
-    row, `name`, and the other checks still run: one GPU session gets the whole table."""
+def row_of(check_fn, ctx, name, until):
+    """check_fn(ctx, name, until) -> its row; an exception in it (a log or an output not as this check expects) is
+    a FAIL row, and the other rows still run: one GPU session gets the whole table."""
     try:
-        return check_fn(*args)
+        return check_fn(ctx, name, until)
     except Exception as e:
-        return [Row(name, False, note=f"gpu_check itself failed: {type(e).__name__}: {one_line(str(e), 150)}")]
+        return Row(name, False, note=f"gpu_check itself failed: {type(e).__name__}: {one_line(str(e), 150)}")
 
 
-def table(rows, device_name):
+# ----------------------------------------------------------------------------- the report
+def table(rows, title, footer=""):
     fmt = lambda v, spec: "-" if v is None else format(v, spec)
-    lines = [f"GPU check on {device_name}", "",
-             "| check | result | tokens/s | MFU | peak memory | wall s | note |", "|---|---|---:|---:|---:|---:|---|"]
+    lines = [title, "", "| check | result | tokens/s | MFU | peak memory | wall s | note |",
+             "|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
         result = "skipped" if r.ok is None else "ok" if r.ok else "**FAIL**"
         mfu = fmt(r.mfu and 100 * r.mfu, ".1f") + ("%" if r.mfu else "")
         lines.append(f"| {r.check} | {result} | {fmt(r.tokens_per_s, ',.0f')} | {mfu} | {r.peak} | "
                      f"{fmt(r.wall_s, '.0f')} | {r.note} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ([f"\n{footer}"] if footer else [])) + "\n"
+
+
+def file_name(index, check):
+    """A row's file in --out: its place in the table and its name, in letters, digits, '.', '_' and '-' alone."""
+    return f"{index:02d}-{re.sub(r'[^A-Za-z0-9_.]+', '-', check).strip('-')}.md"
+
+
+class Report:
+    """The table as it grows, each row said on stderr as it ends; with a folder `out`, written there at once: the
+    row's own file (a skipped row gets none) and TABLE, every row so far."""
+
+    def __init__(self, out, title):
+        self.out, self.title, self.rows = out, title, []
+        if out:
+            os.makedirs(out, exist_ok=True)
+            atomic_write(os.path.join(out, TABLE), table([], title, footer="running: no row has ended yet"))
+
+    def add(self, row):
+        self.rows.append(row)
+        print(f"gpu_check: {row.check}: {'skipped' if row.ok is None else 'ok' if row.ok else 'FAIL'}", file=sys.stderr,
+              flush=True)
+        if not self.out:
+            return
+        if row.ok is not None:
+            log = f"\nThe command that failed, and its last stderr lines:\n\n```\n{row.log}\n```\n" if row.log else ""
+            atomic_write(os.path.join(self.out, file_name(len(self.rows), row.check)), table([row], self.title) + log)
+        atomic_write(os.path.join(self.out, TABLE), table(self.rows, self.title, footer=f"running: {len(self.rows)} "
+                     f"of {len(ROWS)} rows ended, the rest to come"))
+
+    def close(self, seconds):
+        """The finished table -> its text, and in `out`."""
+        report = table(self.rows, self.title, footer=f"done in {seconds:.0f} s")
+        if self.out:
+            atomic_write(os.path.join(self.out, TABLE), report)
+        return report
 
 
 def check(cfg):
-    """Run every step -> (rows, device name)."""
+    """Run every row, each written to --out as it ends -> (the rows, the finished table)."""
     import torch
 
     from bincode_gpt.shards import load_meta
 
+    start = time.monotonic()
     device = pick_device(cfg.device)
     if cfg.device == "auto" and device.type != "cuda":
         raise ValueError("no CUDA GPU here: --device cpu runs the same steps as a dry run at tiny sizes")
@@ -532,32 +768,38 @@ def check(cfg):
     cfg.compile = cuda if cfg.compile is None else cfg.compile
     if not (1 <= cfg.stop_at < cfg.steps):
         raise ValueError(f"--stop_at must be a step in [1, --steps), got {cfg.stop_at} with --steps {cfg.steps}")
+    out = cfg.out or os.environ.get("OUT")
+    refuse_earlier_runs(cfg.work, out)
+    use_shipped_tiktoken()
     check_encoding(load_meta(cfg.data_dir)["encoding"] if cfg.data_dir else "gpt2")
-    work = cfg.work or tempfile.mkdtemp(prefix="gpu_check-")
+    name = torch.cuda.get_device_name(device) if cuda else f"cpu ({os.cpu_count()} cores), a dry run at tiny sizes"
+    cuda_version = f" (CUDA {torch.version.cuda})" if cuda else ""
+    title = (f"GPU check on {name}, torch {torch.__version__}{cuda_version}, Python {platform.python_version()}; "
+             f"{mfu_basis(device)}")
+    report = Report(out, title)
+    work = os.path.abspath(cfg.work) if cfg.work else tempfile.mkdtemp(prefix="gpu_check-")  # children run in ROOT
     os.makedirs(work, exist_ok=True)
+    end = start + cfg.time_limit
     try:
-        data = os.path.abspath(cfg.data_dir) if cfg.data_dir else prepare(work)
-        rows = rows_of("train (quick start)", check_training, cfg, cuda, data, work)
-        if rows[0].ok:  # the rest start from its checkpoint
-            if cfg.paper:
-                rows += rows_of("paper preset, largest batch", lambda *a: [check_paper(*a)], cfg, cuda, data, work)
-            rows += rows_of("torchrun", check_torchrun, cfg, cuda, data, work)
-            rows += rows_of("sample.py", check_sampling, cfg, cuda, work)
+        data = os.path.abspath(cfg.data_dir) if cfg.data_dir else prepare(work, min(time.monotonic() + PREPARE_S, end))
+        ctx = Context(cfg, cuda, data, work)
+        for row_name, seconds, check_fn in ROWS:
+            now = time.monotonic()
+            if end - now < MIN_ROW_S:
+                report.add(Row(row_name, None, note=f"skipped: out of time (--time_limit {cfg.time_limit:g} s)"))
+                continue
+            report.add(row_of(check_fn, ctx, row_name, min(now + seconds, end)))
     finally:
         if not cfg.work:
             shutil.rmtree(work, ignore_errors=True)
-    name = torch.cuda.get_device_name(device) if cuda else f"cpu ({os.cpu_count()} cores), a dry run at tiny sizes"
-    return rows, f"{name}, torch {torch.__version__}"
+    return report.rows, report.close(time.monotonic() - start)
 
 
 def main(argv=None):
     description, epilog = __doc__.strip().split("\n\n", 1)
     cfg = parse_settings(config_parser(CheckConfig, description, epilog), argv)
-    rows, name = check(cfg)
-    report = table(rows, name)
+    rows, report = check(cfg)
     print(report, end="")
-    if cfg.out:
-        atomic_write(cfg.out, report)
     return 1 if any(r.ok is False for r in rows) else 0
 
 
