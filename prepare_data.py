@@ -16,6 +16,10 @@ Design choices:
   `fineweb-edu`, `cosmopedia` and hf:REPO[:CONFIG] stream a Hugging Face dataset through the
   optional `datasets` package. A single named corpus is written to data/NAME unless --out says
   otherwise. Every document ends with end-of-text.
+- Text encodings (inputs.text_encoding): UTF-8, or UTF-16 / UTF-32 with their byte-order mark, told
+  by each file's first bytes (decompressed), .txt and .jsonl alike. Nothing else is read as text:
+  unmarked UTF-16 / UTF-32 and 8-bit text are refused naming the likely encoding and an iconv
+  command that converts the file.
 - Tokenizer: any tiktoken encoding; `vocab_size=N` keeps its first N-1 BPE merge ranks (a prefix of
   the ranks is still a valid BPE) and puts <|endoftext|> at id N-1. By default the two ids whose
   codes are constant, 0 and 2^K-1, go to the bytes NUL and 0xFF (tokenizer.get_tokenizer), so

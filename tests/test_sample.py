@@ -208,7 +208,8 @@ def test_bad_input_ends_in_one_error_line(native, tmp_path, capsys):
         (["--ckpt", folder, "--device", no_gpu], f"error: device '{no_gpu}' asked for, but"),
         (["--ckpt", folder, "--prompt_file", str(tmp_path / "missing.txt")],
          f"error: {tmp_path / 'missing.txt'}: cannot read the prompt file (No such file or directory)"),
-        (["--ckpt", folder, "--prompt_file", str(latin1)], f"error: {latin1}: not UTF-8 text (byte 3: invalid continuation byte)"),
+        (["--ckpt", folder, "--prompt_file", str(latin1)], f"error: {latin1}: not valid UTF-8 at byte offset 3: it looks "
+                                                         "like 8-bit text, Latin-1 or Windows-1252: convert it to UTF-8"),
     ]
     r = run_sample(*cases[0][0])  # the command line itself, once (a subprocess costs seconds)
     assert r.returncode == 1 and r.stdout == "" and r.stderr == cases[0][1] + "\n"
