@@ -40,7 +40,7 @@ from bincode_gpt.decode import check_cuda_graphs, stream
 from bincode_gpt.devices import has_bf16, pick_device
 from bincode_gpt.memory import available_memory, memory_bytes
 from bincode_gpt.inputs import decode_text
-from bincode_gpt.tokenizer import load_text_codec
+from bincode_gpt.tokenizer import load_text_codec, without_nul
 from model import constant_input_ids
 
 CARD_PROMPT = "Question: What is the capital of France?\nAnswer:"  # the released models' card
@@ -152,8 +152,13 @@ def read_prompt_file(path):
 
 
 def prompt_ids(codec, prompt, block):
-    """The prompt's token ids, and the prompt as printed: an empty one starts from end-of-text (a
+    """The prompt's token ids, and the prompt as printed: its NULs dropped, as prepare_data.py drops
+    them from text (NUL's id is 0, the all-zero code); an empty one starts from end-of-text (a
     document boundary); a long one keeps its last `block` tokens."""
+    prompt, nul = without_nul(prompt)
+    if nul:
+        print(f"note: dropped {nul} NUL character{'s' * (nul != 1)} (U+0000) from the prompt, as "
+              "prepare_data.py drops them from the text models train on", file=sys.stderr)
     ids = codec.encode(prompt)
     if not ids:
         if codec.eos_token_id is None:

@@ -1,6 +1,6 @@
 """Text as users have it (issue 53): files in UTF-16 or UTF-32 with a byte-order mark prepare to the tokens of
 their UTF-8 copy; unmarked or 8-bit text is refused naming its likely encoding and the command that converts
-it."""
+it; U+0000 never reaches a shard (every shipped cut: tests/test_cuts.py)."""
 
 import gzip
 import io
@@ -8,11 +8,13 @@ import json
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 
 import prepare_data as P
 from bincode_gpt import inputs
-from test_prepare_data import main, snapshot, words
+from bincode_gpt.tokenizer import get_tokenizer, without_nul
+from test_prepare_data import main, shard_tokens, snapshot, words
 
 # a character outside the BMP (a surrogate pair in UTF-16), CRLF and accents, over a few lines
 TEXT = words(60) + "naïve café 😀 — 東京\r\nthe end\n"
@@ -139,3 +141,30 @@ def test_bytes_of_no_known_encoding_are_refused_without_a_guess(tmp_path, capsys
     (tmp_path / name).write_bytes(data)
     rc, err = main(capsys, tmp_path / name, "--out", tmp_path / "out", "--workers", 1)
     assert (rc, err) == (1, f"error: {tmp_path / name}: {message}\n")
+
+
+# ---------------------------------------------------------------- control characters
+def test_nul_is_dropped_from_the_text_and_counted(tmp_path, capsys):
+    """U+0000 would take id 0, the all-zero code: it never reaches a shard; stderr and meta.json say how many
+    were dropped, and the tokens are those of the text without them. The other control characters are text."""
+    text = "a\0b\n\0\nc \0\x01\x7f\x1b[0m\tÿ end" * 30 + "<|endoftext|>"
+    (tmp_path / "t.txt").write_text(text)
+    rc, err = main(capsys, tmp_path / "t.txt", "--out", tmp_path / "out", "--vocab_size", 512, "--workers", 1,
+                   "--val_fraction", 0)
+    assert (rc, err) == (0, "note: dropped 90 NUL characters (U+0000) from the text: NUL is no text, and by default "
+                            "its token has id 0, whose binary code is all zeros (meta.json: dropped_nul)\n")
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    tokens = shard_tokens(tmp_path / "out", meta, "train").tolist()
+    enc = get_tokenizer("gpt2", 512, True, True)
+    assert meta["dropped_nul"] == 90 and "constant_code_tokens" not in meta and 0 not in tokens and 511 not in tokens
+    assert enc.decode(tokens) == text.replace("\0", "") + "<|endoftext|>"
+
+
+def test_pieces_cut_at_a_nul_tokenize_like_the_whole_text():
+    """Documents are cut into pieces before their NULs are dropped (prepare_data.encode_batch): a cut next to a
+    NUL would join what the tokenizer splits ("\\n" + "\\n" against "\\n\\n")."""
+    enc = get_tokenizer("gpt2", 512, True, True)
+    text = "".join(f"word{i}\n\0\nnext \0\n\0x\n" for i in range(200))
+    parts = [without_nul(p)[0] for p, _ in P.pieces(text, 50)]
+    assert len(parts) > 20 and [t for p in parts for t in enc.encode_ordinary(p)] == enc.encode_ordinary(
+        without_nul(text)[0])
