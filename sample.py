@@ -49,7 +49,8 @@ PROMPT_FILE_LIMIT = 16 * 2**20  # bytes; a prompt keeps only its last block_size
 
 @dataclass
 class SampleConfig:
-    ckpt: str = setting("out/ckpt.pt", "a checkpoint .pt file, or a folder holding ckpt.pt")
+    ckpt: str = setting("out/ckpt.pt", "a checkpoint .pt file, or a folder holding ckpt.pt (else "
+                                       "best.pt)")
     prompt: str = setting("", "text to continue (default: none; a native checkpoint then starts a "
                               "new document, a converted release continues its model card's "
                               "prompt)")
