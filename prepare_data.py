@@ -16,11 +16,20 @@ Design choices:
   `fineweb-edu`, `cosmopedia` and hf:REPO[:CONFIG] stream a Hugging Face dataset through the
   optional `datasets` package. A single named corpus is written to data/NAME unless --out says
   otherwise. Every document ends with end-of-text.
+- Text encodings (inputs.text_encoding): UTF-8, or UTF-16 / UTF-32 with their byte-order mark, told
+  by each file's first bytes (decompressed), .txt and .jsonl alike. Nothing else is read as text:
+  unmarked UTF-16 / UTF-32 and 8-bit text are refused naming the likely encoding and an iconv
+  command that converts the file.
+- NUL (U+0000) is dropped from the text (encode_batch), counted on stderr and in meta.json
+  (dropped_nul): its token has id 0, the all-zero code, and NUL is no text.
 - Tokenizer: any tiktoken encoding; `vocab_size=N` keeps its first N-1 BPE merge ranks (a prefix of
   the ranks is still a valid BPE) and puts <|endoftext|> at id N-1. By default the two ids whose
   codes are constant, 0 and 2^K-1, go to the bytes NUL and 0xFF (tokenizer.get_tokenizer), so
   end-of-text leaves the all-ones code of a power-of-two cut; meta.json records it (reserve_zero,
-  reserve_ones).
+  reserve_ones). With NUL dropped and 0xFF never in UTF-8, no text reaches those ids.
+  --no-reserve_zero / --no-reserve_ones give the encoding's own ids, constant codes included (data
+  prepared before them had them: "!" on 0, end-of-text on all ones); meta.json and stderr count
+  those tokens (constant_code_tokens).
 - Train/val split: document i (0-based, input order) is val when floor((i+1)*f) > floor(i*f), i.e.
   every 10th document for f=0.1, spread over the whole corpus rather than taken from its end. If
   there are too few documents for one of them to be val (fewer than 1/f), each document is cut by
@@ -76,7 +85,7 @@ from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
 from bincode_gpt.files import atomic_write, DISK_FULL, move_in, writer_lock
 from bincode_gpt.shards import is_meta, MAGIC, PREPARED_DEFAULTS, ShardWriter, token_dtype, VERSION
 from bincode_gpt.inputs import check_inputs, NAMED, read_documents, resolve_input
-from bincode_gpt.tokenizer import get_tokenizer
+from bincode_gpt.tokenizer import constant_ids, get_tokenizer, without_nul
 
 PIECE_CHARS = 1 << 18  # size of the units sent to workers; does not change the output
 # the quick start's corpus at the mini preset's vocabulary, model.MINI_VOCAB: written here, not
@@ -162,7 +171,8 @@ def split_documents(docs, val_fraction: float):
 
 
 # ---------------------------------------------------------------- splits -> tokens, in parallel
-_SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
+# NUL is dropped from each piece once cut (encode_batch), so it is neither side's non-space
+_SAFE_CUT = re.compile(r"(?<=[^\s\0]\n)(?=[^\s\0])")
 
 
 def pieces(text: str, size: int | None = None):
@@ -209,14 +219,15 @@ def _start_worker(tok: tuple) -> None:
 
 
 def encode_batch(job: tuple) -> tuple:
-    """(split, batch) -> split, [(tokens of the piece + EOT if it ends a document, UTF-8 bytes,
-    ends)]."""
+    """(split, batch) -> split, [(tokens of the piece without NUL + EOT if it ends a document, its
+    UTF-8 bytes, NULs dropped, ends)]."""
     split, batch = job
     dtype = token_dtype(_enc.n_vocab)
     out = []
     for piece, last in batch:
-        ids = _enc.encode_ordinary(piece) + ([_enc.eot_token] if last else [])
-        out.append((np.array(ids, dtype=dtype), len(piece.encode("utf-8")), last))
+        text, nul = without_nul(piece)
+        ids = _enc.encode_ordinary(text) + ([_enc.eot_token] if last else [])
+        out.append((np.array(ids, dtype=dtype), len(text.encode("utf-8")), nul, last))
     return split, out
 
 
@@ -253,28 +264,32 @@ def encoded(jobs, tok: tuple, workers: int):
 
 
 # ---------------------------------------------------------------- tokens -> shards
-def write_documents(results, writers: dict, max_tokens: int | None, total_bytes: int | None,
-                    progress: bool) -> bool:
+def write_documents(results, writers: dict, constant: list[int], max_tokens: int | None,
+                    total_bytes: int | None, progress: bool) -> tuple[bool, dict]:
     """Join the encoded pieces into documents and hand each to its split's writer; stop before the
-    first document that would exceed the budget (-> True: the budget stopped it). With `progress`,
-    a line on a terminal's stderr (not in logs) says how far it got."""
+    first document that would exceed the budget. -> (whether the budget stopped it, the counts of
+    what was written: NULs dropped, tokens on the `constant` ids). With `progress`, a line on a
+    terminal's stderr (not in logs) says how far it got."""
     seen = 0  # source bytes encoded
     kept = 0  # tokens kept
-    doc = []  # (tokens, bytes) of the current document's pieces: the budget admits whole documents
+    counts = {"dropped_nul": 0, "constant_code_tokens": 0}
+    doc = []  # (tokens, bytes, NULs) of the document's pieces: the budget admits whole documents
     t0 = time.time()
     shown = t0
     progress = progress and sys.stderr.isatty()
     try:
         for split, batch in results:
-            for tokens, nbytes, last in batch:
-                doc.append((tokens, nbytes))
+            for tokens, nbytes, nul, last in batch:
+                doc.append((tokens, nbytes, nul))
                 seen += nbytes
                 if last:
-                    tokens = np.concatenate([t for t, _ in doc])
+                    tokens = np.concatenate([t for t, _, _ in doc])
                     if max_tokens is not None and kept + len(tokens) > max_tokens:
-                        return True
-                    writers[split].add(tokens, sum(b for _, b in doc))
+                        return True, counts
+                    writers[split].add(tokens, sum(b for _, b, _ in doc))
                     kept += len(tokens)
+                    counts["dropped_nul"] += sum(n for _, _, n in doc)
+                    counts["constant_code_tokens"] += int(np.isin(tokens, constant).sum())
                     doc = []
             if progress and time.time() - shown >= 0.5:  # at most twice a second
                 shown = time.time()
@@ -282,11 +297,28 @@ def write_documents(results, writers: dict, max_tokens: int | None, total_bytes:
                 pct = f"{min(100, 100 * seen / total_bytes):3.0f}% " if total_bytes else ""
                 print(f"\r{pct}{mb:,.1f} MB, {mb / (shown - t0):.1f} MB/s", end="", file=sys.stderr,
                       flush=True)
-        return False
+        return False, counts
     finally:
         if progress and shown > t0:
             # what comes next (the summary, an error) starts a line of its own
             print(file=sys.stderr)
+
+
+def say_counts(counts: dict, vocab_size: int) -> None:
+    """Say on stderr what was kept off the text's tokens, and what sits on a constant code (only
+    --no-reserve_zero / --no-reserve_ones put tokens there: the encoding's own ids, as data prepared
+    before them had)."""
+    nul, constant = counts["dropped_nul"], counts["constant_code_tokens"]
+    if nul:
+        print(f"note: dropped {nul:,} NUL character{'s' * (nul != 1)} (U+0000) from the text: NUL is no "
+              "text, and by default its token has id 0, whose binary code is all zeros (meta.json: "
+              "dropped_nul)", file=sys.stderr)
+    if constant:
+        ids = " or ".join(map(str, constant_ids(vocab_size)))
+        print(f"note: {constant:,} token{'s' * (constant != 1)} on id {ids}, whose binary code is "
+              "constant: the encoding's own ids, as --no-reserve_zero / --no-reserve_ones ask; a "
+              "bias-free binary model reads them as a constant vector (docs/zero-code.md; meta.json: "
+              "constant_code_tokens)", file=sys.stderr)
 
 
 # ---------------------------------------------------------------- the output folder
@@ -413,7 +445,8 @@ def prepare(inputs: list[str], out_dir: str, *, encoding: str = "gpt2",
             jobs = batches(split_documents(docs, val_fraction))
             # closing the generator stops the pool now
             with contextlib.closing(encoded(jobs, tok, workers)) as results:
-                budget_met = write_documents(results, writers, max_tokens, total_bytes, progress)
+                budget_met, counts = write_documents(results, writers, constant_ids(enc.n_vocab),
+                                                     max_tokens, total_bytes, progress)
             splits = {s: w.close() for s, w in writers.items()}
             if dry and not budget_met:
                 mix_shortfall(inputs[dry[0]], sum(s["tokens"] for s in splits.values()), max_tokens)
@@ -443,6 +476,7 @@ def prepare(inputs: list[str], out_dir: str, *, encoding: str = "gpt2",
                     "seed": seed}
             if doc_chars:  # absent at 0, so data prepared without it keeps its identity
                 meta["doc_chars"] = doc_chars
+            meta |= {k: n for k, n in counts.items() if n}  # the counts too, absent at 0
             atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
             # all written: from here on only renames and removals (all or none: files.move_in),
             # meta.json last
@@ -458,6 +492,7 @@ def prepare(inputs: list[str], out_dir: str, *, encoding: str = "gpt2",
                 raise OSError(f"{out}: not prepared: the disk is full ({os.strerror(e.errno)}); "
                               f"{kept}") from None
             raise
+    say_counts(counts, enc.n_vocab)
     return meta
 
 

@@ -39,7 +39,8 @@ from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
 from bincode_gpt.decode import check_cuda_graphs, stream
 from bincode_gpt.devices import has_bf16, pick_device
 from bincode_gpt.memory import available_memory, memory_bytes
-from bincode_gpt.tokenizer import load_text_codec
+from bincode_gpt.inputs import decode_text
+from bincode_gpt.tokenizer import load_text_codec, without_nul
 from model import constant_input_ids
 
 CARD_PROMPT = "Question: What is the capital of France?\nAnswer:"  # the released models' card
@@ -48,12 +49,13 @@ PROMPT_FILE_LIMIT = 16 * 2**20  # bytes; a prompt keeps only its last block_size
 
 @dataclass
 class SampleConfig:
-    ckpt: str = setting("out/ckpt.pt", "a checkpoint .pt file, or a folder holding ckpt.pt")
+    ckpt: str = setting("out/ckpt.pt", "a checkpoint .pt file, or a folder holding ckpt.pt (else "
+                                       "best.pt)")
     prompt: str = setting("", "text to continue (default: none; a native checkpoint then starts a "
                               "new document, a converted release continues its model card's "
                               "prompt)")
-    prompt_file: str | None = setting(None, "read the prompt from this UTF-8 file instead of "
-                                            "--prompt")
+    prompt_file: str | None = setting(None, "read the prompt from this text file instead of "
+                                            "--prompt (UTF-8, or UTF-16/32 with a byte-order mark)")
     num_samples: int = setting(1, "how many continuations")
     max_new_tokens: int = setting(100, "tokens per continuation (fewer if end-of-text comes)")
     temperature: float = setting(0.8, "softmax temperature; 0 = greedy (so is one below 1.2e-38, "
@@ -131,8 +133,9 @@ def check_sample_settings(cfg):
 
 
 def read_prompt_file(path):
-    """A regular UTF-8 file of at most PROMPT_FILE_LIMIT bytes: /dev/zero, a FIFO or a folder is
-    refused by name, not read until memory runs out."""
+    """A regular text file of at most PROMPT_FILE_LIMIT bytes, read as prepare_data.py reads text
+    (UTF-8; UTF-16 or UTF-32 with a byte-order mark): /dev/zero, a FIFO or a folder is refused by
+    name, not read until memory runs out."""
     try:
         st = os.stat(path)
     except OSError as e:
@@ -146,16 +149,17 @@ def read_prompt_file(path):
                          f"{PROMPT_FILE_LIMIT:,}-byte limit (a prompt keeps only its last "
                          "block_size tokens)")
     with open(path, "rb") as f:
-        data = f.read(PROMPT_FILE_LIMIT + 1)
-    try:
-        return data.decode("utf-8-sig")  # a byte-order mark (Windows editors write one) is not text
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        return decode_text(f.read(PROMPT_FILE_LIMIT + 1), path)
 
 
 def prompt_ids(codec, prompt, block):
-    """The prompt's token ids, and the prompt as printed: an empty one starts from end-of-text (a
+    """The prompt's token ids, and the prompt as printed: its NULs dropped, as prepare_data.py drops
+    them from text (NUL's id is 0, the all-zero code); an empty one starts from end-of-text (a
     document boundary); a long one keeps its last `block` tokens."""
+    prompt, nul = without_nul(prompt)
+    if nul:
+        print(f"note: dropped {nul} NUL character{'s' * (nul != 1)} (U+0000) from the prompt, as "
+              "prepare_data.py drops them from the text models train on", file=sys.stderr)
     ids = codec.encode(prompt)
     if not ids:
         if codec.eos_token_id is None:

@@ -90,8 +90,8 @@ class TrainConfig:
     overwrite: bool = setting(False, "start afresh in an out_dir that holds an earlier run: its "
                                      "log.jsonl and best.pt are removed at the start, its ckpt.pt "
                                      "replaced at the first save")
-    init_from: str | None = setting(None, "start from this checkpoint's weights (fine-tuning): "
-                                          "fresh optimizer, step 0")
+    init_from: str | None = setting(None, "start from the weights of this .pt file or folder (its "
+                                          "ckpt.pt, else best.pt): fresh optimizer, step 0")
 
     @property
     def ckpt_path(self):

@@ -13,6 +13,7 @@ take (AdamW's moments, in sampling) never leaves the file.
 import errno
 import os
 import random
+import sys
 from dataclasses import asdict
 
 import numpy as np
@@ -42,9 +43,43 @@ def atomic_torch_save(obj, path):
         raise OSError(errno.EIO, f"write failed ({one_line(e)})", str(path)) from None
 
 
+def checkpoint_file(path):
+    """The file a checkpoint path names: a file as given; in a folder its ckpt.pt, else its best.pt (what a run
+    whose last save was removed leaves, or a copied best). Where there is none, a FileNotFoundError says what
+    the folder holds instead (checkpoint_hint)."""
+    file = path
+    if os.path.isdir(path):
+        latest, best = os.path.join(path, "ckpt.pt"), os.path.join(path, "best.pt")
+        file = best if os.path.lexists(best) and not os.path.lexists(latest) else latest
+    problem = file_problem(file)
+    if problem == "no such file":
+        raise FileNotFoundError(f"{file}: no checkpoint there{checkpoint_hint(file)}")
+    if problem:
+        raise FileNotFoundError(f"{file}: {problem}")
+    return file
+
+
+def checkpoint_hint(file):
+    """What the folder of a missing checkpoint file holds instead, and what to do with it: the run's other
+    checkpoint, a Hugging Face model, or a run's log alone; '' for none of them."""
+    folder = os.path.dirname(file) or "."
+    beside = [n for n in ("ckpt.pt", "best.pt") if n != os.path.basename(file) and os.path.isfile(os.path.join(folder, n))]
+    if beside:
+        what = " (the weights of the run's best evaluation)" if beside[0] == "best.pt" else ""
+        return f"; {os.path.join(folder, beside[0])}{what} is there: name that file, or the folder {folder}"
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return (f"; {folder} holds a Hugging Face model (config.json): convert it to a native checkpoint first: "
+                f"python -m tools.convert hf2native {folder} OUT")
+    if os.path.isfile(os.path.join(folder, "log.jsonl")):
+        return (f"; {folder} holds a run's log.jsonl but neither of its checkpoints (ckpt.pt, best.pt): they were "
+                "removed, or the run stopped before its first save")
+    return ""
+
+
 def read_checkpoint(path, int8=False):
-    """The checkpoint dict in a .pt file, or in a folder holding ckpt.pt; a clear error names the file. An
-    int8 checkpoint (python -m tools.convert native2int8) is refused unless int8=True: only sampling can use it.
+    """The checkpoint dict in a .pt file, or in a folder holding ckpt.pt (else best.pt, said on stderr); a clear
+    error names the file. An int8 checkpoint (python -m tools.convert native2int8) is refused unless int8=True:
+    only sampling can use it.
 
     The file is memory-mapped on the CPU (copy-on-write: writing a tensor never touches the file), so its
     tensors are read from the page cache when first used and never held twice; a tensor no one uses (the
@@ -52,10 +87,7 @@ def read_checkpoint(path, int8=False):
     """
     if not os.fspath(path):
         raise ValueError("the checkpoint is '' (empty): name a .pt file or a folder holding ckpt.pt")
-    file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
-    problem = file_problem(file)
-    if problem:
-        raise FileNotFoundError(f"{file}: no checkpoint there" if problem == "no such file" else f"{file}: {problem}")
+    file = checkpoint_file(path)
     try:
         ckpt = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
@@ -74,6 +106,9 @@ def read_checkpoint(path, int8=False):
         made_from = (source.get("path") if isinstance(source, dict) else None) or "a float32 checkpoint"
         raise ValueError(f"{file}: an int8 checkpoint for sampling (tools/convert.py native2int8 of {made_from}): only "
                          "sample.py reads it; train, convert or evaluate the float32 checkpoint it was made from")
+    if os.path.isdir(path) and os.path.basename(file) == "best.pt":
+        print(f"note: {path} holds no ckpt.pt: reading {file}, the weights of the run's best evaluation (step "
+              f"{ckpt.get('step')})", file=sys.stderr)
     return ckpt
 
 
@@ -230,7 +265,7 @@ def load_checkpoint(path, device="cpu", int8=False, pack=True):
         from bincode_gpt.quantize import check_quantize, pack_int8, split_int8  # int8 only: training never loads quantize.py
 
         check_quantize("int8", device)
-        file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+        file = checkpoint_file(path)
         state_dict, rows = split_int8(ckpt, file)
         return pack_int8(model_from_weights(config, state_dict, file), rows, file, pack), ckpt
     return model_from_weights(config, ckpt["model"], path).to(device), ckpt
@@ -261,8 +296,6 @@ def is_int8(ckpt):
 
 
 if __name__ == "__main__":
-    import sys
-
     from bincode_gpt.cli import not_a_command
     sys.exit(not_a_command("bincode_gpt/checkpoint.py", "sample from a checkpoint by `python sample.py --ckpt FILE`, convert one by "
                                             "`python -m tools.convert --help`"))

@@ -1,9 +1,11 @@
 """
 The inputs that prepare_data.py reads: files, folders and globs, .txt / .jsonl / .parquet, compressed or not,
-the named corpora and Hugging Face datasets, each as a stream of documents.
+the named corpora and Hugging Face datasets, each as a stream of documents. Text is UTF-8, or UTF-16 / UTF-32
+with its byte-order mark (text_encoding); other bytes are refused naming their likely encoding and the fix.
 """
 
 import bz2
+import codecs
 import contextlib
 import glob
 import gzip
@@ -12,6 +14,7 @@ import json
 import lzma
 import os
 import re
+import shlex
 import stat
 import sys
 import urllib.request
@@ -206,18 +209,18 @@ def file_documents(source: str, packing: str | None, text_field: str):
     if os.path.getsize(source) == 0:
         raise ValueError(f"{source}: empty file")
     elif kind == ".jsonl":
-        offset = 0  # of the line, in the uncompressed bytes
         with open_input(source, packing) as f:
-            for lineno, line in enumerate(f, 1):
+            encoding = text_encoding(f.read(HEAD), source, packing)
+        with open_input(source, packing) as f:  # read again from its start: a compressed stream cannot seek back
+            for lineno, line in enumerate(text_lines(f, encoding, source, packing), 1):
                 if line.strip():
                     try:
-                        record = json.loads(decode_utf8(line, source, offset).removeprefix(BOM))
+                        record = json.loads(line.removeprefix(BOM))
                     except json.JSONDecodeError as e:
                         raise ValueError(f"{source}:{lineno}: invalid JSON ({e.msg})") from None
                     except RecursionError:  # the parser recurses once per bracket
                         raise ValueError(f"{source}:{lineno}: JSON nested too deeply to read (not a text record)") from None
                     yield from record_texts([record], text_field, f"{source}:{lineno}")
-                offset += len(line)
     elif kind == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -237,20 +240,103 @@ def file_documents(source: str, packing: str | None, text_field: str):
             data = f.read()
         if not data:
             raise ValueError(f"{source}: empty file (once decompressed)")
-        text = decode_utf8(data, source).removeprefix(BOM)
+        text = decode_text(data, source, packing)
         if not text.strip():
             raise ValueError(f"{source}: empty file (only whitespace)")
         yield text
 
 
 BOM = "\ufeff"  # a byte-order mark (Windows editors write one at a file's start) is not text: dropped at document starts
+# UTF-16 and UTF-32 text starts with a byte-order mark, the one certain sign of an encoding (UTF-32 LE's starts with
+# UTF-16 LE's, so it is tried first); Python's UTF-16 and UTF-32 codecs read the mark and drop it
+MARKS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
+         (codecs.BOM_UTF16_BE, "UTF-16"))
+HEAD = 4096  # the first bytes of a file, enough to tell its encoding
+CONTROL = bytes(b for b in range(32) if b not in b"\t\n\r")  # bytes that text seldom holds
+# Text in UTF-16 without its mark: the high byte of nearly every code unit is below 0x20 (0 for Latin letters, 4 for
+# Cyrillic, 6 for Arabic...), so control bytes fill every other byte offset; in UTF-32, two or three of every four.
+# The offsets (mod 4) where most bytes are control bytes -> the encoding.
+UNMARKED = {(1, 3): "UTF-16LE", (0, 2): "UTF-16BE", (2, 3): "UTF-32LE", (1, 2, 3): "UTF-32LE", (0, 1): "UTF-32BE",
+            (0, 1, 2): "UTF-32BE"}
+UNPACK = {"gzip": "gzip -dc", "bz2": "bzip2 -dc", "xz": "xz -dc", "zstd": "zstd -dc"}  # the decompressors' commands
 
 
-def decode_utf8(data: bytes, name: str, offset: int = 0) -> str:
+def text_encoding(head: bytes, name: str, packing: str | None = None) -> str:
+    """The encoding of a text file by its first bytes (decompressed): UTF-16 or UTF-32 by its byte-order mark,
+    else UTF-8. Bytes laid out as UTF-16 or UTF-32 without a mark are refused, naming the encoding and the
+    conversion: read as UTF-8 they would be text with a control character after every letter."""
+    marked = next((encoding for mark, encoding in MARKS if head.startswith(mark)), None)
+    if marked:
+        return marked
+    n = len(head) // 4 * 4
+    offsets = tuple(r for r in range(4) if n and count_control(head[r:n:4]) > n // 8)  # over half of their n / 4
+    wide = UNMARKED.get(offsets)
+    if wide:
+        raise ValueError(f"{name}: looks like {wide} text without a byte-order mark, not UTF-8: convert it to UTF-8 "
+                         f"first, e.g. {conversion(name, packing, wide)}")
+    return "UTF-8"
+
+
+def count_control(data: bytes) -> int:
+    """How many of `data`'s bytes are control bytes (CONTROL)."""
+    return len(data) - len(data.translate(None, CONTROL))
+
+
+def conversion(name: str, packing: str | None, encoding: str) -> str:
+    """The command line that writes a UTF-8 copy of the input `name` in `encoding` beside it (decompressed)."""
+    path = Path(name)
+    plain = path.name
+    for suffix in PACKED:  # notes.txt.gz -> notes.txt, as input_type reads it
+        plain = plain[:-len(suffix)] if plain.lower().endswith(suffix) else plain
+    copy = shlex.quote(str(path.with_name(f"{Path(plain).stem}-utf8{Path(plain).suffix}")))
+    iconv = f"iconv -f {encoding} -t UTF-8"
+    if packing:
+        return f"{UNPACK[packing]} {shlex.quote(name)} | {iconv} > {copy}"
+    return f"{iconv} {shlex.quote(name)} > {copy}"
+
+
+def decode_text(data: bytes, name: str, packing: str | None = None) -> str:
+    """A text file's bytes (decompressed) as text, in the encoding text_encoding tells, its byte-order mark dropped."""
+    encoding = text_encoding(data[:HEAD], name, packing)
+    if encoding == "UTF-8":
+        return decode_utf8(data, name, packing=packing).removeprefix(BOM)
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name}: not valid {encoding} at byte offset {e.start} ({e.reason}), though it starts "
+                         f"with {encoding}'s byte-order mark") from None
+
+
+def text_lines(f, encoding: str, name: str, packing: str | None = None):
+    """The lines of a binary stream as text: UTF-8 line by line (an error names its byte offset), UTF-16 and
+    UTF-32 through an incremental decoder, which never cuts a code unit or a character in two, wherever the
+    stream's reads end."""
+    if encoding == "UTF-8":
+        offset = 0  # of the line, in the uncompressed bytes
+        for line in f:
+            yield decode_utf8(line, name, offset, packing)
+            offset += len(line)
+        return
+    try:
+        yield from io.TextIOWrapper(f, encoding, newline="\n")  # lines end at "\n" only, as they do in bytes
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name}: not valid {encoding} ({e.reason}), though it starts with {encoding}'s byte-order "
+                         "mark") from None
+
+
+def decode_utf8(data: bytes, name: str, offset: int = 0, packing: str | None = None) -> str:
+    """`data` (bytes of `name` from `offset` on) as UTF-8; else a ValueError naming the offset, and Latin-1 and the
+    conversion where the bytes look like 8-bit text: ASCII up to the first byte that is not UTF-8, no NUL, hardly
+    any control bytes (a UTF-8 file with a corrupt byte has UTF-8 characters before it, a binary file many
+    control bytes)."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{name}: not valid UTF-8 at byte offset {offset + e.start}") from None
+        where = f"{name}: not valid UTF-8 at byte offset {offset + e.start}"
+        if not data[:e.start].isascii() or b"\0" in data or count_control(data) * 100 > len(data):
+            raise ValueError(where) from None
+        raise ValueError(f"{where}: it looks like 8-bit text, Latin-1 or Windows-1252: convert it to UTF-8 first, "
+                         f"e.g. {conversion(name, packing, 'CP1252')}") from None
 
 
 def record_texts(records, text_field: str, name: str):

@@ -3,6 +3,7 @@ Tokenizers: text <-> token ids, the one home of every script that turns text int
 
 - get_tokenizer: a tiktoken encoding, optionally cut to a smaller vocabulary (what prepare_data.py
   writes shards with, and what a native checkpoint's tokenizer entry names).
+- constant_ids, without_nul: the ids whose binary codes are constant, and text kept off id 0.
 - tiktoken_entry: that "tokenizer" entry, which train.py saves with every checkpoint.
 - check_tokenizer: a checkpoint's entry against the data's, before training it on that data.
 - TiktokenText, HFText: the two text codecs sample.py decodes with, a tiktoken encoding (native runs)
@@ -101,6 +102,20 @@ def token_ids(enc: tiktoken.Encoding) -> set:
 def all_ones_id(vocab_size: int) -> int:
     """2^K - 1, the id whose K = ceil(log2 V) bits are all ones (model.code_bits; torch-free here)."""
     return (1 << (vocab_size - 1).bit_length()) - 1
+
+
+def constant_ids(vocab_size: int) -> list[int]:
+    """The ids whose K-bit codes are constant: 0 (all zeros), and 2^K - 1 (all ones) where the vocabulary
+    holds it (a cut to a power of two, where it is end-of-text's unless reserve_ones gives it to 0xFF)."""
+    ones = all_ones_id(vocab_size)
+    return [0, ones] if 0 < ones < vocab_size else [0]
+
+
+def without_nul(text: str) -> tuple[str, int]:
+    """`text` without U+0000 (NUL), and how many it held. NUL is no text (a binary file's, a C string's end),
+    and reserve_zero gives its byte id 0, the all-zero code: dropped, no text puts that id in the model's input."""
+    clean = text.replace("\0", "")
+    return clean, len(text) - len(clean)
 
 
 def tiktoken_entry(meta: dict) -> dict:

@@ -353,3 +353,55 @@ def test_quantize_refuses_a_nan_checkpoint_naming_the_tensor(tiny_data, tmp_path
     assert run(quantize_quality.main, ["--ckpt", str(tmp_path / "ckpt.pt"), "--data_dir", tiny_data], capsys) == (
         1, "", f"error: {tmp_path / 'ckpt.pt'} holds NaN or inf values in blocks.0.mlp.proj.weight: refusing to measure a "
                "diverged or corrupt checkpoint\n")
+
+
+def test_a_folder_holding_one_file_of_a_run_is_read_or_named(tiny_data, tmp_path, capsys):
+    """Each file a run or a conversion leaves, alone in a folder, given to every command that reads checkpoints
+    (issue 53): best.pt is read where weights are all a command needs, and said so; --resume refuses it naming
+    it and --init_from; a log, a Hugging Face folder or a checkpoint named beside best.pt are refused naming
+    what is there and what to do."""
+    import sample
+
+    tiny = ["--preset", "tiny", "--n_layer", "1", "--n_head", "1", "--n_embd", "32", "--block_size", "16",
+            "--batch_size", "2", "--eval_steps", "1", "--device", "cpu"]
+    code, _, err = run(train.main, ["--data_dir", tiny_data, "--out_dir", str(tmp_path / "run"), "--max_steps", "2",
+                                    "--eval_interval", "2", *tiny], capsys)
+    assert code == 0, err
+    best, log, hf = (tmp_path / name for name in ("best", "log", "hf"))
+    for folder, name in ((best, "best.pt"), (log, "log.jsonl")):
+        folder.mkdir()
+        shutil.copy(tmp_path / "run" / name, folder / name)
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")  # what native2hf writes first
+
+    read = f"note: {best} holds no ckpt.pt: reading {best / 'best.pt'}, the weights of the run's best evaluation (step 2)\n"
+    code, out, err = run(sample.main, ["--ckpt", str(best), "--max_new_tokens", "2", "--device", "cpu"], capsys)
+    assert (code, err) == (0, read) and out
+    code, _, err = run(train.main, ["--data_dir", tiny_data, "--out_dir", str(tmp_path / "tuned"), "--init_from",
+                                    str(best), "--max_steps", "1", "--eval_interval", "0", *tiny], capsys)
+    assert code == 0 and err.startswith(read), err
+    code, out, err = run(convert.main, ["native2int8", str(best), str(tmp_path / "int8")], capsys)
+    assert (code, err) == (0, read) and out.startswith(f"wrote {tmp_path / 'int8' / 'ckpt.pt'}")
+    code, _, err = run(train.main, ["--data_dir", tiny_data, "--out_dir", str(best), "--resume", *tiny], capsys)
+    assert (code, err) == (1, f"error: {best / 'ckpt.pt'}: no checkpoint there to resume; {best / 'best.pt'} holds "
+                              "weights only (no optimizer, data position or RNG state): start a run from them with "
+                              f"--init_from {best / 'best.pt'}\n")
+    code, _, err = run(convert.main, ["hf2native", str(best), str(tmp_path / "back")], capsys)
+    assert (code, err) == (1, f"error: no config.json in {best}: it holds a native checkpoint (best.pt), not a Hugging "
+                              "Face model (native2hf converts a native checkpoint to one)\n")
+
+    beside = f"; {best / 'best.pt'} (the weights of the run's best evaluation) is there: name that file, or the folder {best}"
+    logged = (f"; {log} holds a run's log.jsonl but neither of its checkpoints (ckpt.pt, best.pt): they were removed, or "
+              "the run stopped before its first save")
+    converted = (f"; {hf} holds a Hugging Face model (config.json): convert it to a native checkpoint first: python -m "
+                 f"tools.convert hf2native {hf} OUT")
+    for path, hint in ((best / "ckpt.pt", beside), (log, logged), (hf, converted)):
+        file = path if path.suffix else path / "ckpt.pt"
+        refusal = f"error: {file}: no checkpoint there{hint}\n"
+        for main, argv in ((sample.main, ["--ckpt", str(path), "--device", "cpu"]),
+                           (train.main, ["--data_dir", tiny_data, "--out_dir", str(tmp_path / "o"), "--init_from",
+                                         str(path), *tiny]),
+                           (convert.main, ["native2hf", str(path), str(tmp_path / "o")])):
+            assert run(main, argv, capsys) == (1, "", refusal), (path, argv)
+    code, _, err = run(train.main, ["--data_dir", tiny_data, "--out_dir", str(log), "--resume", *tiny], capsys)
+    assert (code, err) == (1, f"error: {log / 'ckpt.pt'}: no checkpoint there{logged}\n")

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tiktoken
 import torch
@@ -26,7 +27,8 @@ from bincode_gpt import tokenizer
 from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.cli import run_main
 from bincode_gpt.files import LOCK_NAME
-from bincode_gpt.tokenizer import TiktokenText, all_ones_id, get_tokenizer, token_ids
+from bincode_gpt.shards import read_shard
+from bincode_gpt.tokenizer import TiktokenText, all_ones_id, constant_ids, get_tokenizer, token_ids
 from tools import convert
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,6 +155,26 @@ def test_cut_end_to_end(encoding, vocab_size, text_file, tmp_path, capsys):
     assert ckpt_back["tokenizer"] == ckpt["tokenizer"] and model_back.config == model.config
     state = model.state_dict()
     assert all(torch.equal(t, state[n]) for n, t in model_back.state_dict().items())
+
+
+SHIPPED = [(e, v) for e, sizes in WORKS.items() for v in sizes]
+
+
+@pytest.mark.parametrize("encoding, vocab_size", SHIPPED, ids=[f"{e}-{v or 'uncut'}" for e, v in SHIPPED])
+def test_no_text_puts_a_constant_code_in_a_shard(encoding, vocab_size, tmp_path):
+    """Text holding U+0000, U+00FF (whose UTF-8 holds no 0xFF byte) and other control characters: no token id
+    whose K-bit code is constant (0, and 2^K - 1 where the cut holds it) in any shard of any shipped cut. Those ids
+    hold the NUL byte, which prepare_data.py drops from text, and the 0xFF byte, which UTF-8 never holds."""
+    path = tmp_path / "t.txt"
+    path.write_text((TEXT + "a NUL \0, two \0\0, ÿ, \x01\x1f\x7f and one last\0") * 3)
+    meta = prepare_data.prepare([str(path)], tmp_path / "data", encoding=encoding, vocab_size=vocab_size, workers=1,
+                                progress=False)
+    shards = [s for split in meta["splits"].values() for s in split["shards"]]
+    tokens = np.concatenate([read_shard(tmp_path / "data" / s) for s in shards])
+    constant = constant_ids(meta["vocab_size"])
+    assert not np.isin(tokens, constant).any() and meta["dropped_nul"] == 12 and "constant_code_tokens" not in meta
+    cut = get_tokenizer(encoding, meta["vocab_size"], True, True)
+    assert [cut.decode_single_token_bytes(i) for i in constant] == [b"\x00", b"\xff"][:len(constant)]
 
 
 def test_model_wider_than_its_tokenizer(text_file, tmp_path, capsys):

@@ -230,6 +230,7 @@ def test_reserve_ones_is_the_default_and_older_data_keeps_its_ids(tmp_path, caps
     assert (new["reserve_ones"], new["eot_token"], old["reserve_ones"], old["eot_token"]) == (True, 187, False, 511)
     a, b = (np.concatenate([shard_tokens(tmp_path / d, m, s) for s in ("train", "val")]).tolist() for d, m in (("new", new), ("old", old)))
     assert a.count(187) == b.count(511) == 40 and 511 not in a and a == [{511: 187, 187: 511}.get(t, t) for t in b]
+    assert (old["constant_code_tokens"], "constant_code_tokens" in new) == (40, False)  # end-of-text on all ones
     del old["reserve_ones"]  # data prepared before the option
     (tmp_path / "old" / "meta.json").write_text(json.dumps(old))
     entry = tiktoken_entry(shards.load_meta(tmp_path / "old"))
@@ -600,19 +601,26 @@ def test_help(capsys):
 
 def test_reserve_zero_gives_id_0_to_the_nul_byte_and_meta_records_it(tmp_path, capsys):
     """By default no real token gets id 0 (the all-zero binary code): "!" and NUL swap ids, every other
-    token keeps its own, and meta.json says so; --no-reserve_zero writes the encoding's own ids."""
+    token keeps its own, and meta.json says so; the text's NULs are dropped (tests/test_inputs.py).
+    --no-reserve_zero writes the encoding's own ids, and says how many tokens that puts on id 0."""
     text = tmp_path / "t.txt"
     text.write_text("Hello! Who's there? Nay, answer me!\n" * 50 + "a NUL \x00 byte")
     assert main(capsys, str(text), "--out", tmp_path / "r", "--vocab_size", "1000", "--workers", "1")[0] == 0
-    assert main(capsys, str(text), "--out", tmp_path / "p", "--vocab_size", "1000", "--workers", "1", "--no-reserve_zero")[0] == 0
+    rc, err = main(capsys, str(text), "--out", tmp_path / "p", "--vocab_size", "1000", "--workers", "1", "--no-reserve_zero")
+    assert rc == 0 and err.splitlines()[1] == (
+        "note: 100 tokens on id 0, whose binary code is constant: the encoding's own ids, as --no-reserve_zero / "
+        "--no-reserve_ones ask; a bias-free binary model reads them as a constant vector (docs/zero-code.md; "
+        "meta.json: constant_code_tokens)")
     r, p = shards.load_meta(tmp_path / "r"), shards.load_meta(tmp_path / "p")
     assert r["reserve_zero"] is True and p["reserve_zero"] is False
+    assert (p["constant_code_tokens"], "constant_code_tokens" in r, r["dropped_nul"], p["dropped_nul"]) == (100, False, 1, 1)
     reserved, plain = ([*shard_tokens(tmp_path / d, m, "train").tolist(), *shard_tokens(tmp_path / d, m, "val").tolist()]
                        for d, m in (("r", r), ("p", p)))
     swap = {0: 188, 188: 0}
-    assert plain.count(0) == 100 and reserved.count(0) == 1  # the "!"s, and the one NUL byte
+    assert plain.count(0) == 100 and reserved.count(0) == 0  # the "!"s; the NUL byte is dropped
     assert reserved == [swap.get(t, t) for t in plain]
-    assert get_tokenizer("gpt2", 1000, reserve_zero=True).decode(reserved).replace("<|endoftext|>", "") == text.read_text()
+    decoded = get_tokenizer("gpt2", 1000, reserve_zero=True).decode(reserved).replace("<|endoftext|>", "")
+    assert decoded == text.read_text().replace("\x00", "")
     # data prepared before the option: no key, read as the plain ids
     meta = {k: v for k, v in p.items() if k != "reserve_zero"}
     (tmp_path / "p" / "meta.json").write_text(json.dumps(meta))

@@ -208,7 +208,8 @@ def test_bad_input_ends_in_one_error_line(native, tmp_path, capsys):
         (["--ckpt", folder, "--device", no_gpu], f"error: device '{no_gpu}' asked for, but"),
         (["--ckpt", folder, "--prompt_file", str(tmp_path / "missing.txt")],
          f"error: {tmp_path / 'missing.txt'}: cannot read the prompt file (No such file or directory)"),
-        (["--ckpt", folder, "--prompt_file", str(latin1)], f"error: {latin1}: not UTF-8 text (byte 3: invalid continuation byte)"),
+        (["--ckpt", folder, "--prompt_file", str(latin1)], f"error: {latin1}: not valid UTF-8 at byte offset 3: it looks "
+                                                         "like 8-bit text, Latin-1 or Windows-1252: convert it to UTF-8"),
     ]
     r = run_sample(*cases[0][0])  # the command line itself, once (a subprocess costs seconds)
     assert r.returncode == 1 and r.stdout == "" and r.stderr == cases[0][1] + "\n"
@@ -318,6 +319,25 @@ def test_corrupt_tokenizer_config_is_one_error_line(hf_ckpt, capsys):
     assert run_main(sample.main, ["--ckpt", folder, "--max_new_tokens", "1", "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {os.path.join(folder, 'tokenizer_config.json')}: not valid JSON (") and err.count("\n") == 1
+
+
+def test_a_prompt_never_feeds_a_nul_and_is_read_in_utf16(native, tmp_path, capsys):
+    """NUL's id is 0 (the all-zero code, reserve_zero): dropped from a prompt as prepare_data.py drops it from
+    text, with a note. A prompt file is read as prepare_data.py reads text: UTF-16 with its mark too."""
+    codec = load_text_codec({"tokenizer": {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512,
+                                           "reserve_zero": True}}, "new.pt")
+    assert codec.encode("\0") == [0]
+    ids, shown = sample.prompt_ids(codec, "\0ROMEO:\0 hi\0", 64)
+    assert (ids, shown) == (codec.encode("ROMEO: hi"), "ROMEO: hi") and 0 not in ids
+    assert capsys.readouterr().err == ("note: dropped 3 NUL characters (U+0000) from the prompt, as prepare_data.py "
+                                       "drops them from the text models train on\n")
+    model, folder, enc = native
+    prompt = tmp_path / "p.txt"
+    prompt.write_bytes("ROMEO:\0".encode("utf-16"))  # with its byte-order mark, as Windows tools write it
+    assert run_main(sample.main, ["--ckpt", folder, "--prompt_file", str(prompt), "--temperature", "0",
+                                  "--max_new_tokens", "3"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("ROMEO:") and out.err.startswith("note: dropped 1 NUL character")
 
 
 def test_a_checkpoint_entry_without_reserve_zero_decodes_the_plain_ids():

@@ -48,7 +48,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from bincode_gpt.checkpoint import (atomic_torch_save, check_finite, checkpoint_dict, load_checkpoint, model_from_weights)
+from bincode_gpt.checkpoint import (atomic_torch_save, check_finite, checkpoint_dict, checkpoint_file, load_checkpoint,
+                                   model_from_weights)
 from bincode_gpt.cli import config_parser, one_line, parse_settings, run_main, setting
 from bincode_gpt.files import atomic_write, file_problem, LOCK_NAME, staged, writer_lock
 from bincode_gpt.quantize import int8_checkpoint
@@ -242,6 +243,10 @@ def read_hf_config(folder):
     """The GPTConfig fields a BVV (or GPT-NeoX / GPT-2 / Llama-like) config.json gives, and its raw dict."""
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
+        native = [n for n in ("ckpt.pt", "best.pt") if os.path.isfile(os.path.join(folder, n))]
+        if native:
+            raise ConversionError(f"no config.json in {folder}: it holds a native checkpoint ({native[0]}), not a "
+                                  "Hugging Face model (native2hf converts a native checkpoint to one)")
         raise ConversionError(f"no config.json in {folder}: is this a Hugging Face model folder?")
     raw = read_json(path)
 
@@ -724,7 +729,7 @@ def convert_native_to_int8(ckpt_path, out_dir, overwrite=False):
     check_out(ckpt_path, out_dir, overwrite)
     model, ckpt = load_checkpoint(ckpt_path, "cpu")  # an int8 checkpoint is refused here: it is int8 already
     check_finite(model.state_dict(), ckpt_path, "convert")
-    file = os.path.join(ckpt_path, "ckpt.pt") if os.path.isdir(ckpt_path) else ckpt_path
+    file = checkpoint_file(ckpt_path)
     ckpt_dir = os.path.dirname(os.path.abspath(file))
     entry = check_tokenizer_entry(ckpt.get("tokenizer"), ckpt_dir)
     int8 = int8_checkpoint(model, ckpt, fingerprint(file))
@@ -759,7 +764,8 @@ class HfToNative:
 @dataclass
 class NativeToInt8:
     """a native checkpoint -> OUT/ckpt.pt with int8 linear weights, for sampling"""
-    src: str = setting(help="native float32 checkpoint: a .pt file or a folder holding ckpt.pt", positional=True)
+    src: str = setting(help="native float32 checkpoint: a .pt file or a folder holding ckpt.pt (else best.pt)",
+                       positional=True)
     out: str = setting(help="output folder; ckpt.pt (and a converted release's tokenizer files) are written there",
                        positional=True)
     overwrite: bool = setting(False, "write into a non-empty OUT, replacing its model and tokenizer files")
@@ -768,7 +774,7 @@ class NativeToInt8:
 @dataclass
 class NativeToHf:
     """a native checkpoint -> a stock GPTNeoXForCausalLM folder"""
-    src: str = setting(help="native checkpoint: a .pt file or a folder holding ckpt.pt", positional=True)
+    src: str = setting(help="native checkpoint: a .pt file or a folder holding ckpt.pt (else best.pt)", positional=True)
     out: str = setting(help="output folder (config.json, model.safetensors, tokenizer.json, ...)", positional=True)
     dtype: str = setting("float32", "weight dtype written", choices=["float32", "bfloat16", "float16"])
     overwrite: bool = setting(False, "write into a non-empty OUT, replacing its model files")

@@ -34,7 +34,7 @@ from bincode_gpt.windows import Split
 
 @dataclass
 class QualityConfig:
-    ckpt: str = setting("out/ckpt.pt", "a native checkpoint .pt file, or a folder holding ckpt.pt")
+    ckpt: str = setting("out/ckpt.pt", "a native checkpoint .pt file, or a folder holding ckpt.pt (else best.pt)")
     data_dir: str = setting("data/shakespeare", "the prepared data the model was trained on (its validation split)")
     new_tokens: int = setting(200, "greedy tokens to compare, continuing the validation split's first prompt_tokens")
     prompt_tokens: int = setting(16, "validation tokens the greedy continuations start from")
