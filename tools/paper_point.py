@@ -350,7 +350,10 @@ def finished_runs(args, windows):
                 diverged = "diverged" in json.load(f)
             sources = os.path.join(d, "sources.json")
             if not diverged and not os.path.exists(sources):
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)  # it runs beside the training workers: one thread, none left spinning
                 atomic_write(sources, json.dumps(source_losses(d, windows)))
+                torch.set_num_threads(threads)
             found[key(p, v, int(s))] = None if diverged else read_sources(sources)
     return found
 
