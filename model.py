@@ -19,8 +19,8 @@ Design choices, up front:
 - Four input interfaces feed the same decoder (config.input): "binary" (the paper's model: a
   frozen V x K code table kept as a buffer named `weight`, as the released checkpoint stores it),
   "affine" (table-free: bits computed from the ids, recoded as A c XOR b over GF(2)), "learned"
-  (nn.Embedding), and "random" (a frozen Gaussian table), a control. One seed gives every input
-  the same decoder.
+  (nn.Embedding), and two controls, frozen Gaussian tables: "random" (the code's scale) and
+  "frozen" (the learned table's init). One seed gives every input the same decoder.
 - Lifting K bits to n_embd dims is one index vector, `lift` (dim j reads bit lift[j]): both layouts
   are a gather, so no parameters and no matmul.
 - Decoder: pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention) through
@@ -110,7 +110,7 @@ class GPTConfig:
     n_layer: int = 6  # decoder blocks
     n_head: int = 6  # attention heads
     n_embd: int = 384  # model width
-    input: str = "binary"  # binary | affine | learned | random (a frozen Gaussian table, a control)
+    input: str = "binary"  # binary | affine | learned | random | frozen (frozen tables, controls)
     layout: str = "tile"  # tile | interleave: how K code bits are lifted to n_embd dims
     affine_seed: int = 0  # draws A and b of the affine input
     pad_token_id: int | None = None  # its code row is all zeros (binary input), as in the release
@@ -127,6 +127,7 @@ class GPTConfig:
         return self.code_width or code_bits(self.vocab_size)
 
 
+TABLES = ("learned", "random", "frozen")  # the inputs that are a V x n_embd table (nn.Embedding)
 # GPT-2's tokens cut for a CPU: the quick start's (K = 9; docs/quickstart.md), the studies' (K = 13)
 MINI_VOCAB = 512
 SMALL_VOCAB = 8192
@@ -251,10 +252,9 @@ class GPT(nn.Module):
         elif config.input == "affine":
             self.embed = AffineCodeInput(V, d, config.layout, config.affine_seed)
         else:  # given its (undrawn) weight, nn.Embedding draws nothing here: its init comes below
-            # "random" is a control the paper lacks: a table of Gaussian rows, never trained. Does a
+            # "random", "frozen": controls the paper lacks, Gaussian tables never trained. Does a
             # learned table help by learning, or by giving each token a dense vector of its own?
-            frozen = config.input == "random"
-            self.embed = nn.Embedding(V, d, _weight=torch.empty(V, d), _freeze=frozen)
+            self.embed = nn.Embedding(V, d, _weight=torch.empty(V, d), _freeze=config.input != "learned")
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -273,11 +273,11 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):  # residual projections: variance flat in depth
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-        if config.input in ("learned", "random"):
+        if config.input in TABLES:
             table = self.embed.weight
             own = torch.Generator(table.device).manual_seed(torch.initial_seed())
-            # the random rows at std sqrt(1/2), a random bit's RMS: the binary code's scale
-            std = 0.02 if config.input == "learned" else 0.5**0.5
+            # random: std sqrt(1/2), a random bit's RMS (the code's scale); frozen: learned's init
+            std = 0.5**0.5 if config.input == "random" else 0.02
             with torch.no_grad():
                 table.normal_(0.0, std, generator=own)
 
@@ -398,8 +398,8 @@ def check_config(c):
         raise ValueError(f"n_embd ({c.n_embd}) must be divisible by n_head ({c.n_head})")
     if (c.n_embd // c.n_head) % 2:
         raise ValueError(f"head size n_embd/n_head = {c.n_embd // c.n_head} must be even (rotary)")
-    if c.input not in ("binary", "affine", "learned", "random"):
-        raise ValueError(f"unknown input {c.input!r}: choose binary, affine, learned or random")
+    if c.input not in ("binary", "affine", *TABLES):
+        raise ValueError(f"unknown input {c.input!r}: choose binary, affine, {', '.join(TABLES)}")
     if c.layout not in ("tile", "interleave"):
         raise ValueError(f"unknown layout {c.layout!r}: choose tile or interleave")
     if c.input in ("binary", "affine") and c.n_embd < c.code_bits:
@@ -425,7 +425,7 @@ def constant_input_ids(model) -> list[int]:
     None for a learned table or a model with biases (a norm's bias makes the stream vary after the
     first block)."""
     c = model.config
-    if c.bias or c.input in ("learned", "random"):
+    if c.bias or c.input in TABLES:
         return []
     codes = model.embed.code(torch.arange(c.vocab_size, device=model.embed.lift.device))  # (V, K)
     return (codes == codes[:, :1]).all(-1).nonzero().flatten().tolist()

@@ -140,12 +140,12 @@ def test_binary_input_has_no_parameters():
 def test_one_seed_gives_every_input_the_same_decoder_and_head(seed):
     """Paired inits: only the input interface differs between the inputs of one seed."""
     body = {}
-    for variant in ("learned", "binary", "affine", "random"):
+    for variant in ("learned", "binary", "affine", "random", "frozen"):
         torch.manual_seed(seed)
         state = GPT(get_config("tiny", input=variant)).state_dict()
         body[variant] = {k: t for k, t in state.items() if not k.startswith("embed.")}
     assert len(body["learned"]) == len(body["binary"]) > 0
-    for variant in ("binary", "affine", "random"):
+    for variant in ("binary", "affine", "random", "frozen"):
         assert all(torch.equal(body[variant][k], t) for k, t in body["learned"].items()), variant
     torch.manual_seed(seed + 1)  # and another seed draws another decoder
     other = GPT(get_config("tiny", input="learned")).state_dict()
@@ -167,6 +167,14 @@ def test_random_input_is_a_frozen_gaussian_table_drawn_from_the_seed():
     model.train()
     model(idx, idx)[1].backward()
     assert model.embed.weight.grad is None  # never trained
+
+
+def test_frozen_input_is_the_learned_tables_init_never_trained():
+    """The control that separates learning from scale: learned vs frozen differ only in training the table."""
+    model, learned = tiny(input="frozen"), tiny(input="learned")
+    assert torch.equal(model.embed.weight, learned.embed.weight)  # the same rows, std 0.02
+    assert not model.embed.weight.requires_grad and model.num_params()["input"] == 0
+    assert model.num_params()["trainable"] == learned.num_params()["trainable"] - 512 * 32
 
 
 def test_model_card_audit_runs_unchanged():

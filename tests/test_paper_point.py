@@ -1,5 +1,7 @@
-"""tools/paper_point.py: the statistics (t interval, verdicts, line fit) and the per-source validation."""
+"""tools/paper_point.py: the lr search and its edges, the decision rule, the record, the statistics and the per-source
+validation."""
 
+import json
 import math
 
 import numpy as np
@@ -38,14 +40,6 @@ def test_verdicts_come_from_the_interval(lo, hi, sign, paper):
     assert pp.verdicts({"lo": lo, "hi": hi}) == {"sign": sign, "paper": paper}
 
 
-def test_line_fit_and_its_interval():
-    b, at, lo, hi = pp.line_fit([0, 0, 1, 1], [0.9, 1.1, 2.9, 3.1], at=2.0)
-    half = 4.302653 * math.sqrt(0.04 / 2) * math.sqrt(1 / 4 + 1.5 ** 2 / 1)
-    assert (b, at) == (pytest.approx(2.0), pytest.approx(5.0))
-    assert (lo, hi) == (pytest.approx(5 - half, abs=1e-4), pytest.approx(5 + half, abs=1e-4))
-    assert pp.line_fit([1, 1, 1], [0.1, 0.2, 0.3], at=2.0) is None  # one size: no line
-
-
 def words(n, seed):
     rng = np.random.default_rng(seed)
     return "".join(" ".join(rng.choice(["the", "king", "hill", "42", "naïve"], 8)) + "\n" for _ in range(n))
@@ -73,3 +67,101 @@ def test_per_source_windows_add_up_to_the_split_and_one_source_gives_the_whole_s
     mine = pp.source_losses(str(tmp_path / "run"), pp.source_windows(load_meta(one)), batch_size=8)
     whole = compare.full_val_loss(str(tmp_path / "run"), str(one), load_meta(one), 8, torch.device("cpu"))
     assert mine["c"][0] == pytest.approx(whole, abs=1e-6)
+
+
+GRID = [4e-3, 8e-3, 1.6e-2, 3.2e-2]
+
+
+def test_search_chooses_an_interior_best():
+    scores = {4e-3: 2.5, 8e-3: 2.3, 1.6e-2: 2.2, 3.2e-2: 2.4}
+    assert pp.search(scores.get, GRID, extend=3) == (GRID, 1.6e-2, "interior")
+
+
+def test_search_grows_the_grid_past_an_edge_and_reports_an_edge_it_cannot_pass():
+    """A best lr at the grid's end is never chosen silently: the grid grows there, and where --extend is spent
+    the edge is what the search returns."""
+    rising = {4e-3: 2.5, 8e-3: 2.4, 1.6e-2: 2.3, 3.2e-2: 2.2}
+    assert pp.search(rising.get, GRID, extend=0) == (GRID, 3.2e-2, "edge: extend the grid up")
+    assert pp.search(rising.get, GRID, extend=1) == (GRID + [6.4e-2], None, "unfinished")  # 6.4e-2 not run yet
+    assert pp.search({**rising, 6.4e-2: 2.1}.get, GRID, extend=1) == (GRID + [6.4e-2], 6.4e-2,
+                                                                     "edge: extend the grid up")
+    assert pp.search({**rising, 6.4e-2: 2.3}.get, GRID, extend=1) == (GRID + [6.4e-2], 3.2e-2, "interior")
+    assert pp.search({**rising, 6.4e-2: math.inf}.get, GRID, extend=1)[1:] == (3.2e-2, "interior")  # diverged
+    falling = {2e-3: 2.6, 4e-3: 2.2, 8e-3: 2.3, 1.6e-2: 2.4, 3.2e-2: 2.5}
+    assert pp.search(falling.get, GRID, extend=2) == ([2e-3] + GRID, 4e-3, "interior")
+    assert pp.search(falling.get, GRID, extend=0)[1:] == (4e-3, "edge: extend the grid down")
+    assert pp.search({}.get, GRID, extend=3) == (GRID, None, "unfinished")
+
+
+def losses(loss, n=10):
+    return {"a": (loss, n), "b": (loss, n)}
+
+
+def test_a_grid_is_scored_on_its_first_seeds_and_an_edge_gets_no_tuned_lr():
+    args = pp.parse_config(["--quick", "--lrs", "8e-3,1.6e-2,3.2e-2", "--grid_seeds", "2", "--extend", "0"])
+    size = (2, 16)
+    known = {(size, "learned", lr, s): losses(x + 0.01 * s) for lr, x in ((8e-3, 2.4), (1.6e-2, 2.2), (3.2e-2, 2.3))
+             for s in range(2)}
+    known[size, "learned", 1.6e-2, 2] = losses(9.0)  # a third seed at the best lr: not part of its score
+    known.update({(size, "binary", lr, s): losses(x) for lr, x in ((8e-3, 2.5), (1.6e-2, 2.4), (3.2e-2, 2.3))
+                  for s in range(2)})
+    assert pp.grid(args, known, size, "learned") == ([8e-3, 1.6e-2, 3.2e-2], 1.6e-2, "interior")
+    assert pp.tuned(args, known, size, "learned") == 1.6e-2
+    assert pp.grid(args, known, size, "binary")[1:] == (3.2e-2, "edge: extend the grid up")
+    assert pp.tuned(args, known, size, "binary") is None  # no seeds, controls or gap at an edge
+    seeds = dict(pp.stages(args, known))["seeds at the tuned lrs"]
+    assert {(p.lr, v) for p, v, _ in seeds} == {(1.6e-2, "learned")}
+    assert "edge: extend the grid up" in " ".join(pp.unfinished(args, known))
+
+
+def test_lr_grid_record_holds_each_seeds_end_of_run_loss_by_input_and_lr():
+    size = (2, 64)
+    known = {(size, "learned", 8e-3, 0): losses(2.1), (size, "learned", 8e-3, 2): losses(2.3),
+             (size, "learned", 4e-3, 0): losses(2.4), (size, "binary", 1.6e-2, 0): None,
+             ((4, 32), "learned", 8e-3, 0): losses(9.0)}
+    grid = pp.lr_grid(known, size, ["learned", "binary", "random"])
+    assert grid == {"learned": {"0.004": [2.4], "0.008": [2.1, None, 2.3]}, "binary": {"0.016": ["diverged"]}}
+    assert list(grid["learned"]) == ["0.004", "0.008"]  # lrs in increasing order
+    assert json.loads(json.dumps(grid)) == grid
+
+
+def binary_rows(**gaps):
+    return [{"size": size, "input": "binary", "gap_nats": g} for size, g in gaps.items()] + [
+        {"size": "2x64", "input": "random", "gap_nats": [1.0] * 5}]
+
+
+@pytest.mark.parametrize("small, large, verdict", [
+    ([0.00, 0.01, -0.01, 0.005, 0.0], [0.05, 0.06, 0.055, 0.045, 0.05], "grows"),
+    ([0.00, 0.03, -0.02, 0.01, 0.0], [0.02, 0.04, 0.01, 0.03, 0.02], "overlap"),
+    ([0.05, 0.06, 0.055, 0.045, 0.05], [0.00, 0.01, -0.01, 0.005, 0.0], "shrinks"),
+    ([0.00, 0.01, -0.01, 0.005, 0.0], [0.05, 0.06, 0.055], "not yet"),
+    ([0.00, 0.01], None, "not yet")])
+def test_the_decision_rule_is_computed_from_the_records_rows(small, large, verdict):
+    rows = binary_rows(**{"4x32": small, **({"2x64": large} if large else {})})
+    decided, = pp.decision(rows, ["4x32", "2x64"], seeds=5)
+    assert decided["verdict"] == verdict and decided["sizes"] == ["4x32", "2x64"]
+    if verdict in ("grows", "overlap", "shrinks"):
+        ca, cb = pp.interval(small), pp.interval(large)
+        assert (cb["lo"] > ca["hi"], cb["hi"] < ca["lo"]) == (verdict == "grows", verdict == "shrinks")
+        assert pp.ci_text(ca) in decided["text"] and pp.ci_text(cb) in decided["text"]
+
+
+def test_a_run_reused_from_a_record_is_the_run_it_holds(tmp_path):
+    """A row of the record, made by gap_row from per-source losses, gives those losses back to reused_runs; a
+    record of another text is refused."""
+    args = pp.parse_config(["--quick", "--lrs", "8e-3", "--reuse", str(tmp_path / "record.json")])
+    windows = {"a": {"tokens": np.arange(3201), "bytes": 9000}, "b": {"tokens": np.arange(6401), "bytes": 20000}}
+    meta = {"splits": {"val": {"tokens": 3201 + 6401, "bytes": 29000}, "train": {"tokens": 10 ** 6}}}
+    n = {k: (len(w["tokens"]) - 1) // args.block_size for k, w in windows.items()}
+    size = (2, 16)
+    known = {(size, v, lr, s): {"a": (2.0 + 0.1 * s + lr, n["a"]), "b": (1.5 + 0.01 * s, n["b"])}
+             for v, lr in (("learned", 8e-3), ("binary", 1.6e-2)) for s in range(3)}
+    row = pp.gap_row(args, known, size, "binary", 1.6e-2, 8e-3, windows, meta)
+    (tmp_path / "record.json").write_text(json.dumps({"rows": [row]}))
+    back = pp.reused_runs(args, windows, meta)
+    assert back.keys() == known.keys()
+    for k, x in known.items():
+        assert all(back[k][source] == (pytest.approx(x[source][0], abs=1e-12), x[source][1]) for source in x)
+    windows["b"]["bytes"] += 1  # another text
+    with pytest.raises(ValueError, match="does not add up"):
+        pp.reused_runs(args, windows, meta)

@@ -347,16 +347,18 @@ def check_results(out, names):
                          "beside them): they are left alone; choose another --out")
 
 
-def write_results(out, report, results, figure=None):
+def write_results(out, report, results, figure=None, show=True):
     """results.md, results.json and the figure (name, draw: draw(path) writes it there -> path, or None without
     matplotlib) into out, all or none (files.staged; results.json, which marks the folder as this study's, last);
-    the report, and where the figure went, to stdout."""
+    the report, and where the figure went, to stdout when `show` (paper_point.py rewrites them quietly as
+    each run ends)."""
     name, draw = figure or (None, None)
     with staged(out, last=("results.json",)) as stage:
         png = draw(os.path.join(stage, name)) if draw else None
         atomic_write(os.path.join(stage, "results.md"), report)
         atomic_write(os.path.join(stage, "results.json"), json.dumps(results, indent=1))
-    print("\n" + report + (f"plot: {os.path.join(out, name)}\n" if png else ""))
+    if show:
+        print("\n" + report + (f"plot: {os.path.join(out, name)}\n" if png else ""))
 
 
 def prepared(args):

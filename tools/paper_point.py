@@ -1,40 +1,56 @@
 """
-The paper's point, measured: the learned-vs-binary gap at the paper's table share (12.5%) and training
-length (~36 tokens per trainable parameter of the binary model), at several model sizes.
+The paper's point, tuned: the learned-vs-binary gap at the paper's table share (12.5%) and training length
+(T = 36 tokens per trainable parameter of the binary model), at several sizes, each input at a learning rate
+searched for it at that size and length; then a rule written before the runs says whether the gap grows with size.
 
-    python -m tools.paper_point --corpus tinyshakespeare.txt janeausten.txt kjv.txt --jobs 2 --out runs/paper
+The study of docs/results.md section 9b is two commands, run in this order (resumable: stop and rerun them):
+
+    python -m tools.paper_point --corpus tinyshakespeare.txt janeausten.txt kjv.txt --jobs 2 \
+        --out runs/paper-tuned --reuse docs/runs/paper-point.json --record docs/runs/paper-point-tuned.json
+    python -m tools.paper_point --corpus tinyshakespeare.txt janeausten.txt kjv.txt --jobs 2 \
+        --out runs/paper-tuned-3x96 --vocab 512 --sizes 3x96 --tokens_per_param 33 --lrs 4e-3,8e-3,1.6e-2 \
+        --grid_seeds 1 --extend 0 --seeds 1 --control_sizes "" \
+        --reuse docs/runs/paper-point-3x96.json --record docs/runs/paper-point-tuned-3x96.json
     python -m tools.paper_point --quick            # tiny sizes on tiny Shakespeare, a few minutes
     python -m tools.paper_point ... --report       # train nothing: report the runs that finished
-    # a third size, 3 x 96 at V = 512 (11.4% share; T = 33 keeps it under 3 epochs of that text), at the lrs the
-    # sweep above chose at 4 x 32 (8e-3 for learned and binary; its own one-lr "sweep" only records that lr):
-    python -m tools.paper_point --corpus ... --jobs 2 --out runs/paper512 --vocab 512 --sizes 3x96 \
-        --tokens_per_param 33 --seeds 3 --smallest_seeds 3 --controls "" --lrs 8e-3 --sweep_seeds 1 \
-        --sweep_tokens_per_param 0.5 --shared_lr 8e-3
+
+The first plans, in this order: the lr grid of learned and binary at 4 x 32, then at 2 x 64 (4e-3, 8e-3, 1.6e-2,
+3.2e-2, grown by x2 steps, 2 seeds a point), then both inputs to 5 seeds at their tuned lrs at each size, then the
+controls at 2 x 64 (affine, random, frozen; 3 seeds) at the learned input's tuned lr. The second: 3 x 96 at V = 512
+(T = 33 keeps it under 3 epochs of that text), learned and binary at 4e-3 and 1.6e-2 beside the 3 seeds at 8e-3 it
+has, 1 seed each, the grid not grown (an edge is reported).
 
 Design choices, up front:
 - The text: every --corpus file cut into documents of about --doc_chars characters at line ends
   (prepare_data.py --doc_chars), so every 10th document, the validation split, samples every source
-  along its length. Each source's share of the validation split is recorded, and every run is evaluated
-  on each source's own validation windows (per-source bits per byte; their token-weighted sum is the
-  whole split's).
+  along its length. Every run is scored on each source's own validation windows from its final
+  checkpoint (per-source bits per byte; their window-weighted mean is the whole split's loss).
 - Sizes sit at the paper's share: a learned table of V x D is 12.5% of the learned model's trainable
   parameters when V = 2 L D (12 D^2 per block, an untied V x D head). At V = 257 (GPT-2's 256 bytes and
   end-of-text, the smallest cut) that is L x D = 128: 4 x 32 and 2 x 64. Each run trains --tokens_per_param
   tokens per binary trainable parameter (model.py's count), whole steps of --batch_size x --block_size.
-- The lr is chosen before the main runs, per input, by a sweep at the smallest size and --sweep_tokens_per_param:
-  the lr with the lowest mean validation loss over --sweep_seeds seeds (last evaluation, --sweep_eval_batches
-  fixed batches). Every main run trains at its input's lr; learned and binary also at --shared_lr (the
-  earlier studies' one lr for every input) at the smallest size, reported beside them.
+- The lr, per size and input, at full length: a geometric grid (--lrs), --grid_seeds seeds a point. An lr's
+  score is its mean whole-split loss at the end of the run over seeds 0 .. grid_seeds-1 (a seed is one init
+  and one data order at every lr, so the lrs are compared paired; a diverged run scores inf). The best lr is
+  tuned when it is interior: the grid's lower and higher neighbours both score worse. While the best sits at
+  an end, the grid grows one x2 step that way (at most --extend steps past each end); an edge that remains is
+  reported as "edge: extend the grid up" (or down) and never used: no seeds, controls or gaps run at it.
+- Then learned and binary to --seeds seeds at their own tuned lrs, and at --control_sizes the controls, each at
+  the learned input's tuned lr: the affine code, the frozen random table at the code's scale ("random", std
+  sqrt(1/2)) and the learned table's own init, frozen ("frozen", std 0.02): learned vs frozen asks whether
+  training the table matters, frozen vs random whether its scale does.
 - Paired: model.GPT draws a seed's decoder and head the same whatever the input, and the seed fixes the data
-  order, so a seed's gap pays for the input alone. The gap of seed s is loss(input) - loss(learned) on the
-  whole validation split, in nats per token; its perplexity form exp(gap) - 1. Over seeds: mean, sd and a 95%
-  t interval; the verdicts are computed from the interval: does it exclude 0, does it lie inside the paper's
-  +-4.8%. The earlier studies' rule (section 8: the gap against the seed range over mean perplexity, which
-  widens as seeds are added) is printed beside them, labelled.
-- Runs are compare.run_one's (train.train), in <out>/<text>-V<V>/<L>x<D>-T<T>-lr<lr>/<input>-seed<k>/;
-  stop and rerun the same command: finished runs are read back, interrupted ones resume. Stages run in
-  order: the learned and binary sweep, their main runs at three seeds, the controls' sweep, the remaining
-  seeds and the controls, the shared lr.
+  order, so a seed's gap pays for the input (and its lr) alone. The gap of seed s is loss(input) - loss(learned)
+  on the whole validation split, in nats per token; its perplexity form exp(gap) - 1. Over seeds: mean, sd and a
+  95% t interval whose units are the seeds; its verdicts are computed: does it exclude 0, does it lie inside
+  the paper's +-4.8%.
+- The decision rule, RULE below, was committed before the runs; the report computes it (decide).
+- Runs already made count where they match: --reuse names records of this tool (a results.json) whose rows
+  give per-seed bits per byte by source; a run of the same size, V, T and lr is taken back from them (each
+  source's loss from its bits per byte, checked against the row's whole split) and not trained again.
+- Runs are compare.run_one's (train.train), in <out>/<text>-V<V>/<L>x<D>-T<T>-lr<lr>/<input>-seed<k>/; stop
+  and rerun the same command: finished runs are read back, interrupted ones resume from their checkpoints. As
+  each run ends, the report, results.json and the --record copy are rewritten (atomically).
 """
 
 import os
@@ -47,11 +63,10 @@ quiet_interrupt(__name__)
 
 import json
 import math
+import re
 import statistics
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
-from multiprocessing import get_context
 from types import SimpleNamespace
 
 import numpy as np
@@ -67,39 +82,58 @@ from prepare_data import cut_documents, split_documents
 from tools import compare, scaling, share
 
 PAPER = share.PAPER
+INPUTS = ("learned", "binary")  # tuned at every size; the controls run at the learned input's tuned lr
+RULE = ("The gap grows with size only if the larger size's tuned-gap 95% interval lies entirely above the smaller "
+        "size's; it shrinks only if the interval lies entirely below; otherwise the intervals overlap and no trend "
+        "is claimed, the report says what was found. A seed's tuned gap is loss(binary at its tuned lr) - "
+        "loss(learned at its tuned lr) on the whole validation split; both lrs interior to their grids; decided "
+        "only once both sizes have --seeds paired seeds (before that: not yet).")
 
 
 @dataclass
 class PaperPointConfig:
-    """The study in docs/results.md section 9. --quick: tiny sizes on tiny Shakespeare, a few minutes."""
+    """The study in docs/results.md section 9b. --quick: tiny sizes on tiny Shakespeare, a few minutes."""
     corpus: list[str] = setting(["shakespeare"], "text files, one source each", nargs="+")
     doc_chars: int = preset_setting(20000, "documents of about this many characters (prepare_data.py --doc_chars)",
                                     quick=4000)
     encoding: str = setting("gpt2", "tiktoken encoding, cut to --vocab")
     vocab: int = setting(257, "the vocabulary V (257: GPT-2's bytes and end-of-text)")
-    out: str = preset_setting("runs/paper", "folder of the runs, the tables and the figure", quick="runs/paper-quick")
+    out: str = preset_setting("runs/paper-tuned", "folder of the runs, the report and the figure",
+                              quick="runs/paper-quick")
     quick: bool = setting(False, "tiny sizes, a few minutes: each setting's --quick value below")
-    sizes: str = preset_setting("4x32,2x64", "decoder sizes n_layer x n_embd, smallest first", quick="2x16,1x32")
+    sizes: str = preset_setting("4x32,2x64", "decoder sizes n_layer x n_embd, in the order they run",
+                                quick="2x16,1x32")
     tokens_per_param: float = preset_setting(36.0, "training tokens per binary trainable parameter", quick=4.0)
-    seeds: int = preset_setting(3, "seeds of learned and binary at each size", quick=2)
-    smallest_seeds: int = preset_setting(5, "seeds of learned and binary at the smallest size", quick=3)
-    controls: str = setting("affine,random", "inputs also run at the smallest size (besides learned, binary)")
+    lrs: str = preset_setting("4e-3,8e-3,1.6e-2,3.2e-2", "the lr grid each search starts from (peak lr; "
+                              "min_lr = lr / 10)", quick="8e-3,1.6e-2,3.2e-2")
+    extend: int = preset_setting(3, "x2 steps the grid may grow past each end while an input's best lr sits "
+                                 "there", quick=1)
+    grid_seeds: int = preset_setting(2, "seeds of each lr of the grid", quick=1)
+    seeds: int = preset_setting(5, "seeds of learned and binary at each size's tuned lrs", quick=2)
+    controls: str = setting("affine,random,frozen", "inputs run at --control_sizes, at the learned input's tuned lr")
+    control_sizes: str = preset_setting("2x64", "sizes that run the controls ('' for none)", quick="1x32")
     control_seeds: int = preset_setting(3, "seeds of each control", quick=2)
-    lrs: str = setting("2e-3,4e-3,8e-3", "the lr sweep's grid (peak lr; min_lr = lr / 10)")
-    sweep_tokens_per_param: float = preset_setting(9.0, "the sweep's training length", quick=2.0)
-    sweep_seeds: int = setting(2, "seeds of each lr in the sweep")
-    sweep_eval_batches: int = preset_setting(32, "validation batches of the sweep's last evaluation", quick=4)
-    shared_lr: float = setting(2e-3, "the one lr of the earlier studies, run beside the chosen ones")
     n_head: int = preset_setting(4, "attention heads", quick=2)
     block_size: int = preset_setting(128, "context length in tokens", quick=32)
     batch_size: int = preset_setting(16, "sequences per step", quick=4)
-    evals: int = preset_setting(12, "evaluations along each main run", quick=4)
+    evals: int = preset_setting(12, "evaluations along each run (the figure's curves)", quick=4)
     eval_batches: int = preset_setting(8, "validation batches per evaluation along a run", quick=2)
     jobs: int = setting(1, "runs in parallel, each with cores/jobs threads")
     device: str = setting("cpu", "auto | cpu | cuda | mps")
+    reuse: list[str] = setting([], "records of this tool (a results.json) whose runs count here where the size, "
+                                   "V, T and lr match", nargs="*")
+    record: str = setting("", "a copy of results.json, rewritten as each run ends (e.g. under docs/runs/)")
     report: bool = setting(False, "train nothing: report the runs that finished, list the others")
-    also: list[str] = setting([], "other studies' folders (their results.json) whose sizes join the gap-vs-size "
-                                  "fit", nargs="*")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One (size, lr) at this command's V and T: its runs' folder is <out>/<name>/<input>-seed<k>/."""
+    L: int
+    D: int
+    lr: float
+    steps: int
+    name: str
 
 
 def floats(text, flag):
@@ -117,83 +151,133 @@ def text_name(args):
     return names[0] if len(names) == 1 else "mix"
 
 
-def counts(args, L, D):
-    """model.py's trainable parameters of the learned and the binary model of a size."""
-    return {v: scaling.trainable(L, D, v, args, args.vocab) for v in ("learned", "binary")}
+def data_name(args):
+    return f"{text_name(args)}-V{args.vocab}"
 
 
-def steps_for(args, L, D, tokens_per_param):
-    """Whole steps that train closest to tokens_per_param tokens per binary trainable parameter."""
-    return max(1, round(tokens_per_param * counts(args, L, D)["binary"] / (args.batch_size * args.block_size)))
+def sizes(args):
+    return scaling.parse_sizes(args.sizes)
 
 
-def point(args, role, L, D, tokens_per_param, lr):
-    steps = steps_for(args, L, D, tokens_per_param)
-    return dict(role=role, L=L, D=D, steps=steps, lr=lr,
-                name=f"{text_name(args)}-V{args.vocab}/{L}x{D}-T{tokens_per_param:g}-lr{lr:g}")
+def control_sizes(args):
+    return scaling.parse_sizes(args.control_sizes, "--control_sizes", allow_none=True)
+
+
+def controls(args):
+    return [c for c in args.controls.split(",") if c]
+
+
+def trainable(args, L, D, v):
+    """model.py's trainable parameters of input v at a size."""
+    return scaling.trainable(L, D, v, args, args.vocab)
+
+
+def steps_for(args, L, D):
+    """Whole steps that train closest to --tokens_per_param tokens per binary trainable parameter."""
+    tokens = args.tokens_per_param * trainable(args, L, D, "binary")
+    return max(1, round(tokens / (args.batch_size * args.block_size)))
+
+
+def point(args, L, D, lr):
+    name = f"{data_name(args)}/{L}x{D}-T{args.tokens_per_param:g}-lr{lr:g}"
+    return Point(L=L, D=D, lr=lr, steps=steps_for(args, L, D), name=name)
+
+
+def run_folder(args, p, v, s):
+    return os.path.join(args.out, p.name, f"{v}-seed{s}")
 
 
 def run_settings(args, p, data):
-    sweep = p["role"] == "sweep"
-    return SimpleNamespace(out=os.path.join(args.out, p["name"]), data=data, preset="small", device=args.device,
-                           n_layer=p["L"], n_head=args.n_head, n_embd=p["D"], block_size=args.block_size,
-                           batch_size=args.batch_size, steps=p["steps"], lr=p["lr"], evals=2 if sweep else args.evals,
-                           eval_batches=args.sweep_eval_batches if sweep else args.eval_batches, compile=False,
-                           code_width=0, full_val=False)  # the main runs are evaluated per source, below
+    return SimpleNamespace(out=os.path.join(args.out, p.name), data=data, preset="small", device=args.device,
+                           n_layer=p.L, n_head=args.n_head, n_embd=p.D, block_size=args.block_size,
+                           batch_size=args.batch_size, steps=p.steps, lr=p.lr, evals=args.evals,
+                           eval_batches=args.eval_batches, compile=False, code_width=0,
+                           full_val=False)  # each run is scored per source, below
 
 
 def data_of(args):
-    data = SimpleNamespace(corpus=args.corpus, data=None, out=os.path.join(args.out, f"{text_name(args)}-V{args.vocab}"),
+    data = SimpleNamespace(corpus=args.corpus, data=None, out=os.path.join(args.out, data_name(args)),
                            encoding=args.encoding, vocab_size=args.vocab, reserve_zero=True, reserve_ones=True,
                            doc_chars=args.doc_chars)
     meta = compare.prepared(data)
     return data.data, meta
 
 
-# ----------------------------------------------------------------------------- the plan
-def sweep_points(args):
-    (L, D) = scaling.parse_sizes(args.sizes)[0]
-    return [point(args, "sweep", L, D, args.sweep_tokens_per_param, lr) for lr in floats(args.lrs, "--lrs")]
+# ----------------------------------------------------------------------------- the lr grid and the plan
+def search(score, start, extend):
+    """One input's lr grid at one size: the lrs `start`, grown by one x2 step at an end while the best lr sits
+    there, at most `extend` steps past each end. score(lr): the lr's mean loss, None until its runs finished.
+    -> (lrs, best, where): where is "interior" (a lower and a higher lr both score worse: the lr is tuned),
+    "edge: extend the grid up" or "... down" (--extend spent: reported, never used) or "unfinished"."""
+    lrs, grown = sorted(start), {"up": 0, "down": 0}
+    while True:
+        scores = [score(lr) for lr in lrs]
+        if None in scores:
+            return lrs, None, "unfinished"
+        best = lrs[scores.index(min(scores))]
+        if lrs[0] < best < lrs[-1]:
+            return lrs, best, "interior"
+        side = "up" if best == lrs[-1] else "down"
+        if grown[side] == extend:
+            return lrs, best, f"edge: extend the grid {side}"
+        grown[side] += 1
+        lrs = lrs + [2 * lrs[-1]] if side == "up" else [lrs[0] / 2] + lrs
 
 
-def best_lr(records, sweep, variant, seeds):
-    """The sweep's lr with the lowest mean loss over seeds for an input (a diverged seed counts as inf),
-    or None before the sweep has every seed of every lr."""
-    means = {}
-    for p in sweep:
-        runs = [r for r in records.get(p["name"], []) if r["variant"] == variant]
-        if len(runs) < seeds:
+def whole_loss(losses):
+    """A run's loss per token on the whole validation split from its per-source (loss, windows)."""
+    return sum(l * n for l, n in losses.values()) / sum(n for _, n in losses.values())
+
+
+def lr_score(known, size, v, seeds):
+    """search's score: an lr's mean whole-split loss over seeds 0 .. seeds-1 (inf for a diverged run), or None
+    until each has finished."""
+    def score(lr):
+        runs = [(size, v, lr, s) for s in range(seeds)]
+        if any(r not in known for r in runs):
             return None
-        means[p["lr"]] = statistics.mean(r.get("val_loss", math.inf) for r in runs)
-    return min(means, key=means.get)
+        return sum(math.inf if known[r] is None else whole_loss(known[r]) for r in runs) / seeds
+    return score
 
 
-def stages(args, records):
-    """The stages, in order, as [(title, [(point, input, seed)])]; a stage that needs the sweep's lr of an input
-    whose sweep has not finished is left out (the next command runs it)."""
-    sizes = scaling.parse_sizes(args.sizes)
-    sweep, controls = sweep_points(args), [c for c in args.controls.split(",") if c]
-    lr = {v: best_lr(records, sweep, v, args.sweep_seeds) for v in ("learned", "binary", *controls)}
+def grid(args, known, size, v):
+    """search() of input v at a size, on the runs known so far: (lrs, best, where)."""
+    return search(lr_score(known, size, v, args.grid_seeds), floats(args.lrs, "--lrs"), args.extend)
 
-    def main(v, L, D, seeds, at=None):
-        chosen = at or lr[v]
-        if chosen is None:
-            return []
-        role = "main" if at is None else "shared"
-        return [(point(args, role, L, D, args.tokens_per_param, chosen), v, s) for s in seeds]
 
-    smallest, first = sizes[0], range(min(args.seeds, args.smallest_seeds))
-    out = [("sweep: learned, binary", [(p, v, s) for s in range(args.sweep_seeds) for p in sweep
-                                       for v in ("learned", "binary")])]
-    out.append(("main: learned, binary", [j for s in first for L, D in sizes for v in ("learned", "binary")
-                                          for j in main(v, L, D, [s])]))
-    out.append(("sweep: controls", [(p, v, s) for s in range(args.sweep_seeds) for p in sweep for v in controls]))
-    out.append(("main: the smallest size's other seeds, the controls",
-                [j for v in ("learned", "binary") for j in main(v, *smallest, range(len(first), args.smallest_seeds))]
-                + [j for s in range(args.control_seeds) for v in controls for j in main(v, *smallest, [s])]))
-    out.append(("shared lr", [j for s in first for v in ("learned", "binary")
-                              for j in main(v, *smallest, [s], at=args.shared_lr)]))
+def tuned(args, known, size, v):
+    """Input v's tuned lr at a size: its grid's best when interior, else None."""
+    _, best, where = grid(args, known, size, v)
+    return best if where == "interior" else None
+
+
+def stages(args, known):
+    """The runs, in the order of their value, as [(title, [(point, input, seed)])]: each size's lr grid (in the
+    order of --sizes), then learned and binary to --seeds seeds at their tuned lrs, then the controls at the
+    learned input's. A run that needs a tuned lr not yet found (its grid unfinished or at an edge) is left
+    out; the plan is redrawn as runs end."""
+    out = []
+    for L, D in sizes(args):
+        lrs = {v: grid(args, known, (L, D), v)[0] for v in INPUTS}
+        out.append((f"lr grid {L}x{D}", [(point(args, L, D, lr), v, s) for v in INPUTS for lr in lrs[v]
+                                         for s in range(args.grid_seeds)]))
+    work = []
+    for size in sizes(args):
+        for v in INPUTS:
+            if (lr := tuned(args, known, size, v)) is not None:
+                work += [(point(args, *size, lr), v, s) for s in range(args.seeds)]
+    out.append(("seeds at the tuned lrs", work))
+    work = []
+    for size in control_sizes(args):
+        if (lr := tuned(args, known, size, "learned")) is not None:
+            work += [(point(args, *size, lr), c, s) for s in range(args.control_seeds) for c in controls(args)]
+    out.append(("controls at the learned input's tuned lr", work))
     return out
+
+
+def key(p, v, s):
+    """A run's key in `known`: (size, input, lr, seed)."""
+    return (p.L, p.D), v, p.lr, s
 
 
 # ----------------------------------------------------------------------------- validation per source
@@ -243,60 +327,102 @@ def source_losses(run_dir, windows, batch_size=16):
     return out
 
 
-def _evaluate(job):
-    run_dir, windows = job
-    torch.set_num_threads(1)
-    path = os.path.join(run_dir, "sources.json")
-    atomic_write(path, json.dumps(source_losses(run_dir, windows)))
-    return path
+# ----------------------------------------------------------------------------- the runs that finished
+def finished_runs(args, windows):
+    """{(size, input, lr, seed): per-source losses, None for a diverged run} of the runs in --out at these
+    sizes, V and T that finished (each checked to have been trained as asked now); a finished run not yet
+    scored per source is scored first (its sources.json)."""
+    found, base = {}, os.path.join(args.out, data_name(args))
+    data = os.path.join(base, "data")
+    folder = re.compile(rf"(\d+)x(\d+)-T{re.escape(f'{args.tokens_per_param:g}')}-lr(.+)")
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        m = folder.fullmatch(name)
+        if not m or (int(m[1]), int(m[2])) not in sizes(args):
+            continue
+        p = point(args, int(m[1]), int(m[2]), float(m[3]))
+        for run in sorted(os.listdir(os.path.join(base, name))):
+            v, s = run.rsplit("-seed", 1)
+            d = run_folder(args, p, v, int(s))
+            if not os.path.exists(os.path.join(d, "final.json")):
+                continue
+            compare.check_settings(compare.run_config(run_settings(args, p, data), v, int(s)))
+            with open(os.path.join(d, "final.json")) as f:
+                diverged = "diverged" in json.load(f)
+            sources = os.path.join(d, "sources.json")
+            if not diverged and not os.path.exists(sources):
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)  # it runs beside the training workers: one thread, none left spinning
+                atomic_write(sources, json.dumps(source_losses(d, windows)))
+                torch.set_num_threads(threads)
+            found[key(p, v, int(s))] = None if diverged else read_sources(sources)
+    return found
 
 
-def evaluate_sources(run_dirs, windows, jobs):
-    """sources.json in each finished run folder that lacks one, `jobs` at a time."""
-    todo = [(d, windows) for d in run_dirs if os.path.exists(os.path.join(d, "final.json"))
-            and not os.path.exists(os.path.join(d, "sources.json"))]
-    if jobs > 1 and len(todo) > 1:
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            list(pool.map(_evaluate, todo))
-    else:
-        for job in todo:
-            _evaluate(job)
+def read_sources(path):
+    with open(path) as f:
+        return {k: tuple(x) for k, x in json.load(f).items()}
+
+
+def reused_runs(args, windows, meta):
+    """{(size, input, lr, seed): per-source losses} of the runs in --reuse's records that match these sizes,
+    V and T (the same steps of the same batch): a row gives each seed's bits per byte by source, of its input
+    at its lr and of learned at learned_lr. Each source's loss is taken back from its bits per byte and the
+    whole split's checked against the row's: a record of another text is refused."""
+    tokens_per_byte = {k: len(w["tokens"]) / w["bytes"] for k, w in windows.items()}
+    n = {k: (len(w["tokens"]) - 1) // args.block_size for k, w in windows.items()}
+    val = meta["splits"]["val"]
+    per_nat = val["tokens"] / val["bytes"] / math.log(2)  # whole-split bits per byte per nat per token
+    found = {}
+    for path in args.reuse:
+        with open(path) as f:
+            rows = json.load(f)["rows"]
+        for r in rows:
+            (L, D), = scaling.parse_sizes(r["size"])
+            if (L, D) not in sizes(args) or r["vocab"] != args.vocab:
+                continue
+            if r["tokens"] != steps_for(args, L, D) * args.batch_size * args.block_size:
+                continue
+            if set(r["sources"]) != set(windows):
+                raise ValueError(f"{path}: {r['size']}'s sources {sorted(r['sources'])} are not this text's "
+                                 f"{sorted(windows)}")
+            for i, s in enumerate(r["seeds"]):
+                for v, lr, bpb in ((r["input"], r["lr"], "bpb"), ("learned", r["learned_lr"], "learned_bpb")):
+                    losses = {k: (x[bpb][i] * math.log(2) / tokens_per_byte[k], n[k]) for k, x in r["sources"].items()}
+                    if abs(whole_loss(losses) * per_nat - r[bpb][i]) > 1e-9:
+                        raise ValueError(f"{path}: {r['size']} {v} seed {s} does not add up on this text's validation "
+                                         "split: was it made from these files with these settings?")
+                    found[(L, D), v, lr, s] = losses
+    return found
+
+
+def known_runs(args, windows, meta):
+    """The reused runs and this study's own (its own first where both hold a run): (known, the reused keys)."""
+    reused = reused_runs(args, windows, meta)
+    found = finished_runs(args, windows)
+    return {**reused, **found}, set(reused) - set(found)
 
 
 # ----------------------------------------------------------------------------- running it
-def read_records(args, plan):
-    """The records of every planned run that finished (compare.run_one reads a finished run back)."""
-    records = {}
-    for _, work in plan:
-        for p, v, s in work:
-            if os.path.exists(os.path.join(args.out, p["name"], f"{v}-seed{s}", "final.json")):
-                run = run_settings(args, p, os.path.join(args.out, f"{text_name(args)}-V{args.vocab}", "data"))
-                rec = compare.run_one(run, None, v, s)
-                records.setdefault(p["name"], []).append(rec)
-    return records
-
-
-def train_all(args, data, windows):
-    """Every stage in order; the plan is redrawn after each, as the sweep's lrs become known."""
-    done = set()
+def train_all(args, data, meta, windows):
+    """Stage after stage in order, the plan redrawn as runs end (a grid grows, a tuned lr becomes known); the
+    report and the record rewritten as each run ends."""
+    last = None
     while True:
-        plan = stages(args, read_records(args, stages(args, {})))  # the sweep's records give the main runs' lrs
-        todo = [(title, work) for title, work in plan if title not in done and work]
-        if not todo:
+        known, _ = known_runs(args, windows, meta)
+        for title, work in stages(args, known):
+            work = [j for j in dict.fromkeys(work) if key(*j) not in known]
+            if work:
+                break
+        else:
             return
-        title, work = todo[0]
+        if work == last:  # they ran, yet are not found: a loop, not a study
+            raise RuntimeError(f"the runs of stage {title!r} ended but are not found in {args.out}")
+        last = work
         print(f"\n### stage: {title}: {len(work)} runs", flush=True)
-        runs = [(p["name"], run_settings(args, p, data), v, s) for p, v, s in work]
+        runs = [(p.name, run_settings(args, p, data), v, s) for p, v, s in work]
         for _, run, v, s in runs:
             compare.check_settings(compare.run_config(run, v, s))
-        scaling.run_all(runs, args.jobs)
-        evaluate_sources(main_run_dirs(args, plan), windows, args.jobs)
-        done.add(title)
-
-
-def main_run_dirs(args, plan):
-    return [os.path.join(args.out, p["name"], f"{v}-seed{s}") for _, work in plan for p, v, s in work
-            if p["role"] != "sweep"]
+        scaling.run_all(runs, args.jobs, after=lambda name, run: recorded(args, meta, windows, name, run))
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -339,117 +465,191 @@ def verdicts(ci):
     return {"sign": sign, "paper": paper}
 
 
-def line_fit(x, y, at):
-    """Least squares y = a + b x over points (x, y), and the 95% t interval of the fitted mean at x = at:
-    (b, prediction, lo, hi), or None under three points or two distinct x."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) < 3 or len(set(x.tolist())) < 2:
-        return None
-    b, a = np.polyfit(x, y, 1)
-    resid = y - (a + b * x)
-    s = math.sqrt((resid ** 2).sum() / (len(x) - 2))
-    se = s * math.sqrt(1 / len(x) + (at - x.mean()) ** 2 / ((x - x.mean()) ** 2).sum())
-    half = t_quantile(0.975, len(x) - 2) * se
-    return b, a + b * at, a + b * at - half, a + b * at + half
+def recorded(args, meta, windows, name, run):
+    """As a run ends: the report and the record rewritten (quietly), and one line on stdout."""
+    write_report(args, meta, windows, show=False)  # it scores the run per source first
+    folder = os.path.join(args.out, name, f"{run['variant']}-seed{run['seed']}")
+    if "diverged" in run:
+        said = "diverged"
+    else:
+        said = f"whole-split loss {whole_loss(read_sources(os.path.join(folder, 'sources.json'))):.4f}"
+    print(f"recorded: {folder}: {said}", flush=True)
 
 
-# ----------------------------------------------------------------------------- the report
-def whole_loss(losses):
-    """A run's loss per token on the whole validation split from its per-source (loss, windows)."""
-    return sum(l * n for l, n in losses.values()) / sum(n for _, n in losses.values())
-
-
-def run_losses(args, p, v, s):
-    """sources.json of a run: {source: (loss, windows)}, or None (not finished, diverged or not evaluated)."""
-    path = os.path.join(args.out, p["name"], f"{v}-seed{s}", "sources.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return {k: tuple(x) for k, x in json.load(f).items()}
-
-
-def pct(nats):
-    return 100 * math.expm1(nats)
-
-
+# ----------------------------------------------------------------------------- the decision rule
 def ci_text(ci):
     if ci is None:
         return "—"
     return f"{pct(ci['mean']):+.2f}% ({pct(ci['lo']):+.2f} to {pct(ci['hi']):+.2f})"
 
 
-def main_rows(args, plan, windows, meta):
-    """One row per (role, size, input other than learned): paired per-seed gaps against learned of the same
-    role and size (each at its own lr, or both at the shared lr), with everything the tables need."""
-    tokens_per_byte = {k: len(w["tokens"]) / w["bytes"] for k, w in windows.items()}
-    val = meta["splits"]["val"]
-    runs = {}  # (role, size, input, seed) -> (point, losses)
-    for _, work in plan:
-        for p, v, s in work:
-            if p["role"] != "sweep":
-                runs[p["role"], (p["L"], p["D"]), v, s] = (p, run_losses(args, p, v, s))
-    rows = []
-    for role, size, v in dict.fromkeys((r, z, v) for r, z, v, _ in runs if v != "learned"):
-        seeds = sorted(s for r, z, w, s in runs if (r, z, w) == (role, size, v))
-        paired = [s for s in seeds if runs[role, size, v, s][1] and runs.get((role, size, "learned", s), (0, 0))[1]]
-        mine = {s: runs[role, size, v, s][1] for s in paired}
-        base = {s: runs[role, size, "learned", s][1] for s in paired}
-        gaps = [whole_loss(mine[s]) - whole_loss(base[s]) for s in paired]
-        ci = interval(gaps)
-        p = runs[role, size, v, seeds[0]][0]
-        n = counts(args, *size)
-        tokens = p["steps"] * args.batch_size * args.block_size
-        per_nat = val["tokens"] / val["bytes"] / math.log(2)
-        sources = {k: {"learned_bpb": [base[s][k][0] * tokens_per_byte[k] / math.log(2) for s in paired],
-                       "bpb": [mine[s][k][0] * tokens_per_byte[k] / math.log(2) for s in paired],
-                       "ci": interval([mine[s][k][0] - base[s][k][0] for s in paired])} for k in windows}
-        ppl = {w: [math.exp(whole_loss(runs[role, size, w, s][1])) for s in paired] for w in ("learned", v)}
-        spread = max(((max(x) - min(x)) / statistics.mean(x) for x in ppl.values() if len(x) > 1), default=None)
-        learned_p = runs[role, size, "learned", seeds[0]][0] if (role, size, "learned", seeds[0]) in runs else p
-        rows.append({
-            "role": role, "size": f"{size[0]}x{size[1]}", "input": v, "vocab": args.vocab, "lr": p["lr"],
-            "learned_lr": learned_p["lr"], "planned_seeds": len(seeds), "seeds": paired,
-            "learned_trainable": n["learned"], "binary_trainable": n["binary"],
-            "share": args.vocab * size[1] / n["learned"], "tokens": tokens, "tokens_per_param": tokens / n["binary"],
-            "epochs": tokens / meta["splits"]["train"]["tokens"], "gap_nats": gaps, "ci": ci, **verdicts(ci),
-            "learned_bpb": [whole_loss(base[s]) * per_nat for s in paired],
-            "bpb": [whole_loss(mine[s]) * per_nat for s in paired], "sources": sources,
-            "spread": spread, "inside_spread": None if spread is None or ci is None else abs(math.expm1(ci["mean"])) <= spread,
-            "curve": [(t, [math.expm1(g) for g in gs]) for t, gs in scaling.seed_gaps(
-                [r for r in (read_curve(args, runs[role, size, w, s][0], w, s) for w in ("learned", v) for s in paired)
-                 if r], v)]})
-    return rows
+def pct(nats):
+    return 100 * math.expm1(nats)
+
+
+def decide(small, large, seeds):
+    """RULE on two sizes, the smaller first, each (size, per-seed tuned gaps in nats, or None before both its lrs
+    are tuned) -> {"sizes", "verdict": "grows" | "shrinks" | "overlap" | "not yet", "text": what the report says}."""
+    (a, gaps_a), (b, gaps_b) = small, large
+    have = [len(g or []) for g in (gaps_a, gaps_b)]
+    out = {"sizes": [a, b]}
+    if min(have) < max(seeds, 2):
+        return {**out, "verdict": "not yet", "text": f"{a} vs {b}: not decided yet: the rule needs both sizes' lrs "
+                f"tuned and {seeds} paired seeds each (now {a}: {have[0]}, {b}: {have[1]})."}
+    ca, cb = interval(gaps_a), interval(gaps_b)
+    found = f"{a} {ci_text(ca)}, {b} {ci_text(cb)}"
+    if cb["lo"] > ca["hi"]:
+        return {**out, "verdict": "grows", "text": f"The gap grows with size from {a} to {b}: {b}'s 95% interval "
+                f"lies entirely above {a}'s ({found})."}
+    if cb["hi"] < ca["lo"]:
+        return {**out, "verdict": "shrinks", "text": f"The gap shrinks with size from {a} to {b}: {b}'s 95% interval "
+                f"lies entirely below {a}'s ({found})."}
+    return {**out, "verdict": "overlap", "text": f"No trend claimed from {a} to {b}: the 95% intervals overlap "
+            f"({found})."}
+
+
+def decision(rows, names, seeds):
+    """RULE on each two consecutive sizes of `names` (smallest first), from the record's binary rows."""
+    gaps = {r["size"]: r["gap_nats"] for r in rows if r["input"] == "binary"}
+    return [decide((a, gaps.get(a)), (b, gaps.get(b)), seeds) for a, b in zip(names, names[1:])]
+
+
+# ----------------------------------------------------------------------------- the record
+def lr_grid(known, size, inputs):
+    """{input: {lr: [end-of-run whole-split loss of seed 0, 1, ...]}} of the runs known at a size, each input's
+    lrs in increasing order; a seed's entry is "diverged" for a diverged run, None while it has not finished."""
+    out = {}
+    for v in inputs:
+        for (z, w, lr, s), losses in sorted(known.items(), key=lambda run: run[0][2:]):
+            if (z, w) != (size, v):
+                continue
+            seeds = out.setdefault(v, {}).setdefault(f"{lr:g}", [])
+            seeds += [None] * (s + 1 - len(seeds))
+            seeds[s] = "diverged" if losses is None else whole_loss(losses)
+    return out
+
+
+def size_entry(args, known, size, meta):
+    """A size in the record: its counts and length, each input's lr_grid and where its best lr lies."""
+    L, D = size
+    n = {v: trainable(args, L, D, v) for v in INPUTS}
+    steps = steps_for(args, L, D)
+    tokens = steps * args.batch_size * args.block_size
+    inputs = [*INPUTS, *(controls(args) if size in control_sizes(args) else [])]
+    best = {}
+    for v in INPUTS:
+        lrs, lr, where = grid(args, known, size, v)
+        best[v] = {"lr": lr, "where": where, "grid": lrs}
+    return {"size": f"{L}x{D}", "vocab": args.vocab, "steps": steps, "tokens": tokens,
+            "tokens_per_param": tokens / n["binary"], "epochs": tokens / meta["splits"]["train"]["tokens"],
+            "learned_trainable": n["learned"], "binary_trainable": n["binary"], "share": args.vocab * D / n["learned"],
+            "lr_grid": lr_grid(known, size, inputs), "best": best}
 
 
 def read_curve(args, p, v, s):
-    """A run's evaluations along training: {variant, seed, curve}, or None without its log."""
-    log = os.path.join(args.out, p["name"], f"{v}-seed{s}", "log.jsonl")
+    """A run's evaluations along training: {variant, seed, curve}, or None without its log (a reused run)."""
+    log = os.path.join(run_folder(args, p, v, s), "log.jsonl")
     return {"variant": v, "seed": s, "curve": compare.read_log(log)[0]} if os.path.exists(log) else None
 
 
-def choice(chosen, lr, grid):
-    """The sweep table's mark of the chosen lr, saying when it sits at the grid's edge (the optimum may lie past it)."""
-    if chosen != lr:
-        return ""
-    edge = "largest" if lr == max(grid) else "smallest" if lr == min(grid) else ""
-    return f"chosen (the grid's {edge}: past it not tried)" if edge else "chosen"
+def gap_row(args, known, size, v, lr, learned_lr, windows, meta):
+    """Input v at lr against learned at learned_lr at a size: the per-seed gaps over the seeds both finished,
+    their interval and verdicts, counts, bits per byte (the whole split and each source) and the curve."""
+    L, D = size
+
+    def finished(w, at):
+        return {s: x for (z, u, r, s), x in known.items() if (z, u, r) == (size, w, at) and x is not None}
+
+    mine, base = finished(v, lr), finished("learned", learned_lr)
+    seeds = sorted(set(mine) & set(base))
+    gaps = [whole_loss(mine[s]) - whole_loss(base[s]) for s in seeds]
+    ci = interval(gaps)
+    n = {w: trainable(args, L, D, w) for w in ("learned", "binary", v)}
+    tokens = steps_for(args, L, D) * args.batch_size * args.block_size
+    val = meta["splits"]["val"]
+    per_nat = val["tokens"] / val["bytes"] / math.log(2)  # whole-split bits per byte per nat per token
+    tokens_per_byte = {k: len(w["tokens"]) / w["bytes"] for k, w in windows.items()}
+
+    def bpb(losses, k):
+        return losses[k][0] * tokens_per_byte[k] / math.log(2)
+
+    sources = {k: {"learned_bpb": [bpb(base[s], k) for s in seeds], "bpb": [bpb(mine[s], k) for s in seeds],
+                   "ci": interval([mine[s][k][0] - base[s][k][0] for s in seeds])} for k in windows}
+    curves = [c for w, at in (("learned", learned_lr), (v, lr)) for s in seeds
+              if (c := read_curve(args, point(args, L, D, at), w, s))]
+    return {"size": f"{L}x{D}", "input": v, "vocab": args.vocab, "lr": lr, "learned_lr": learned_lr,
+            "planned_seeds": args.seeds if v in INPUTS else args.control_seeds, "seeds": seeds,
+            "trainable": n[v], "learned_trainable": n["learned"], "binary_trainable": n["binary"],
+            "share": args.vocab * D / n["learned"], "tokens": tokens, "tokens_per_param": tokens / n["binary"],
+            "epochs": tokens / meta["splits"]["train"]["tokens"], "gap_nats": gaps, "ci": ci, **verdicts(ci),
+            "learned_bpb": [whole_loss(base[s]) * per_nat for s in seeds],
+            "bpb": [whole_loss(mine[s]) * per_nat for s in seeds], "sources": sources,
+            "curve": [(t, [math.expm1(g) for g in gs]) for t, gs in scaling.seed_gaps(curves, v)]}
 
 
-def sweep_table(args, plan, records):
-    sweep = sweep_points(args)
-    lines, chosen = [], {}
-    variants = list(dict.fromkeys(v for title, work in plan if title.startswith("sweep") for _, v, _ in work))
-    for v in variants:
-        chosen[v] = best_lr(records, sweep, v, args.sweep_seeds)
-        for p in sweep:
-            runs = [r for r in records.get(p["name"], []) if r["variant"] == v]
-            losses = [r["val_loss"] for r in runs if "val_loss" in r]
-            diverged = [str(r["seed"]) for r in runs if "diverged" in r]
-            lines.append([v, f"{p['lr']:g}", str(len(runs)), share.ms(losses, ".4f"),
-                          ", ".join(diverged) or "—", choice(chosen[v], p["lr"], [q["lr"] for q in sweep])])
-    header = [("input", "l"), ("lr", "r"), ("seeds", "r"), ("val loss (last evaluation)", "r"),
-              ("diverged seeds", "l"), ("", "l")]
-    return compare.markdown_table(header, lines), chosen
+def tuned_rows(args, known, windows, meta):
+    """Binary against learned at each size, each at its own tuned lr, and each control against learned at the
+    learned input's; a size whose lrs are not tuned yet has no such row."""
+    rows = []
+    for size in sizes(args):
+        base = tuned(args, known, size, "learned")
+        if base is None:
+            continue
+        lrs = {"binary": tuned(args, known, size, "binary")}
+        if size in control_sizes(args):
+            lrs.update(dict.fromkeys(controls(args), base))
+        rows += [gap_row(args, known, size, v, lr, base, windows, meta) for v, lr in lrs.items() if lr is not None]
+    return rows
+
+
+def unfinished(args, known):
+    """What the record still lacks, in words: each planned run not finished, each grid without a tuned lr."""
+    runs = dict.fromkeys(j for _, work in stages(args, known) for j in work if key(*j) not in known)
+    out = [f"{p.L}x{p.D} {v} lr {p.lr:g} seed {s}" for p, v, s in runs]
+    for L, D in sizes(args):
+        for v in INPUTS:
+            _, best, where = grid(args, known, (L, D), v)
+            if where == "unfinished":
+                out.append(f"{L}x{D} {v}: its lr grid is unfinished, so its seeds at the tuned lr (and the controls "
+                           "where they run) are not planned yet")
+            elif where != "interior":
+                out.append(f"{L}x{D} {v}: best lr {best:g} at the grid's {where} (--extend {args.extend} spent): "
+                           "no seeds, controls or gap at it")
+    return out
+
+
+def build_record(args, meta, windows, known, reused):
+    """results.json: the settings, the rule and its outcome, each size's lr grids, the gap rows, every run."""
+    rows = tuned_rows(args, known, windows, meta)
+    by_size = sorted(sizes(args), key=lambda z: trainable(args, *z, "binary"))
+    settings = {k: x for k, x in vars(args).items() if k not in ("jobs", "report")}  # how it ran, not what
+    return {"settings": {**settings, "corpus": [os.path.basename(c) for c in args.corpus]}, "rule": RULE,
+            "decision": decision(rows, [f"{L}x{D}" for L, D in by_size], args.seeds),
+            "sizes": [size_entry(args, known, size, meta) for size in sizes(args)], "rows": rows,
+            "unfinished": unfinished(args, known),
+            "sources": {k: {x: w[x] for x in ("all_bytes", "bytes", "documents")} for k, w in windows.items()},
+            "runs": [{"size": f"{z[0]}x{z[1]}", "input": v, "lr": lr, "seed": s,
+                      "loss": "diverged" if x is None else whole_loss(x), "reused": (z, v, lr, s) in reused}
+                     for (z, v, lr, s), x in sorted(known.items(), key=lambda run: run[0])]}
+
+
+# ----------------------------------------------------------------------------- the report
+def grid_table(args, known, size):
+    """Each lr tried at a size, by input: every seed's loss, the score search() compares, the best lr's mark."""
+    lines = []
+    for v in INPUTS:
+        lrs, best, where = grid(args, known, size, v)
+        score = lr_score(known, size, v, args.grid_seeds)
+        for lr in sorted({r for z, w, r, _ in known if (z, w) == (size, v)} | set(lrs)):
+            runs = sorted((s, x) for (z, w, r, s), x in known.items() if (z, w, r) == (size, v, lr))
+            losses = ", ".join("diverged" if x is None else f"{whole_loss(x):.4f}" for _, x in runs)
+            mean = score(lr)
+            mark = f"best: {where}" if lr == best else "" if lr in lrs else "outside the grid"
+            score_text = "—" if mean is None else f"{mean:.4f}"
+            lines.append([v, f"{lr:g}", str(len(runs)), losses or "—", score_text, mark])
+    header = [("input", "l"), ("lr", "r"), ("seeds", "r"), ("whole-split loss, each seed", "l"),
+              (f"score (mean of seeds 0-{args.grid_seeds - 1})", "r"), ("", "l")]
+    return compare.markdown_table(header, lines)
 
 
 def source_table(windows):
@@ -463,29 +663,27 @@ def source_table(windows):
 
 
 def point_table(rows):
-    header = [("size", "l"), ("V (K)", "r"), ("input", "l"), ("table share", "r"), ("T", "r"), ("epochs", "r"),
-              ("lr (input / learned)", "r"), ("seeds", "r"), ("learned bits/byte", "r"), ("bits/byte", "r"),
-              ("gap, perplexity (95% CI)", "r"), ("sd (nats)", "r"), ("vs 0", "l"), ("vs the paper's ±4.8%", "l"),
-              ("section 8's rule: range/mean", "l")]
-    body = []
-    for r in rows:
-        rule = "—" if r["spread"] is None else f"{100 * r['spread']:.1f}%: {'inside' if r['inside_spread'] else 'OUTSIDE'}"
-        body.append([r["size"], f"{r['vocab']} ({code_bits(r['vocab'])})", r["input"], f"{100 * r['share']:.1f}%",
-                     f"{r['tokens_per_param']:.1f}", f"{r['epochs']:.2f}", f"{r['lr']:g} / {r['learned_lr']:g}",
-                     f"{len(r['seeds'])} of {r['planned_seeds']}", share.ms(r["learned_bpb"], ".4f"),
-                     share.ms(r["bpb"], ".4f"), ci_text(r["ci"]), "—" if r["ci"] is None else f"{r['ci']['sd']:.4f}",
-                     r["sign"], r["paper"], rule])
-    return compare.markdown_table(header, body)
+    header = [("size", "l"), ("V (K)", "r"), ("input", "l"), ("trainable (input / learned)", "r"),
+              ("table share", "r"), ("T", "r"), ("epochs", "r"), ("lr (input / learned)", "r"), ("seeds", "r"),
+              ("learned bits/byte", "r"), ("bits/byte", "r"), ("gap, perplexity (95% CI)", "r"), ("sd (nats)", "r"),
+              ("vs 0", "l"), ("vs the paper's ±4.8%", "l")]
+    return compare.markdown_table(header, [[
+        r["size"], f"{r['vocab']} ({code_bits(r['vocab'])})", r["input"],
+        f"{r['trainable']:,} / {r['learned_trainable']:,}", f"{100 * r['share']:.1f}%", f"{r['tokens_per_param']:.1f}",
+        f"{r['epochs']:.2f}", f"{r['lr']:g} / {r['learned_lr']:g}", f"{len(r['seeds'])} of {r['planned_seeds']}",
+        share.ms(r["learned_bpb"], ".4f"), share.ms(r["bpb"], ".4f"), ci_text(r["ci"]),
+        "—" if r["ci"] is None else f"{r['ci']['sd']:.4f}", r["sign"], r["paper"]] for r in rows])
 
 
 def summary_table(rows):
-    """The README's table: the main rows, the gap and its verdicts."""
+    """The README's table: each row's gap at the tuned lrs and its verdicts."""
     header = [("size", "l"), ("input vs learned", "l"), ("table share", "r"), ("T", "r"), ("epochs", "r"),
-              ("lr", "r"), ("seeds", "r"), ("gap, perplexity (95% CI)", "r"), ("vs 0", "l"), ("vs ±4.8%", "l")]
+              ("lr, tuned (input / learned)", "r"), ("seeds", "r"), ("gap, perplexity (95% CI)", "r"),
+              ("vs 0", "l"), ("vs ±4.8%", "l")]
     return compare.markdown_table(header, [[
-        r["size"], r["input"], f"{100 * r['share']:.1f}%", f"{r['tokens_per_param']:.1f}", f"{r['epochs']:.2f}",
-        f"{r['lr']:g} / {r['learned_lr']:g}", str(len(r["seeds"])), ci_text(r["ci"]), r["sign"], r["paper"]]
-        for r in rows])
+        f"{r['size']} (V {r['vocab']})", r["input"], f"{100 * r['share']:.1f}%", f"{r['tokens_per_param']:.1f}",
+        f"{r['epochs']:.2f}", f"{r['lr']:g} / {r['learned_lr']:g}", str(len(r["seeds"])), ci_text(r["ci"]),
+        r["sign"], r["paper"]] for r in rows])
 
 
 def per_source_table(rows):
@@ -496,110 +694,65 @@ def per_source_table(rows):
                                            for r in rows for k, x in r["sources"].items()])
 
 
-def size_fit(rows):
-    """The binary gap against log N (binary trainable parameters) over every seed at the paper's point, and
-    the fit's mean at the paper's 469.8M parameters (an extrapolation)."""
-    mains = [r for r in rows if r["role"] == "main" and r["input"] == "binary" and r["gap_nats"]]
-    x = [math.log(r["binary_trainable"]) for r in mains for _ in r["gap_nats"]]
-    y = [g for r in mains for g in r["gap_nats"]]
-    fit = line_fit(x, y, math.log(PAPER["binary_trainable"]))
-    if fit is None:
-        return None, "Gap against size: too few seeds or sizes for a fit."
-    b, at, lo, hi = fit
-    largest = max(r["binary_trainable"] for r in mains)
-    return ({"slope_per_e": b, "at_paper": at, "lo": lo, "hi": hi, "points": len(x)},
-            f"Gap against size at the paper's point (binary vs learned, {len(x)} per-seed gaps at "
-            f"{len(mains)} sizes ({', '.join(r['size'] + ' at V = ' + str(r['vocab']) for r in mains)}), a line in log N): "
-            f"{b * math.log(10):+.4f} nats per decade of N. "
-            f"EXTRAPOLATED {PAPER['binary_trainable'] / largest:,.0f}x past our largest model, to the paper's "
-            f"{PAPER['binary_trainable'] / 1e6:.0f}M parameters: {pct(at):+.1f}% (95% CI of the line {pct(lo):+.1f} "
-            f"to {pct(hi):+.1f}), beside the paper's {100 * PAPER['gap_pct']:+.1f}%: a line through sizes "
-            f"{largest / min(r['binary_trainable'] for r in mains):.1f}x apart in N says little that far out.")
-
-
 def plot(rows, path):
-    """The gap (perplexity %) along training against tokens per binary parameter at the paper's share: one
-    line per (size, input), the paper's point marked, the legend beside the axes."""
+    """The gap (perplexity %) along training against tokens per binary parameter at the tuned lrs: one line per
+    (size, input) over the seeds with logs (a reused run has none), the paper's point marked."""
     if (plt := compare.pyplot()) is None:
         return None
     fig, ax = plt.subplots(figsize=(10, 4.8))
     for r in rows:
-        if r["role"] != "main" or not r["curve"]:
-            continue
         c = [(t / r["binary_trainable"], g) for t, g in r["curve"] if t > 0]
-        label = (f"{r['size']} V={r['vocab']} {r['input']}: share {100 * r['share']:.1f}%, "
-                 f"T {r['tokens_per_param']:.0f}, {len(r['seeds'])} seeds")
-        style = "-" if r["input"] == "binary" else "--"
-        line, = ax.plot([t for t, _ in c], [100 * statistics.mean(g) for _, g in c], style, label=label)
+        if not c:
+            continue
+        label = (f"{r['size']} V={r['vocab']} {r['input']} (lr {r['lr']:g} / {r['learned_lr']:g}): "
+                 f"{len(c[0][1])} seeds with logs")
+        line, = ax.plot([t for t, _ in c], [100 * statistics.mean(g) for _, g in c],
+                        "-" if r["input"] == "binary" else "--", label=label)
         ax.fill_between([t for t, _ in c], [100 * min(g) for _, g in c], [100 * max(g) for _, g in c],
                         color=line.get_color(), alpha=0.12)
     ax.axhspan(-100 * PAPER["spread_pct"], 100 * PAPER["spread_pct"], color="green", alpha=0.08,
                label="the paper's ±4.8% seed spread")
     ax.plot([PAPER["tokens_per_param"]], [100 * PAPER["gap_pct"]], "r*", ms=13, label="the paper: -3.3% at T = 36")
-    ax.axhline(0, color="black", lw=0.8)
-    ax.set_xscale("log")
-    ticks = [t for t in (1, 2, 3, 5, 10, 20, 36) if t >= min((r["tokens_per_param"] / 12 for r in rows), default=1)]
-    ax.set_xticks(ticks, labels=[str(t) for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("training tokens per trainable parameter of the binary model (T)")
     ax.set_ylabel("perplexity vs learned (%), evaluation batches")
-    ax.set_title("the gap at the paper's point: table share ~12.5%, T ~ 36", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("the gap at the paper's point, each input at its tuned lr", fontsize=10)
+    scaling.gap_axes(ax, "training tokens per trainable parameter of the binary model (T)", ax.get_ylabel(), 7,
+                     beside=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
     return path
 
 
-def write_report(args, meta, windows):
-    """The tables, the sentences and the figure, from the finished runs; the unfinished ones listed."""
-    plan = stages(args, read_records(args, stages(args, {})))
-    records = read_records(args, plan)
-    sweep, chosen = sweep_table(args, plan, records)
-    rows = main_rows(args, plan, windows, meta)
-    also = []  # rows of the other studies named by --also, for the fit
-    for folder in args.also:
-        with open(os.path.join(folder, "results.json")) as f:
-            also += json.load(f)["rows"]
-    fit, fit_line = size_fit(rows + also)
-    missing = [f"{p['name']} {v} seed {s}" for _, work in plan for p, v, s in work
-               if not os.path.exists(os.path.join(args.out, p["name"], f"{v}-seed{s}", "final.json"))]
-    controls = [c for c in args.controls.split(",") if c]
-    missing += [f"every main run of {v} (its sweep unfinished)" for v in ("learned", "binary", *controls)
-                if best_lr(records, sweep_points(args), v, args.sweep_seeds) is None]
-    missing = list(dict.fromkeys(missing))  # a run of two stages (the shared lr is an input's own) once
-    diverged = [f"{name} {r['variant']} seed {r['seed']}" for name, rs in records.items() for r in rs if "diverged" in r]
+def write_report(args, meta, windows, show=True):
+    """results.md, results.json (the record) and the figure from the runs finished so far, and the --record copy;
+    the report to stdout when `show`."""
+    known, reused = known_runs(args, windows, meta)
+    record = build_record(args, meta, windows, known, reused)
+    val, train = meta["splits"]["val"], meta["splits"]["train"]
     header = (f"V = {args.vocab}, {args.batch_size} x {args.block_size} tokens a step, {args.n_head} heads, "
-              f"{args.encoding} cut to V; sources cut into ~{args.doc_chars:,}-character documents, every 10th for val; "
-              f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens")
-    mains = [r for r in rows if r["role"] == "main"]
-    speed = {}  # size -> each main run's median training tokens/s (its log)
-    for p, v, s in (j for title, work in plan if not title.startswith("sweep") for j in work):
-        for r in records.get(p["name"], []):
-            if (r["variant"], r["seed"]) == (v, s) and "tokens_per_s" in r:
-                speed.setdefault(f"{p['L']}x{p['D']}", []).append(r["tokens_per_s"])
+              f"{args.encoding} cut to V; sources cut into ~{args.doc_chars:,}-character documents, "
+              f"every 10th for val; {train['tokens']:,} train / {val['tokens']:,} val tokens; "
+              f"runs reused from {', '.join(args.reuse) or 'no record'}: {len(reused)}")
+    grids = [f"The lr grid at {L}x{D} (T = {args.tokens_per_param:g}; each run's loss on the whole validation split "
+             f"at its end):\n\n" + grid_table(args, known, (L, D)) for L, D in sizes(args)]
+    diverged = [f"{r['size']} {r['input']} lr {r['lr']:g} seed {r['seed']}" for r in record["runs"]
+                if r["loss"] == "diverged"]
     report = "\n\n".join([
-        header, "The text, by source:\n\n" + source_table(windows),
-        f"The lr sweep (the smallest size, T = {args.sweep_tokens_per_param:g}; the lr of each input's lowest mean "
-        "loss is chosen):\n\n" + sweep,
-        "At the paper's point (gap: loss(input) - loss(learned) of the same seed on the whole validation split, "
-        "as perplexity; CI: 95%, t over seeds):\n\n" + point_table(mains),
-        f"The same at the one shared lr {args.shared_lr:g} (the smallest size):\n\n"
-        + point_table([r for r in rows if r["role"] == "shared"]),
-        "Bits per byte by source (the same runs, each source's own validation windows):\n\n" + per_source_table(mains),
-        fit_line,
-        "Training speed, median tokens/s of each run's log (min to max over runs): " + ", ".join(
-            f"{k} {statistics.median(x):,.0f} ({min(x):,.0f} to {max(x):,.0f})" for k, x in speed.items()) + ".",
-        "In short (README):\n\n" + summary_table(mains),
-        "Not finished (not in any table): " + ("; ".join(missing) or "none") + ".",
+        header, "The text, by source:\n\n" + source_table(windows), *grids,
+        "Each input at its tuned lr (gap: loss(input) - loss(learned) of the same seed on the whole validation "
+        "split, as perplexity; CI: 95%, t over seeds):\n\n" + point_table(record["rows"]),
+        "Bits per byte by source (the same runs, each source's own validation windows):\n\n"
+        + per_source_table(record["rows"]),
+        f"The decision rule, committed before the runs: {RULE}\n\n"
+        + ("\n".join(f"- {d['text']}" for d in record["decision"]) or "- one size: nothing to decide."),
+        "In short (README):\n\n" + summary_table(record["rows"]),
+        "Not finished (in no table): " + ("; ".join(record["unfinished"]) or "none") + ".",
         "Diverged: " + ("; ".join(diverged) or "none") + "."]) + "\n"
-    results = {"rows": rows, "sweep_lrs": chosen, "fit": fit, "missing": missing, "diverged": diverged,
-               "sources": {k: {x: w[x] for x in ("all_bytes", "bytes", "documents")} for k, w in windows.items()},
-               "runs": records}
-    drawn = mains + [r for r in also if r["role"] == "main"]
-    compare.write_results(args.out, report, results, ("paper_point.png", lambda path: plot(drawn, path)))
-    return rows
+    compare.write_results(args.out, report, record, ("paper_point.png", lambda path: plot(record["rows"], path)),
+                          show=show)
+    if args.record:
+        atomic_write(args.record, json.dumps(record, indent=1) + "\n")
+    return record
 
 
 def parse_config(argv=None):
@@ -609,16 +762,22 @@ def parse_config(argv=None):
 
 def main(argv=None):
     args = parse_config(argv)
-    for flag in ("seeds", "smallest_seeds", "control_seeds", "sweep_seeds", "jobs", "evals", "eval_batches"):
+    for flag in ("grid_seeds", "seeds", "control_seeds", "jobs", "evals", "eval_batches"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if args.extend < 0:
+        raise ValueError(f"--extend must be 0 or more, got {args.extend}")
+    floats(args.lrs, "--lrs")
+    if stray := [f"{L}x{D}" for L, D in control_sizes(args) if (L, D) not in sizes(args)]:
+        raise ValueError(f"--control_sizes {', '.join(stray)} not among --sizes {args.sizes}")
+    if unknown := set(controls(args)) - {"affine", "random", "frozen"}:
+        raise ValueError(f"--controls {', '.join(sorted(unknown))}: choose from affine, random, frozen")
     with writer_lock(args.out, outputs=("results.md", "results.json")):
         compare.check_results(args.out, ("results.md", "results.json", "paper_point.png"))
         data, meta = data_of(args)
         windows = source_windows(meta)
         if not args.report:
-            train_all(args, data, windows)
-        evaluate_sources(main_run_dirs(args, stages(args, read_records(args, stages(args, {})))), windows, args.jobs)
+            train_all(args, data, meta, windows)
         return write_report(args, meta, windows)
 
 

@@ -44,7 +44,7 @@ import json
 import math
 import signal
 import statistics
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
 from types import SimpleNamespace
@@ -174,17 +174,23 @@ def _run(job):
         return None
 
 
-def run_all(work, jobs):
+def run_all(work, jobs, after=None):
     """Runs every (point name, compare.run_one settings, input, seed) of `work`, in `jobs` worker processes
-    when > 1; returns {point name: [run records]}."""
+    when > 1; returns {point name: [run records]}. after(name, record), if given, is called in this process
+    as each run ends (paper_point.py records each result as it lands)."""
     done = []
     if jobs > 1:
         ctx = get_context("spawn")
         stop, threads = ctx.Event(), max(1, torch.get_num_threads() // jobs)
         with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads, stop)) as pool:
-            futures = [pool.submit(_run, w) for w in work]
+            futures = {pool.submit(_run, w): i for i, w in enumerate(work)}
+            done = [None] * len(work)  # in the order of `work`, whatever order the runs end in
             try:
-                done = [f.result() for f in futures]
+                for f in as_completed(futures):
+                    i = futures[f]
+                    done[i] = f.result()
+                    if after and done[i]:
+                        after(*done[i])
             except KeyboardInterrupt:  # running jobs save and stop; queued ones return at once
                 stop.set()
                 pool.shutdown(cancel_futures=True)
@@ -194,6 +200,8 @@ def run_all(work, jobs):
             done.append(_run(w))
             if done[-1] is None:
                 break
+            if after:
+                after(*done[-1])
     if None in done:
         raise SystemExit("stopped before every run finished: rerun the same command to continue")
     runs = {}
