@@ -38,9 +38,10 @@ def memory_bytes(config, batch_size=0, positions=0, dtype=torch.float32):
 
 # What eager training keeps for backward, measured as peak RSS on a CPU (tests/test_memory.py; AMD EPYC, torch
 # 2.13) with a margin: per layer, token and model dim, ~23 float32 values' worth in float32, ~13 under bfloat16
-# autocast; per logit, its float32 copy, log-softmax and gradient (12 bytes in float32, 16 with the bfloat16 logits).
+# autocast; per logit, the float32 logits alone (model.CrossEntropy writes their gradient over them: 4 bytes), and
+# under autocast the bfloat16 logits they are copied from, or the gradient's bfloat16 copy (6, and a margin: 8).
 ACTIVATION_BYTES = {"float32": 100, "bfloat16": 60}
-LOGIT_BYTES = {"float32": 12, "bfloat16": 16}
+LOGIT_BYTES = {"float32": 4, "bfloat16": 8}
 
 
 def training_bytes(config, batch_size, dtype="float32"):

@@ -91,6 +91,13 @@ UNMARKED = [("UTF-16LE", "utf-16-le", TEXT), ("UTF-16BE", "utf-16-be", TEXT), ("
             ("UTF-32BE", "utf-32-be", TEXT), ("UTF-16LE", "utf-16-le", "Привет, мир! Как дела?\n" * 20)]
 
 
+def iconv_command(src, encoding, copy):
+    """The conversion a refusal names: iconv, after gzip -dc for a compressed file."""
+    if src.name.endswith(".gz"):
+        return f"gzip -dc {src} | iconv -f {encoding} -t UTF-8 > {copy}"
+    return f"iconv -f {encoding} -t UTF-8 {src} > {copy}"
+
+
 @pytest.mark.parametrize("name, codec, text", UNMARKED, ids=["16le", "16be", "32le", "32be", "cyrillic"])
 @pytest.mark.parametrize("kind", [".txt", ".jsonl", ".jsonl.gz"])
 def test_unmarked_utf16_and_utf32_are_refused_naming_the_encoding_and_the_conversion(tmp_path, capsys, name, codec,
@@ -101,9 +108,7 @@ def test_unmarked_utf16_and_utf32_are_refused_naming_the_encoding_and_the_conver
     src = tmp_path / f"in{kind}"
     src.write_bytes(gzip.compress(text.encode(codec)) if kind.endswith(".gz") else text.encode(codec))
     copy = tmp_path / f"in-utf8{kind.removesuffix('.gz')}"
-    command = f"iconv -f {name} -t UTF-8 {src} > {copy}"
-    if kind.endswith(".gz"):
-        command = f"gzip -dc {src} | iconv -f {name} -t UTF-8 > {copy}"
+    command = iconv_command(src, name, copy)
     rc, err = main(capsys, src, "--out", tmp_path / "out", "--workers", 1)
     assert (rc, err) == (1, f"error: {src}: looks like {name} text without a byte-order mark, not UTF-8: convert it "
                             f"to UTF-8 first, e.g. {command}\n")
@@ -121,9 +126,7 @@ def test_8_bit_text_is_refused_as_latin1_with_the_conversion(tmp_path, capsys, n
     src = tmp_path / name
     src.write_bytes(data)
     copy = tmp_path / name.replace(".gz", "").replace(".", "-utf8.")
-    command = f"iconv -f CP1252 -t UTF-8 {src} > {copy}"
-    if name.endswith(".gz"):
-        command = f"gzip -dc {src} | iconv -f CP1252 -t UTF-8 > {copy}"
+    command = iconv_command(src, "CP1252", copy)
     rc, err = main(capsys, src, "--out", tmp_path / "out", "--workers", 1)
     assert (rc, err) == (1, f"error: {src}: not valid UTF-8 at byte offset {offset}: it looks like 8-bit text, "
                             f"Latin-1 or Windows-1252: convert it to UTF-8 first, e.g. {command}\n")
