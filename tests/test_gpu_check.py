@@ -387,3 +387,19 @@ def test_one_gpu_skips_the_torchrun_rows_with_the_reason(tmp_path, monkeypatch):
            "CUDA is not a train.py option)")
     for name, _, check_fn in gpu_check.ROWS[-2:]:
         assert check_fn(ctx, name, 0) == gpu_check.Row(name, None, note=why)
+
+
+@pytest.mark.parametrize("flags, scale", [([], 5), (["--time_scale", "1"], 1), (["--time_scale", "2.5"], 2.5)])
+def test_a_dry_run_gives_each_row_its_share_times_the_time_scale(tiny_data, monkeypatch, flags, scale):
+    """A CPU dry run (a loaded CI machine) gets 5 times each row's share unless --time_scale says otherwise."""
+    shares = {}
+
+    def record(ctx, name, until):
+        shares[name] = until - time.monotonic()
+        return gpu_check.Row(name, True)
+
+    monkeypatch.setattr(gpu_check, "ROWS", tuple((name, s, record) for name, s, _ in gpu_check.ROWS[:3]))
+    assert gpu_check.main(["--device", "cpu", "--data_dir", tiny_data, "--time_limit", "1000"] + flags) == 0
+    assert list(shares) == [name for name, _, _ in gpu_check.ROWS]
+    for name, seconds, _ in gpu_check.ROWS:
+        assert seconds * scale - 2 < shares[name] <= seconds * scale

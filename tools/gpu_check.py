@@ -26,8 +26,9 @@ Design choices, up front:
   eager, compiled and as CUDA graphs; the stop and resume; --init_from; torchrun.
 - Time: each row has a share of seconds (ROWS), the processes it starts included: a process still running
   GRACE seconds before the end of its row's share gets SIGTERM, then SIGKILL at the end; and no row runs past
-  --time_limit (570 s), under a 600 s job. The shares of one GPU's rows add up to 550 s (the torchrun rows,
-  with two GPUs or more, need a longer --time_limit). Expected on one H200 (an estimate: no GPU has run it
+  --time_limit (570 s), under a 600 s job. A CPU dry run's shares are 5 times as long (--time_scale): its
+  times say nothing, and a loaded machine must not fail it. The shares of one GPU's rows add up to 550 s
+  (the torchrun rows, with two GPUs or more, need a longer --time_limit). Expected on one H200 (an estimate: no GPU has run it
   yet; each process starts in ~10 s, importing torch and starting CUDA): the data ~5 s; the paper row ~40 s
   (470M parameters built, 3 steps of 16 x 1,024 tokens at ~0.3 s, an fsync'd 5.6 GB save ~15 s; a batch that
   faults costs ~20 s more); the quick start ~70 s (compiling the mini model's training and evaluation graphs
@@ -145,6 +146,8 @@ class CheckConfig:
                                     "(default: $OUT where it is set, else none: the table on stdout only)")
     time_limit: float = setting(570, "seconds the whole check may take: a row gets its share within what is left, "
                                      "and one that would start with less than 20 s left is skipped")
+    time_scale: float | None = setting(None, "each row's share of seconds multiplied by this (default: 1 on CUDA; "
+                                             "5 on a CPU, whose dry run shares the machine with whatever else runs)")
     steps: int | None = setting(None, "training steps of each run (default: 100 on CUDA, 8 on a CPU)")
     stop_at: int | None = setting(None, "the step after which the stopped runs get SIGTERM (default: steps / 2)")
     warmup: int = setting(5, "first steps left out of tokens/s and MFU (compiling)")
@@ -540,7 +543,8 @@ def check_quick_start(ctx, name, until):
     compiled run fails, the row fails, an eager run stands in for it, and the rows after it train eager too: a
     compiler's fault hides no other row."""
     cfg, ref = ctx.cfg, os.path.join(ctx.work, "reference")
-    done = run(command("train.py", *train_flags(ctx, ref)), timeout=left(until - EAGER_S if cfg.compile else until))
+    compiled_until = until - EAGER_S * cfg.time_scale if cfg.compile else until
+    done = run(command("train.py", *train_flags(ctx, ref)), timeout=left(compiled_until))
     how = "bfloat16" if ctx.cuda else "float32"
     if not done.failed:
         tok, mfu = speed(read_log(ref)[1], cfg.warmup)
@@ -766,6 +770,7 @@ def check(cfg):
     cfg.steps = cfg.steps or (100 if cuda else 8)
     cfg.stop_at = cfg.stop_at or cfg.steps // 2
     cfg.compile = cuda if cfg.compile is None else cfg.compile
+    cfg.time_scale = cfg.time_scale or (1 if cuda else 5)
     if not (1 <= cfg.stop_at < cfg.steps):
         raise ValueError(f"--stop_at must be a step in [1, --steps), got {cfg.stop_at} with --steps {cfg.steps}")
     out = cfg.out or os.environ.get("OUT")
@@ -781,14 +786,15 @@ def check(cfg):
     os.makedirs(work, exist_ok=True)
     end = start + cfg.time_limit
     try:
-        data = os.path.abspath(cfg.data_dir) if cfg.data_dir else prepare(work, min(time.monotonic() + PREPARE_S, end))
+        prepared_by = min(time.monotonic() + PREPARE_S * cfg.time_scale, end)
+        data = os.path.abspath(cfg.data_dir) if cfg.data_dir else prepare(work, prepared_by)
         ctx = Context(cfg, cuda, data, work)
         for row_name, seconds, check_fn in ROWS:
             now = time.monotonic()
             if end - now < MIN_ROW_S:
                 report.add(Row(row_name, None, note=f"skipped: out of time (--time_limit {cfg.time_limit:g} s)"))
                 continue
-            report.add(row_of(check_fn, ctx, row_name, min(now + seconds, end)))
+            report.add(row_of(check_fn, ctx, row_name, min(now + seconds * cfg.time_scale, end)))
     finally:
         if not cfg.work:
             shutil.rmtree(work, ignore_errors=True)
