@@ -59,8 +59,7 @@ Design choices:
 """
 
 # first, so that Ctrl-C while the imports load exits 130 with one line
-from bincode_gpt.cli import quiet_interrupt
-quiet_interrupt(__name__)
+import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
 
 import argparse
 import contextlib
@@ -81,7 +80,8 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
+from bincode_gpt.settings import config_parser, parse_settings, setting
+from bincode_gpt.exits import run_main
 from bincode_gpt.files import atomic_write, DISK_FULL, move_in, writer_lock
 from bincode_gpt.shards import is_meta, MAGIC, PREPARED_DEFAULTS, ShardWriter, token_dtype, VERSION
 from bincode_gpt.inputs import check_inputs, NAMED, read_documents, resolve_input

@@ -23,8 +23,7 @@ stderr).
 """
 
 # first, so that Ctrl-C while torch imports (seconds) exits 130 with one line
-from bincode_gpt.cli import quiet_interrupt
-quiet_interrupt(__name__)
+import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
 
 import math
 import os
@@ -35,7 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from bincode_gpt.checkpoint import check_finite, is_int8, load_checkpoint
-from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
+from bincode_gpt.settings import config_parser, parse_settings, setting
+from bincode_gpt.exits import run_main
 from bincode_gpt.decode import check_cuda_graphs, stream
 from bincode_gpt.devices import has_bf16, pick_device
 from bincode_gpt.memory import available_memory, memory_bytes

@@ -10,12 +10,11 @@ Train the binary-code GPT of model.py on token shards written by prepare_data.py
 
 Every setting is a field of TrainConfig (`python train.py --help`); `train(cfg)` and `main(argv)`
 are importable. It reads as a run goes (settings, data, model and optimizer, the loop, evaluation,
-saving); its safety is a call away in bincode_gpt/: launch.py (processes), preflight.py (checks),
+saving); its safety is a call away in bincode_gpt/: ranks.py (processes), preflight.py (checks),
 run_dir.py (out_dir, its data on resume), stopping.py (signals, divergence), progress.py (the log).
 """
 
-from bincode_gpt.cli import quiet_interrupt
-quiet_interrupt(__name__)  # before the slow imports: a Ctrl-C during them is one line, exit 130
+import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
 
 import math
 import os
@@ -29,11 +28,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bincode_gpt import launch, preflight, run_dir
+from bincode_gpt import preflight, ranks, run_dir
 from bincode_gpt.checkpoint import atomic_torch_save, checkpoint_dict, load_weights, restore
 from bincode_gpt.checkpoint import rng_state
-from bincode_gpt.cli import config_parser, parse_settings, run_main, setting, with_overrides
-from bincode_gpt.devices import peak_flops
+from bincode_gpt.settings import config_parser, parse_settings, setting, with_overrides
+from bincode_gpt.exits import exit_process, run_main
+from bincode_gpt.devices import peak_flops, set_precision
 from bincode_gpt.progress import Log
 from bincode_gpt.stopping import GracefulStop, check_state, check_step, check_val_loss
 from bincode_gpt.stopping import mean_loss_and_stop
@@ -163,10 +163,10 @@ def set_up(cfg, out_lock, *, rank, world, device, dtype, distributed):
                 device=device)
     if rank == 0:  # a warning, printed once; the other ranks wait for it
         preflight.check_window_starts(train_split, start.meta, raw_model, cfg.data_dir)
-    launch.wait_for_all(distributed, device)
+    ranks.wait_for_all(distributed, device)
     model = torch.compile(raw_model) if cfg.compile else raw_model
     if distributed:
-        model = launch.data_parallel(model, device, compiled=cfg.compile)  # DDP
+        model = ranks.data_parallel(model, device, compiled=cfg.compile)  # DDP
     autocast = nullcontext()
     if dtype == "bfloat16":
         autocast = torch.autocast(device.type, dtype=torch.bfloat16)
@@ -262,9 +262,9 @@ def lr_at(step, cfg):
 
 def train(cfg: TrainConfig) -> dict:
     """Train as cfg says; returns a summary (steps, tokens, first/final/best val loss, ...)."""
-    rank, world, device, distributed = launch.start_processes(cfg)
+    rank, world, device, distributed = ranks.start_processes(cfg)
     try:
-        dtype = launch.set_precision(cfg, device)  # float32 or bfloat16 autocast; TF32 on CUDA
+        dtype = set_precision(cfg.dtype, device)  # float32 or bfloat16 autocast; TF32 on CUDA
         t_start = time.time()
         with ExitStack() as out_lock:  # out_dir's writer lock (rank 0), released when the run ends
             run, state = set_up(cfg, out_lock, rank=rank, world=world, device=device, dtype=dtype,
@@ -371,7 +371,7 @@ def save(run, state, name):
         state.saved_step = state.step
     if run.rank == 0:
         write_checkpoint(run, state, name, rngs)
-    launch.wait_for_all(run.distributed, run.device)  # rank 0 alone writes; the others wait for it
+    ranks.wait_for_all(run.distributed, run.device)  # rank 0 alone writes; the others wait for it
 
 
 def write_checkpoint(run, state, name, rngs):
@@ -408,4 +408,4 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     # a closed stdout (`| head`) does not stop a run: log.jsonl records it
-    launch.exit_process(run_main(main, outlive_stdout=True))
+    exit_process(run_main(main, outlive_stdout=True))

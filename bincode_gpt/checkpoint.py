@@ -19,7 +19,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from bincode_gpt.cli import one_line
+from bincode_gpt.exits import one_line
 from bincode_gpt.files import atomic_open, DISK_FULL, disk_full, file_problem
 from bincode_gpt.memory import available_memory, memory_bytes
 from model import GPT, GPTConfig
@@ -296,6 +296,6 @@ def is_int8(ckpt):
 
 
 if __name__ == "__main__":
-    from bincode_gpt.cli import not_a_command
+    from bincode_gpt.exits import not_a_command
     sys.exit(not_a_command("bincode_gpt/checkpoint.py", "sample from a checkpoint by `python sample.py --ckpt FILE`, convert one by "
                                             "`python -m tools.convert --help`"))

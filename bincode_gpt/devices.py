@@ -4,7 +4,7 @@ Devices: which one a script runs on, whether it has bfloat16 units, and its peak
 
 
 # dense (no 2:4 sparsity) tensor-core peak FLOP/s of one device from the vendor's datasheet, (bfloat16, TF32): a
-# float32 run's matmuls run in TF32 on CUDA (launch.set_precision), so its MFU is against the TF32 peak. By the exact
+# float32 run's matmuls run in TF32 on CUDA (devices.set_precision), so its MFU is against the TF32 peak. By the exact
 # name torch.cuda.get_device_name returns: a name not here gets no MFU (--peak_flops gives one), never a
 # neighbour's figure ("NVIDIA L40" is not an L4, "NVIDIA RTX A1000" not an A100, an H100 PCIe not an SXM one)
 PEAK_FLOPS = {
@@ -74,3 +74,24 @@ def pick_device(name="auto"):
     if device.type not in ("cpu", "cuda", "mps"):
         raise ValueError(f"unsupported device {name!r}: use auto, cpu, cuda, cuda:N or mps")
     return device
+
+
+def pick_dtype(name, device):
+    """The one dtype rule of training and sampling: --dtype auto is bfloat16 on a CUDA GPU with bfloat16 units
+    (has_bf16), else float32. bfloat16 runs on CUDA and CPU; elsewhere (MPS) it is refused rather than run in
+    float32 under its name. -> "float32" or "bfloat16"."""
+    dtype = name
+    if dtype == "auto":
+        dtype = "bfloat16" if has_bf16(device) else "float32"
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {name!r}")
+    if dtype == "bfloat16" and device.type not in ("cuda", "cpu"):
+        raise ValueError(f"--dtype bfloat16 runs on CUDA and CPU here, not on {device.type}: use --dtype float32")
+    return dtype
+
+
+def set_precision(name, device):
+    """-> the run's dtype (pick_dtype); TF32 matmuls on CUDA."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    return pick_dtype(name, device)

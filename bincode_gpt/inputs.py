@@ -21,7 +21,7 @@ import urllib.request
 import zlib
 from pathlib import Path
 
-from bincode_gpt.cli import one_line
+from bincode_gpt.exits import one_line
 from bincode_gpt.files import atomic_write
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

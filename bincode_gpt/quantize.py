@@ -526,6 +526,6 @@ def compiles_weight_only(model):
 if __name__ == "__main__":  # it had a quality command once; `python quantize.py --ckpt X --data_dir D` still says where it went
     import shlex
 
-    from bincode_gpt.cli import not_a_command
+    from bincode_gpt.exits import not_a_command
     sys.exit(not_a_command("bincode_gpt/quantize.py", "sample with int8 weights by `python sample.py --quantize int8`; measure what "
                                           f"int8 costs by `{shlex.join(['python', '-m', 'tools.quantize_quality', *sys.argv[1:]])}`"))

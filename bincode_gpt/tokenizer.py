@@ -21,7 +21,7 @@ from functools import lru_cache
 import tiktoken
 import tiktoken.registry  # encoding_parts
 
-from bincode_gpt.cli import one_line
+from bincode_gpt.exits import one_line
 
 EOS_CANDIDATES = ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]  # end-of-text names, most common first
 
@@ -274,6 +274,6 @@ def load_text_codec(ckpt, ckpt_path):
 
 
 if __name__ == "__main__":
-    from bincode_gpt.cli import not_a_command
+    from bincode_gpt.exits import not_a_command
     sys.exit(not_a_command("bincode_gpt/tokenizer.py", "tokenize a corpus by `python prepare_data.py --help` (--encoding, "
                                            "--vocab_size); sample.py decodes a checkpoint's tokens"))

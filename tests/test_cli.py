@@ -1,4 +1,4 @@
-"""Every script's command line is one style, bincode_gpt.cli.config_parser (issue 16): `python X.py --help` works
+"""Every script's command line is one style, bincode_gpt.settings.config_parser (issue 16): `python X.py --help` works
 for each (a tool: `python -m tools.X --help` from the repository root, or `python tools/X.py --help`), and the three scripts that came to
 that style last (prepare_data, compare, scaling) read a command line into the values they read before it,
 --quick's and --gpu's included."""
@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 SCRIPTS = ["model.py", "prepare_data.py", "sample.py", "train.py", "tools/bench.py", "tools/code_figure.py",
            "tools/compare.py", "tools/convert.py", "tools/gpu_check.py", "tools/lines.py", "tools/paper_point.py",
            "tools/quantize_quality.py", "tools/quickstart.py", "tools/scaling.py", "tools/share.py"]
-LIBRARIES = {"bincode_gpt/checkpoint.py": "python sample.py --ckpt FILE", "bincode_gpt/cli.py": "python -m tools.NAME --help",
+LIBRARIES = {"bincode_gpt/checkpoint.py": "python sample.py --ckpt FILE", "bincode_gpt/exits.py": "python -m tools.NAME --help",
              "bincode_gpt/quantize.py": "python -m tools.quantize_quality --ckpt X --data_dir 'D D'",
              "bincode_gpt/tokenizer.py": "python prepare_data.py --help"}
 

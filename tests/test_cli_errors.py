@@ -1,5 +1,5 @@
 """One case per class of issue 9 (bad input, malformed file, refused replacement, path traversal, unknown
-option, interruption) through the scripts' real command lines: main() under cli.run_main exactly as
+option, interruption) through the scripts' real command lines: main() under exits.run_main exactly as
 `python X.py` runs it, a few as subprocesses. Each asserts the exact `error:` line, or the bytes that
 must survive. The full hostile pass (~100 cases) is kept outside the repository; these are its cheap
 representatives."""
@@ -15,7 +15,7 @@ import pytest
 
 import prepare_data
 import train
-from bincode_gpt.cli import run_main
+from bincode_gpt.exits import run_main
 from bincode_gpt.files import LOCK_NAME
 from tools import bench, compare, convert
 

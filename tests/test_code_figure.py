@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bincode_gpt.cli import run_main
+from bincode_gpt.exits import run_main
 from tools import code_figure
 
 

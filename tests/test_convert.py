@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from bincode_gpt.checkpoint import checkpoint_dict, load_checkpoint
-from bincode_gpt.cli import run_main
+from bincode_gpt.exits import run_main
 from bincode_gpt.decode import generate
 from bincode_gpt.files import LOCK_NAME
 from bincode_gpt.tokenizer import get_tokenizer, load_text_codec

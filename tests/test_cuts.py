@@ -25,7 +25,7 @@ import sample
 import train
 from bincode_gpt import tokenizer
 from bincode_gpt.checkpoint import load_checkpoint
-from bincode_gpt.cli import run_main
+from bincode_gpt.exits import run_main
 from bincode_gpt.files import LOCK_NAME
 from bincode_gpt.shards import read_shard
 from bincode_gpt.tokenizer import TiktokenText, all_ones_id, constant_ids, get_tokenizer, token_ids

@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bincode_gpt import checkpoint, launch
+from bincode_gpt import checkpoint, ranks
 import sample
 import train
 from bincode_gpt.checkpoint import (checkpoint_dict, load_checkpoint, load_optimizer_state, load_weights, OPTIMIZER_KERNEL, read_checkpoint)
 from bincode_gpt.devices import has_bf16, PEAK_FLOPS, peak_flops
-from bincode_gpt.launch import pick_dtype
+from bincode_gpt.devices import pick_dtype
 from model import GPT, apply_rotary, get_config, rotary_cos_sin
 from tools import convert
 
@@ -101,7 +101,7 @@ class Started(Exception):
 def started_on_meta(cfg, monkeypatch):
     """train.train(cfg) on the meta device, stopped where the loop would start -> its Run. The checkpoint is read
     on the CPU as on a GPU machine; window checks that read the model's values are recorded, not run."""
-    monkeypatch.setattr(launch, "pick_device", lambda name: META)
+    monkeypatch.setattr(ranks, "pick_device", lambda name: META)
     seen = {}
     monkeypatch.setattr(train.preflight, "check_window_starts", lambda split, meta, model, data_dir:
                         seen.update(off=off_device(model, META)))
@@ -242,9 +242,9 @@ def joined_on(monkeypatch, local_rank):
     for k, v in dict(RANK="1", LOCAL_RANK=str(local_rank), WORLD_SIZE="2").items():
         monkeypatch.setenv(k, v)
     joined = []
-    monkeypatch.setattr(launch, "pick_device", lambda name: torch.device("cuda" if name == "auto" else name))
+    monkeypatch.setattr(ranks, "pick_device", lambda name: torch.device("cuda" if name == "auto" else name))
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: joined.append(device))
-    monkeypatch.setattr(launch.dist, "init_process_group", lambda backend, **kw: joined.append((backend, kw)))
+    monkeypatch.setattr(ranks.dist, "init_process_group", lambda backend, **kw: joined.append((backend, kw)))
     return joined
 
 
@@ -253,7 +253,7 @@ def test_a_gpu_other_than_local_rank_is_refused_under_torchrun(monkeypatch, aske
     """--device cuda:N under torchrun would put every rank on GPU N: refused before the rank joins, naming its own."""
     joined = joined_on(monkeypatch, local_rank=1)
     with pytest.raises(ValueError) as e:
-        launch.start_processes(SimpleNamespace(device=asked, dist_timeout=30.0))
+        ranks.start_processes(SimpleNamespace(device=asked, dist_timeout=30.0))
     assert str(e.value) == (f"--device {asked} under torchrun: this rank's GPU is cuda:1 (its LOCAL_RANK), and every "
                             "rank would share the one named: leave --device at auto or cuda")
     assert joined == []
@@ -263,7 +263,7 @@ def test_a_gpu_other_than_local_rank_is_refused_under_torchrun(monkeypatch, aske
 def test_each_rank_takes_its_local_rank_and_waits_dist_timeout(monkeypatch, asked):
     joined = joined_on(monkeypatch, local_rank=1)
     gpu = torch.device("cuda", 1)
-    assert launch.start_processes(SimpleNamespace(device=asked, dist_timeout=2.5)) == (1, 2, gpu, True)
+    assert ranks.start_processes(SimpleNamespace(device=asked, dist_timeout=2.5)) == (1, 2, gpu, True)
     assert joined == [gpu, ("nccl", {"timeout": timedelta(minutes=2.5)})]
 
 
@@ -271,7 +271,7 @@ def test_each_rank_takes_its_local_rank_and_waits_dist_timeout(monkeypatch, aske
 def test_a_dist_timeout_that_is_no_wait_is_refused(monkeypatch, minutes):
     joined = joined_on(monkeypatch, local_rank=1)
     with pytest.raises(ValueError) as e:
-        launch.start_processes(SimpleNamespace(device="auto", dist_timeout=minutes))
+        ranks.start_processes(SimpleNamespace(device="auto", dist_timeout=minutes))
     assert str(e.value) == f"dist_timeout must be a number of minutes > 0, got {minutes}" and joined == []
 
 
@@ -350,17 +350,16 @@ def test_bfloat16_only_on_hardware_that_has_it(monkeypatch, capability, native):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     assert has_bf16(torch.device("cuda", 0)) is native
     assert not has_bf16(torch.device("cpu"))
-    auto = SimpleNamespace(dtype="auto")  # and --dtype auto follows it
-    assert pick_dtype(auto, torch.device("cuda", 0)) == ("bfloat16" if native else "float32")
-    assert pick_dtype(auto, torch.device("cpu")) == "float32"
+    assert pick_dtype("auto", torch.device("cuda", 0)) == ("bfloat16" if native else "float32")
+    assert pick_dtype("auto", torch.device("cpu")) == "float32"
 
 
 def test_compiled_ddp_cuts_the_paper_model_into_eight_buckets_not_seventy_five():
-    """launch.bucket_cap_mb: DDP's 25 MB eager; over a compiled model (its graph split at each bucket) eight buckets
+    """ranks.bucket_cap_mb: DDP's 25 MB eager; over a compiled model (its graph split at each bucket) eight buckets
     of the paper preset's float32 gradients, and never below DDP's default."""
     with torch.device("meta"):
         paper = GPT(get_config("paper"))
     weights = sum(p.numel() * p.element_size() for p in paper.parameters() if p.requires_grad)
-    assert launch.bucket_cap_mb(weights, compiled=False) == 25 and weights / 25 / 2**20 > 70
-    assert launch.bucket_cap_mb(weights, compiled=True) == 225 and 7 < weights / 225 / 2**20 <= 8
-    assert launch.bucket_cap_mb(10**6, compiled=True) == 25
+    assert ranks.bucket_cap_mb(weights, compiled=False) == 25 and weights / 25 / 2**20 > 70
+    assert ranks.bucket_cap_mb(weights, compiled=True) == 225 and 7 < weights / 225 / 2**20 <= 8
+    assert ranks.bucket_cap_mb(10**6, compiled=True) == 25

@@ -12,7 +12,7 @@ import torch
 import sample
 import train
 from bincode_gpt.checkpoint import load_checkpoint
-from bincode_gpt.cli import run_main
+from bincode_gpt.exits import run_main
 from test_sample import expected_text
 from bincode_gpt.tokenizer import load_text_codec
 from tools import bench, convert

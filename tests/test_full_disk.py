@@ -18,7 +18,7 @@ import torch
 import prepare_data
 import train
 from bincode_gpt.checkpoint import checkpoint_dict
-from bincode_gpt.cli import run_main
+from bincode_gpt.exits import run_main
 from bincode_gpt.files import LOCK_NAME
 from model import GPT, get_config
 from tools import compare, convert

@@ -14,7 +14,7 @@ if (SHARED / "tiktoken-cache").is_dir():  # offline: use the checked-in BPE file
 import prepare_data as P  # noqa: E402
 from bincode_gpt import inputs, shards
 from bincode_gpt.files import LOCK_NAME  # noqa: E402
-from bincode_gpt.cli import run_main
+from bincode_gpt.exits import run_main
 from bincode_gpt.tokenizer import get_tokenizer  # noqa: E402
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"

@@ -12,7 +12,7 @@ import torch
 
 import sample
 from bincode_gpt.checkpoint import checkpoint_dict
-from bincode_gpt.cli import run_main
+from bincode_gpt.exits import run_main
 from bincode_gpt.decode import generate, stream
 from bincode_gpt.tokenizer import load_text_codec, TiktokenText
 from model import GPT, get_config

@@ -23,10 +23,10 @@ import pytest
 import torch
 
 import prepare_data
-from bincode_gpt import launch, preflight, run_dir, shards
+from bincode_gpt import preflight, ranks, run_dir, shards
 import train
 from bincode_gpt.checkpoint import load_checkpoint
-from bincode_gpt.cli import run_main
+from bincode_gpt.exits import run_main
 from bincode_gpt.files import LOCK_NAME
 from bincode_gpt.progress import Log, clock
 from bincode_gpt.shards import ShardError, write_shard
@@ -378,12 +378,12 @@ def test_every_rank_waits_for_rank_0s_writes_under_the_timeout(data_dir, tmp_pat
                         or save(obj, path))
     monkeypatch.setattr(train.preflight, "check_window_starts", lambda *a: events.append("scan") or scan(*a))
 
-    class DDP(launch.DDP):
+    class DDP(ranks.DDP):
         def __init__(self, *args, **kw):
             made.append(self)
             super().__init__(*args, **kw)
 
-    monkeypatch.setattr(launch, "DDP", DDP)
+    monkeypatch.setattr(ranks, "DDP", DDP)
     train.train(config(data_dir, tmp_path, max_steps=4, eval_interval=2, save_interval=2, input="affine",
                        dist_timeout=7.0))
     assert [g["timeout"] for g in groups] == [timedelta(minutes=7)] and not train.dist.is_initialized()

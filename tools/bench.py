@@ -69,8 +69,7 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
-quiet_interrupt(__name__)
+import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
 
 import contextlib
 import copy
@@ -93,7 +92,8 @@ from bincode_gpt import inputs, shards
 import bincode_gpt.quantize as Q
 import train as T
 from bincode_gpt.checkpoint import checkpoint_dict
-from bincode_gpt.cli import config_parser, parse_int, parse_settings, run_main, setting
+from bincode_gpt.settings import config_parser, parse_int, parse_settings, setting
+from bincode_gpt.exits import run_main
 from bincode_gpt.devices import has_bf16, peak_flops, pick_device
 from bincode_gpt.tokenizer import get_tokenizer
 from tools.quickstart import NANOGPT_URL

@@ -31,8 +31,7 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
-quiet_interrupt(__name__)
+import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
 
 import hashlib
 import json
@@ -45,10 +44,11 @@ import numpy as np
 import torch
 
 from bincode_gpt.checkpoint import load_checkpoint
-from bincode_gpt.cli import config_parser, parse_settings, preset_setting, resolve_presets, run_main, setting
+from bincode_gpt.settings import config_parser, parse_settings, preset_setting, resolve_presets, setting
+from bincode_gpt.exits import run_main
 from bincode_gpt.devices import pick_device
 from bincode_gpt.files import atomic_write, staged, writer_lock
-from bincode_gpt.launch import pick_dtype
+from bincode_gpt.devices import pick_dtype
 from bincode_gpt.run_dir import meta_identity
 from bincode_gpt.shards import load_meta
 from bincode_gpt.windows import Split
@@ -121,7 +121,7 @@ def read_log(path):
 @torch.no_grad()
 def full_val_loss(out, data_dir, meta, batch_size, device, dtype="float32"):
     """Mean loss over every window of the validation split, each counted once, from the final checkpoint, in
-    the run's precision (`dtype`: launch.pick_dtype's; bfloat16 is autocast, as in its evaluations)."""
+    the run's precision (`dtype`: devices.pick_dtype's; bfloat16 is autocast, as in its evaluations)."""
     model, _ = load_checkpoint(out, device)
     model.eval()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
@@ -211,7 +211,7 @@ def run_one(args, meta, variant, seed):
             raise SystemExit(f"stopped during {out}: rerun the same command to continue")
         if getattr(args, "full_val", True):
             device = pick_device(args.device)
-            val_loss = full_val_loss(out, args.data, meta, args.batch_size, device, pick_dtype(cfg, device))
+            val_loss = full_val_loss(out, args.data, meta, args.batch_size, device, pick_dtype(cfg.dtype, device))
         else:  # a study that evaluates its runs itself (paper_point.py): the last evaluation's batches
             val_loss = read_log(os.path.join(out, "log.jsonl"))[0][-1][1]
         atomic_write(final, json.dumps({"val_loss": val_loss, "data": data_hash(args.data)}))

@@ -87,7 +87,8 @@ from dataclasses import dataclass, field
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bincode_gpt.cli import config_parser, one_line, parse_settings, run_main, setting
+from bincode_gpt.settings import config_parser, parse_settings, setting
+from bincode_gpt.exits import one_line, run_main
 from bincode_gpt.devices import pick_device
 from bincode_gpt.files import atomic_write
 

@@ -53,7 +53,8 @@ def counts():
 
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)
-    from bincode_gpt.cli import config_parser, parse_settings, run_main
+    from bincode_gpt.settings import config_parser, parse_settings
+    from bincode_gpt.exits import run_main
 
     @dataclass
     class LinesConfig:

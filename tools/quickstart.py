@@ -48,8 +48,7 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
-quiet_interrupt(__name__)
+import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
 
 import functools
 import hashlib
@@ -66,7 +65,8 @@ import numpy as np
 import torch
 
 from bincode_gpt.checkpoint import load_checkpoint
-from bincode_gpt.cli import config_parser, parse_settings, run_main, setting
+from bincode_gpt.settings import config_parser, parse_settings, setting
+from bincode_gpt.exits import run_main
 from bincode_gpt.files import atomic_write, writer_lock
 from bincode_gpt.shards import load_meta, read_shard
 from bincode_gpt.tokenizer import get_tokenizer

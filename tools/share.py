@@ -35,8 +35,7 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bincode_gpt.cli import quiet_interrupt  # first: Ctrl-C during the imports (torch's take seconds) exits 130 with one line
-quiet_interrupt(__name__)
+import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
 
 import math
 import statistics
@@ -45,7 +44,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from bincode_gpt.cli import config_parser, parse_settings, preset_setting, resolve_presets, run_main, setting
+from bincode_gpt.settings import config_parser, parse_settings, preset_setting, resolve_presets, setting
+from bincode_gpt.exits import run_main
 from bincode_gpt.files import writer_lock
 from model import code_bits
 from tools import compare, scaling

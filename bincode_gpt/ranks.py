@@ -1,6 +1,6 @@
 """
-Starting processes: one per GPU under torchrun (DDP), else one; its device and its precision; the waits
-for rank 0's work alone (its checkpoint writes, its data scan), on purpose and under --dist_timeout.
+torchrun's processes, one per GPU (else one): each rank's device and process group, the DDP wrapper, and the
+waits for rank 0's work alone (its checkpoint writes, its data scan), on purpose and under --dist_timeout.
 """
 
 import inspect
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bincode_gpt.devices import has_bf16, pick_device
+from bincode_gpt.devices import pick_device
 
 
 def start_processes(cfg):
@@ -69,15 +69,6 @@ def wait_for_all(distributed, device):
         dist.barrier()
 
 
-def exit_process(code):
-    """Exit with `code`. A torchrun rank leaves at once, its files already written and closed: torch's
-    own clean-up at interpreter exit sometimes aborts a finished rank (SIGABRT, about one run in ten
-    with gloo), which would turn a run that succeeded into a failed one."""
-    if dist.is_torchelastic_launched():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
 
 
 def launch():
@@ -104,23 +95,4 @@ def launch():
               "not a torchrun launch, so this is one process", file=sys.stderr)
     return 0, 0, 1, False
 
-
-def pick_dtype(cfg, device):
-    """--dtype auto: bfloat16 on a CUDA GPU with bfloat16 units (devices.has_bf16), else float32. bfloat16 is
-    autocast on CUDA and CPU; elsewhere (MPS) it is refused rather than run in float32 under its name."""
-    dtype = cfg.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if has_bf16(device) else "float32"
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
-    if dtype == "bfloat16" and device.type not in ("cuda", "cpu"):
-        raise ValueError(f"--dtype bfloat16 runs on CUDA and CPU here, not on {device.type}: use --dtype float32")
-    return dtype
-
-
-def set_precision(cfg, device):
-    """-> the run's dtype (pick_dtype); TF32 matmuls on CUDA."""
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    return pick_dtype(cfg, device)
 

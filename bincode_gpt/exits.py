@@ -1,0 +1,163 @@
+"""
+How a script ends: the project's expected errors as one line, Ctrl-C as exit 130 (during the imports too),
+a closed stdout as no error, a torchrun rank's exit at once.
+"""
+
+import contextlib
+import os
+import re
+import select
+import signal
+import sys
+
+
+def one_line(text, limit=200):
+    """An exception's text as one plain line: no newlines, no terminal colour codes, at most limit chars
+    (torch's unpickling errors span lines and carry ANSI codes)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", " ".join(str(text).split()))[:limit]
+
+
+def run_main(main, argv=None, outlive_stdout=False):
+    """Run a script's main(argv) and return its exit code (0 unless main returns an int). The project's expected
+    errors (bad input, missing or corrupt files, a full disk, a diverged run: ValueError, OSError,
+    FloatingPointError) print one `error:` line and exit 1; Ctrl-C exits 130 quietly. Anything else is a bug and
+    keeps its traceback. Set TRACEBACK=1 (or true, yes, on) to see the traceback of an expected error too.
+    A reader of stdout that has had enough (`| head`) is no error: the script ends quietly with exit 0, or,
+    with outlive_stdout (a training run: its files are the record), goes on without it (OutlivingStream)."""
+    if signal.getsignal(signal.SIGINT) is _note_interrupt:  # a script's imports are over: Ctrl-C raises again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _interrupted:  # and one came during them (quiet_interrupt)
+        print("interrupted", file=sys.stderr)
+        return 130
+    if outlive_stdout:
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = OutlivingStream(sys.stdout, "stdout"), OutlivingStream(sys.stderr, "stderr")
+    try:
+        result = main(argv)
+        sys.stdout.flush()  # buffered output meets a closed pipe here, not at exit
+        return result if isinstance(result, int) else 0
+    except (ValueError, OSError, FloatingPointError) as e:
+        if isinstance(e, BrokenPipeError) and reader_gone(sys.stdout):
+            silence(sys.stdout)
+            return 0
+        if os.environ.get("TRACEBACK", "").lower() in ("1", "true", "yes", "on"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if outlive_stdout:
+            sys.stdout, sys.stderr = saved
+
+
+def quiet_interrupt():
+    """Called as a script starts (bincode_gpt/quiet_start.py, its first import): a Ctrl-C during the script's imports (torch's take seconds) ends it as run_main ends one, one
+    line and exit 130, not a traceback. The first SIGINT is noted, not raised, and run_main answers it once the
+    imports are done: a KeyboardInterrupt raised inside an import can be lost, or worse (numpy's C import turns
+    it into an ImportError of its own; one in an import lock's callback is "ignored" and the imports go on; one
+    inside torch's C++ start-up aborts the process with a C++ stack). A second SIGINT raises at once. An
+    interactive session (python -i) keeps Python's own handling, and so does a handler someone else set."""
+    interactive = sys.flags.interactive or hasattr(sys, "ps1")
+    if interactive or getattr(sys.excepthook, "quiet", False):
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        with contextlib.suppress(ValueError):  # not the main thread: no handler can be set
+            signal.signal(signal.SIGINT, _note_interrupt)
+    hook, unraisable = sys.excepthook, sys.unraisablehook
+
+    def excepthook(kind, value, tb):
+        if issubclass(kind, KeyboardInterrupt) or _interrupted:  # whatever ends the imports after a Ctrl-C
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                print("interrupted", file=sys.stderr, flush=True)
+            os._exit(130)  # else Python ends itself by SIGINT, after the traceback
+        hook(kind, value, tb)
+
+    def unraisablehook(u):  # a second Ctrl-C in a callback: no "Exception ignored" report, run_main answers the first
+        if not issubclass(u.exc_type, KeyboardInterrupt):
+            unraisable(u)
+
+    excepthook.quiet = True
+    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
+
+
+_interrupted = False  # a SIGINT came during the imports (quiet_interrupt): run_main answers it
+
+
+def _note_interrupt(signum, frame):
+    global _interrupted
+    if _interrupted:  # the second: at once
+        raise KeyboardInterrupt
+    _interrupted = True
+
+
+def not_a_command(library, instead):
+    """What a library run as a script does: say what to run instead (`instead`), and exit 2, a usage error."""
+    print(f"{library} is a library, not a command: {instead}", file=sys.stderr)
+    return 2
+
+
+def reader_gone(stream):
+    """Whether `stream` is a pipe whose reader has closed it (poll says POLLERR on the write end)."""
+    try:
+        poll = select.poll()
+        poll.register(stream.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's capture): not a closed pipe
+        return False
+
+
+def silence(stream):
+    """Point `stream`'s file descriptor at /dev/null, so that what is still buffered, and the flush at exit,
+    go nowhere instead of raising BrokenPipeError again."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, stream.fileno())
+    os.close(null)
+
+
+class OutlivingStream:
+    """stdout or stderr of a run that must not die with its reader: once the reader is gone, a note goes to the
+    other stream (if it is still read) and further output is dropped."""
+
+    def __init__(self, stream, name):
+        self.stream, self.name = stream, name
+
+    def write(self, text):
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self.gone()
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self.gone()
+
+    def gone(self):
+        silence(self.stream)
+        if self.name == "stdout":
+            with contextlib.suppress(OSError, ValueError):
+                print("note: stdout was closed by its reader; the run goes on, its log and checkpoints are the record",
+                      file=sys.stderr, flush=True)
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ...
+        return getattr(self.stream, name)
+
+def exit_process(code):
+    """Exit with `code`. A torchrun rank leaves at once, its files already written and closed: torch's
+    own clean-up at interpreter exit sometimes aborts a finished rank (SIGABRT, about one run in ten
+    with gloo), which would turn a run that succeeded into a failed one."""
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:  # torchrun's (torch.distributed.is_torchelastic_launched)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(not_a_command("bincode_gpt/exits.py", "run train.py, sample.py or prepare_data.py (each with --help), or a tool: "
+                                        "python -m tools.NAME --help"))
