@@ -158,3 +158,18 @@ def _or_none(parse):
 
     parse_optional.__name__ = getattr(parse, "__name__", "value")  # argparse names the type in its errors
     return parse_optional
+
+
+def parse_command_line(cls, doc, argv=None, presets=()):
+    """argv -> a filled `cls` (its parser described by the first paragraph of the script's `doc`), with the
+    values of the preset switches named in `presets` filled in (resolve_presets)."""
+    parser = config_parser(cls, doc.strip().split("\n\n")[0])
+    return resolve_presets(parse_settings(parser, argv), *presets)
+
+
+def check_at_least_1(cfg, *names):
+    """A ValueError naming the first of these counts below 1 (None: unset, passes)."""
+    for name in names:
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be at least 1, got {value}")

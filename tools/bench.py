@@ -92,7 +92,7 @@ from bincode_gpt import inputs, shards
 import bincode_gpt.quantize as Q
 import train as T
 from bincode_gpt.checkpoint import checkpoint_dict
-from bincode_gpt.settings import config_parser, parse_int, parse_settings, setting
+from bincode_gpt.settings import check_at_least_1, config_parser, parse_int, parse_settings, setting
 from bincode_gpt.exits import run_main
 from bincode_gpt.devices import has_bf16, peak_flops, pick_device
 from bincode_gpt.tokenizer import get_tokenizer
@@ -888,9 +888,7 @@ def check_settings(cfg):
     """Counts a timing needs at least one of (0 would time nothing, or be read as the default), by flag."""
     counts = ("repeats", "steps", "prompt_len", "new_tokens", "load_repeats", "load_tokens", "prep_copies", "block_size",
               "batch_size", "train_repeats", "matmul_n", "workers", "cache_repeats")
-    for name in counts:
-        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
-            raise ValueError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
+    check_at_least_1(cfg, *counts)
     if cfg.warmup < 0:
         raise ValueError(f"--warmup must be 0 or more, got {cfg.warmup}")
     batches = cfg.sample_batches.split(",")

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from bincode_gpt.checkpoint import load_checkpoint
-from bincode_gpt.settings import config_parser, parse_settings, preset_setting, resolve_presets, setting
+from bincode_gpt.settings import check_at_least_1, parse_command_line, preset_setting, setting
 from bincode_gpt.exits import run_main
 from bincode_gpt.devices import pick_device
 from bincode_gpt.files import atomic_write, staged, writer_lock
@@ -389,8 +389,7 @@ def prepared(args):
 
 def parse_config(argv=None):
     """The settings of a command line, --quick's values filled in."""
-    parser = config_parser(CompareConfig, __doc__.strip().split("\n\n")[0])
-    return resolve_presets(parse_settings(parser, argv), "quick")
+    return parse_command_line(CompareConfig, __doc__, argv, presets=("quick",))
 
 
 def main(argv=None):
@@ -400,9 +399,7 @@ def main(argv=None):
         raise ValueError(f"unknown input(s) {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
     if twice := sorted({v for v in variants if variants.count(v) > 1}):
         raise ValueError(f"--variants names {', '.join(twice)} more than once: name each input once")
-    for name in ("seeds", "steps", "evals", "eval_batches", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_at_least_1(args, "seeds", "steps", "evals", "eval_batches", "batch_size")
     with writer_lock(args.out, outputs=("results.md", "results.json")):  # one comparison per folder at a time
         check_results(args.out, ("results.md", "results.json", "val_loss.png"))
         meta = prepared(args)

@@ -72,7 +72,7 @@ import numpy as np
 import torch
 
 from bincode_gpt.checkpoint import load_checkpoint
-from bincode_gpt.settings import config_parser, parse_settings, preset_setting, resolve_presets, setting
+from bincode_gpt.settings import check_at_least_1, parse_command_line, preset_setting, setting
 from bincode_gpt.exits import run_main
 from bincode_gpt.files import atomic_write, writer_lock
 from bincode_gpt.inputs import read_documents, resolve_input
@@ -756,15 +756,12 @@ def write_report(args, meta, windows, show=True):
 
 
 def parse_config(argv=None):
-    parser = config_parser(PaperPointConfig, __doc__.strip().split("\n\n")[0])
-    return resolve_presets(parse_settings(parser, argv), "quick")
+    return parse_command_line(PaperPointConfig, __doc__, argv, presets=("quick",))
 
 
 def main(argv=None):
     args = parse_config(argv)
-    for flag in ("grid_seeds", "seeds", "control_seeds", "jobs", "evals", "eval_batches"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    check_at_least_1(args, "grid_seeds", "seeds", "control_seeds", "jobs", "evals", "eval_batches")
     if args.extend < 0:
         raise ValueError(f"--extend must be 0 or more, got {args.extend}")
     floats(args.lrs, "--lrs")

@@ -51,7 +51,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from bincode_gpt.settings import config_parser, parse_settings, preset_setting, resolve_presets, setting
+from bincode_gpt.settings import check_at_least_1, parse_command_line, preset_setting, setting
 from bincode_gpt.exits import run_main
 from bincode_gpt.files import writer_lock
 from bincode_gpt.shards import load_meta
@@ -454,8 +454,7 @@ def contrast(a, b):
 
 def parse_config(argv=None):
     """The settings of a command line, --quick's or --gpu's values filled in."""
-    parser = config_parser(ScalingConfig, __doc__.strip().split("\n\n")[0])
-    return resolve_presets(parse_settings(parser, argv), "quick", "gpu")
+    return parse_command_line(ScalingConfig, __doc__, argv, presets=("quick", "gpu"))
 
 
 def main(argv=None):
@@ -467,9 +466,7 @@ def main(argv=None):
             raise ValueError(f"--contrast reads two finished studies and trains nothing: drop {', '.join(ignored)}")
         print(contrast(*args.contrast))
         return None
-    for name in ("seeds", "steps", "evals", "jobs", "long_factor", "long_seeds", "batch_size", "eval_batches"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_at_least_1(args, "seeds", "steps", "evals", "jobs", "long_factor", "long_seeds", "batch_size", "eval_batches")
     parse_sizes(args.sizes), parse_sizes(args.affine_sizes, "--affine_sizes", allow_none=True)
     if args.ablation != "none" and len(parse_sizes(args.ablation, "--ablation")) != 1:
         raise ValueError(f"--ablation takes one size (e.g. 4x128) or none, got {args.ablation!r}")

@@ -44,7 +44,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from bincode_gpt.settings import config_parser, parse_settings, preset_setting, resolve_presets, setting
+from bincode_gpt.settings import check_at_least_1, parse_command_line, preset_setting, setting
 from bincode_gpt.exits import run_main
 from bincode_gpt.files import writer_lock
 from model import code_bits
@@ -395,15 +395,12 @@ def plot(rows, path):
 
 
 def parse_config(argv=None):
-    parser = config_parser(ShareConfig, __doc__.strip().split("\n\n")[0])
-    return resolve_presets(parse_settings(parser, argv), "quick")
+    return parse_command_line(ShareConfig, __doc__, argv, presets=("quick",))
 
 
 def main(argv=None):
     args = parse_config(argv)
-    for flag in ("seeds", "evals", "jobs", "batch_size", "eval_batches", "block_size", "n_head"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    check_at_least_1(args, "seeds", "evals", "jobs", "batch_size", "eval_batches", "block_size", "n_head")
     pts = points(args)
     with writer_lock(args.out, outputs=("results.md", "results.json")):  # one sweep per folder at a time
         compare.check_results(args.out, ("results.md", "results.json", "share.png"))
