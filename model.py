@@ -15,19 +15,10 @@ width. A worked example, V = 65,536 (K = 16), n_embd = 1024:
 
 Those 1024 zeros and ones are the residual stream's input. Nothing about them is learned.
 
-Design choices, up front:
-- Four input interfaces feed the same decoder (config.input): "binary" (the paper's model: a
-  frozen V x K code table kept as a buffer named `weight`, as the released checkpoint stores it),
-  "affine" (table-free: bits computed from the ids, recoded as A c XOR b over GF(2)), "learned"
-  (nn.Embedding), and two controls, frozen Gaussian tables: "random" (the code's scale) and
-  "frozen" (the learned table's init). One seed gives every input the same decoder.
-- Lifting K bits to n_embd dims is one index vector, `lift` (dim j reads bit lift[j]): both layouts
-  are a gather, so no parameters and no matmul.
-- Decoder: pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention) through
-  F.scaled_dot_product_attention, GELU MLP (4x), final LayerNorm, untied bias-free output head.
-- Read top to bottom: the code, the config, the decoder, GPT. Then, apart: the affine input and
-  the config checks, each in a labelled section at the end. Fast decoding (KV cache, sampling,
-  generate): bincode_gpt/decode.py.
+Read top to bottom: the code and its lift to n_embd (one gather: no parameters, no matmul), the
+config, the decoder (pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention),
+GELU MLP, untied bias-free output head), GPT with its inputs (README's table); then the affine
+input and the config checks. Fast decoding (KV cache, sampling): bincode_gpt/decode.py.
 """
 
 import argparse
@@ -53,11 +44,11 @@ def binary_code(ids: torch.Tensor, bits: int) -> torch.Tensor:
 
 def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int = 0):
     """The release's V x K code table: row t = bits of t, least significant first; the pad row all
-    zeros (<pad> shares token 0's input, as in the release). Built on the CPU. A width W > K (a
-    study, not the paper's code) appends parity bits: bit K+j = bit j XOR bit j+1 mod K."""
+    zeros (<pad> shares token 0's input, as in the release). A width W > K (a study, not the
+    paper's code) appends parity bits: bit K+j = bit j XOR bit j+1 mod K."""
     K = code_bits(vocab_size)
-    table = binary_code(torch.arange(vocab_size, device="cpu"), K)
-    j = torch.arange(max(0, width - K), device="cpu")  # on the CPU under a meta device too
+    table = binary_code(torch.arange(vocab_size), K)
+    j = torch.arange(max(0, width - K))
     parity = (table[:, j % K] + table[:, (j + 1) % K]) % 2  # (V, W - K)
     table = torch.cat([table, parity], dim=1)  # (V, K) -> (V, W)
     if pad_token_id is not None:
@@ -66,22 +57,18 @@ def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int 
 
 
 def lift_index(n_embd: int, bits: int, layout: str) -> torch.Tensor:
-    """Which bit each of the n_embd model dims carries (the zero-parameter lift from K to n_embd).
-    tile: dim j carries bit j mod K (when K does not divide n_embd the last copy is cut short).
-    interleave: dim j carries bit floor(j K / n_embd), bit k fills dims [k n_embd/K, (k+1) n_embd/K)
-    (code.repeat_interleave(n_embd/K) when K divides n_embd, else floor or ceil of n_embd/K dims).
-    Both keep every bit when n_embd >= K (GPTConfig checks it). Built on the CPU, under a meta
-    device too: the lift is never stored in a checkpoint."""
-    dims = torch.arange(n_embd, device="cpu")
+    """Which bit each of the n_embd model dims carries. tile: bit j mod K (the last copy is cut
+    short when K does not divide n_embd); interleave: bit floor(j K / n_embd), the release's
+    code.repeat_interleave(n_embd/K) when K divides n_embd. Both keep every bit if n_embd >= K."""
+    dims = torch.arange(n_embd)
     if layout == "tile":
         return dims % bits
     return dims * bits // n_embd
 
 
 class BinaryCodeInput(nn.Module):
-    """The paper's input: a frozen V x K table of token codes, lifted to n_embd. No parameters.
-    The table is a buffer named `weight`: `model.get_input_embeddings().weight` is the code table
-    the released checkpoint's audit checks (row t = bits of t, the pad row zero).
+    """The paper's input: a frozen V x K table of token codes, lifted to n_embd. No parameters. The
+    table is a buffer named `weight`, as in the release (the model card's audit reads it).
 
     The rule: no id that text can produce (end-of-text included) may enter the model as a constant
     vector: LayerNorm maps it to exactly zero, and without biases that position's stream stays
@@ -246,47 +233,48 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        V, d = config.vocab_size, config.n_embd
+        V = config.vocab_size
+        d = config.n_embd
         if config.input == "binary":
-            self.embed = BinaryCodeInput(V, d, config.layout, config.pad_token_id, config.code_width)
+            pad = config.pad_token_id
+            self.embed = BinaryCodeInput(V, d, config.layout, pad, config.code_width)
         elif config.input == "affine":
             self.embed = AffineCodeInput(V, d, config.layout, config.affine_seed)
         else:  # given its (undrawn) weight, nn.Embedding draws nothing here: its init comes below
-            # "random", "frozen": controls the paper lacks, Gaussian tables never trained. Does a
-            # learned table help by learning, or by giving each token a dense vector of its own?
-            self.embed = nn.Embedding(V, d, _weight=torch.empty(V, d), _freeze=config.input != "learned")
+            frozen = config.input != "learned"  # the controls: Gaussian tables, never trained
+            self.embed = nn.Embedding(V, d, _weight=torch.empty(V, d), _freeze=frozen)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # on the CPU even inside a meta-device context: non-persistent, so no checkpoint brings them
-        positions = torch.arange(config.block_size, device="cpu")
-        head_dim = config.n_embd // config.n_head
-        cos, sin = rotary_cos_sin(positions, head_dim, config.rope_base)
-        self.register_buffer("rope_cos", cos, persistent=False)
+        self.ln_f = nn.LayerNorm(d, bias=config.bias)
+        self.lm_head = nn.Linear(d, V, bias=False)
+        positions = torch.arange(config.block_size)
+        cos, sin = rotary_cos_sin(positions, d // config.n_head, config.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)  # from the config: never saved
         self.register_buffer("rope_sin", sin, persistent=False)
-        if self.lm_head.weight.is_meta:  # shapes only, or weights that follow: nothing to draw
-            return
         # Paired inits: only the body draws from the global generator (a table has its own), so
         # one seed gives every input the same blocks, ln_f and lm_head
-        for module in (self.blocks, self.ln_f, self.lm_head):
-            module.apply(self._init_weights)
-        for name, p in self.named_parameters():
+        body = [(n, p) for n, p in self.named_parameters() if not n.startswith("embed.")]
+        for name, p in body:
+            if p.dim() == 2:  # the Linear layers' weights
+                nn.init.normal_(p, mean=0.0, std=0.02)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        for name, p in body:
             if name.endswith("proj.weight"):  # residual projections: variance flat in depth
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
         if config.input in TABLES:
-            table = self.embed.weight
-            own = torch.Generator(table.device).manual_seed(torch.initial_seed())
+            own = torch.Generator().manual_seed(torch.initial_seed())
             # random: std sqrt(1/2), a random bit's RMS (the code's scale); frozen: learned's init
             std = 0.5**0.5 if config.input == "random" else 0.02
             with torch.no_grad():
-                table.normal_(0.0, std, generator=own)
+                self.embed.weight.normal_(0.0, std, generator=own)
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits (B, T, V), loss); with a cache (generation) the last
         position's logits alone, (B, 1, V); training (targets, gradients on) returns no logits:
         CrossEntropy wrote the gradient over them. Ids are not checked here (two host syncs a step):
         train.py checks its shards, decode.stream() a prompt, decode.check_ids anything else."""
-        T, V = idx.shape[1], self.config.vocab_size
+        T = idx.shape[1]
+        V = self.config.vocab_size
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         cos, sin = cache.advance(T) if cache is not None else (self.rope_cos[:T], self.rope_sin[:T])
@@ -303,12 +291,14 @@ class GPT(nn.Module):
             return None, CrossEntropy.apply(flat, targets.view(-1))
         return logits, F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
 
-    @staticmethod
-    def _init_weights(module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+    def build_tables(self, device="cpu"):
+        """Build again on `device` the buffers that follow from the config, never saved (rotary
+        tables, the input's lift): a model made on the meta device and given weights lacks them."""
+        c = self.config
+        positions = torch.arange(c.block_size, device=device)
+        self.rope_cos, self.rope_sin = rotary_cos_sin(positions, c.n_embd // c.n_head, c.rope_base)
+        if c.input not in TABLES:
+            self.embed.lift = lift_index(c.n_embd, c.code_bits, c.layout).to(device)
 
     def get_input_embeddings(self):  # the Hugging Face name: its .weight is the code table
         return self.embed
