@@ -14,11 +14,6 @@ width. A worked example, V = 65,536 (K = 16), n_embd = 1024:
         [0]*64 + [1]*64 + [0]*64 + [0]*64 + [1]*64 + ...
 
 Those 1024 zeros and ones are the residual stream's input. Nothing about them is learned.
-
-Read top to bottom: the code and its lift to n_embd (one gather: no parameters, no matmul), the
-config, the decoder (pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention),
-GELU MLP, untied bias-free output head), GPT with its inputs (README's table); then the affine
-input and the config checks. Fast decoding (KV cache, sampling): bincode_gpt/decode.py.
 """
 
 import argparse
@@ -30,7 +25,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-# ---------------------------------------------------------- the idea: a fixed binary code
 def code_bits(vocab_size: int) -> int:
     """K = ceil(log2 V): the fewest bits that give every token id its own code."""
     return max(1, (vocab_size - 1).bit_length())
@@ -38,14 +32,12 @@ def code_bits(vocab_size: int) -> int:
 
 def binary_code(ids: torch.Tensor, bits: int) -> torch.Tensor:
     """The K-bit code of each id, least significant bit first: (...,) int -> (..., K) float 0/1."""
-    shifts = torch.arange(bits, device=ids.device)
-    return ((ids.unsqueeze(-1) >> shifts) & 1).float()
+    return ((ids.unsqueeze(-1) >> torch.arange(bits, device=ids.device)) & 1).float()
 
 
 def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int = 0):
-    """The release's V x K code table: row t = bits of t, least significant first; the pad row all
-    zeros (<pad> shares token 0's input, as in the release). A width W > K (a study, not the
-    paper's code) appends parity bits: bit K+j = bit j XOR bit j+1 mod K."""
+    """The release's V x K code table: row t = the bits of t, the pad row all zeros (as released). A
+    width W > K (a study) appends parity bits: bit K+j = bit j XOR bit j+1 mod K."""
     K = code_bits(vocab_size)
     table = binary_code(torch.arange(vocab_size), K)
     j = torch.arange(max(0, width - K))
@@ -57,13 +49,10 @@ def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int 
 
 
 def lift_index(n_embd: int, bits: int, layout: str) -> torch.Tensor:
-    """Which bit each of the n_embd model dims carries. tile: bit j mod K (the last copy is cut
-    short when K does not divide n_embd); interleave: bit floor(j K / n_embd), the release's
-    code.repeat_interleave(n_embd/K) when K divides n_embd. Both keep every bit if n_embd >= K."""
+    """Which bit each model dim j carries: tile, bit j mod K (the last copy cut short); interleave,
+    bit floor(j K / n_embd) (the release's repeat_interleave). Both keep all bits if n_embd >= K."""
     dims = torch.arange(n_embd)
-    if layout == "tile":
-        return dims % bits
-    return dims * bits // n_embd
+    return dims % bits if layout == "tile" else dims * bits // n_embd
 
 
 class BinaryCodeInput(nn.Module):
@@ -72,9 +61,8 @@ class BinaryCodeInput(nn.Module):
 
     The rule: no id that text can produce (end-of-text included) may enter the model as a constant
     vector: LayerNorm maps it to exactly zero, and without biases that position's stream stays
-    degenerate (deep models diverge on it). The constant codes are ids 0 and 2^K - 1: the tokenizer
-    gives them to the bytes NUL and 0xFF, end-of-text moves off them, and prepare_data.py keeps
-    them out of the shards (docs/zero-code.md)."""
+    degenerate (deep models diverge on it). Those are ids 0 and 2^K - 1: the tokenizer gives them to
+    the bytes NUL and 0xFF, and prepare_data.py keeps them out of the shards (docs/zero-code.md)."""
 
     def __init__(self, vocab_size, n_embd, layout="tile", pad_token_id=None, width=0):
         super().__init__()
@@ -89,7 +77,6 @@ class BinaryCodeInput(nn.Module):
         return self.code(idx).index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
 
 
-# ---------------------------------------------------------- the config
 @dataclass
 class GPTConfig:
     vocab_size: int = 50304  # token ids [0, V); the code has K = ceil(log2 V) bits
@@ -115,14 +102,13 @@ class GPTConfig:
 
 
 TABLES = ("learned", "random", "frozen")  # the inputs that are a V x n_embd table (nn.Embedding)
-# GPT-2's tokens cut for a CPU: the quick start's (K = 9; docs/quickstart.md), the studies' (K = 13)
+# GPT-2's tokens cut for a CPU: mini is train.py's default (the quick start), small the studies'
 MINI_VOCAB = 512
 SMALL_VOCAB = 8192
 PRESETS = {  # GPTConfig fields by name; the rest keep their defaults
     # the released checkpoints' shape: 32 x 1024, 32 heads, context 1024, V = 65,536, <pad> = 57,344
     "paper": dict(vocab_size=65536, block_size=1024, n_layer=32, n_head=32, n_embd=1024,
                   pad_token_id=57344),
-    # CPU-sized: mini is train.py's default (the quick start), small the studies'
     "mini": dict(vocab_size=MINI_VOCAB, block_size=128, n_layer=4, n_head=4, n_embd=128),
     "small": dict(vocab_size=SMALL_VOCAB, block_size=256, n_layer=6, n_head=6, n_embd=384),
     "tiny": dict(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32),  # tests: ms a step
@@ -135,7 +121,6 @@ def get_config(preset: str, **overrides) -> GPTConfig:
     return GPTConfig(**{**PRESETS[preset], **overrides})
 
 
-# ---------------------------------------------------------- the decoder
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
     """apply_rotary's tables, (T,) positions -> 2 x (T, head_dim): [cos, cos] and [-sin, sin], in
     float64 math (long positions stay accurate), for the precomputed table and positions past it."""
@@ -147,11 +132,10 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
 
 
 def apply_rotary(x, cos, sin):
-    """Rotary position embedding: a head's dims pair up as (x1[i], x2[i]), its two halves, and each
-    pair turns in the plane by position * rope_base^(-2i/D), so q.k depends only on how far apart
-    two positions are: [x1 cos - x2 sin, x2 cos + x1 sin], in three ops as x * [cos, cos] + [x2, x1]
-    * [-sin, sin] (roll swaps the halves; the sign is in the table), in x's dtype (autocast's q, k
-    stay bf16). x (.., T, D), cos and sin (T, D)."""
+    """Rotary position embedding, rotate-half (GPT-NeoX/Llama): a head's halves pair up as (x1[i],
+    x2[i]), each pair turned by position * rope_base^(-2i/D), so q.k depends only on how far apart
+    two positions are: [x1 cos - x2 sin, x2 cos + x1 sin] = x * [cos, cos] + [x2, x1] * [-sin, sin]
+    (roll swaps the halves), in x's dtype (autocast's q, k stay bf16). x (.., T, D), cos (T, D)."""
     return torch.addcmul(x * cos.to(x.dtype), x.roll(x.shape[-1] // 2, -1), sin.to(x.dtype))
 
 
@@ -170,9 +154,8 @@ class CausalSelfAttention(nn.Module):
         qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         qk = apply_rotary(qkv[:2], cos, sin)  # q and k in one go: fewer ops per decoded token
         q, k, v = qk[0], qk[1], qkv[2]
-        mask = None
-        if cache is not None:  # decoding: attend to the cached keys and values too (decode.KVCache)
-            k, v, mask = cache.update(layer, k, v)
+        # decoding: attend to the cached keys and values too (decode.KVCache)
+        k, v, mask = cache.update(layer, k, v) if cache is not None else (k, v, None)
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=T > 1)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
@@ -204,10 +187,8 @@ class Block(nn.Module):
 
 
 class CrossEntropy(torch.autograd.Function):
-    """F.cross_entropy(logits, targets, ignore_index=-1) in the logits' memory alone: forward turns
-    them in place into exp(row - max(row)), backward into the loss's gradient, (softmax - onehot)
-    / n (n targets not -1). F.cross_entropy makes three more (N, V) buffers: on a CPU a step's
-    slowest part. Nothing else may read the logits: GPT.forward returns none when it trains."""
+    """F.cross_entropy(logits, targets, ignore_index=-1) in the logits' memory, not 3 more (N, V)
+    buffers (a CPU step's slowest part): exp(row - max) in place, then the gradient over it."""
 
     @staticmethod
     def forward(ctx, logits, targets):
@@ -250,8 +231,7 @@ class GPT(nn.Module):
         cos, sin = rotary_cos_sin(positions, d // config.n_head, config.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)  # from the config: never saved
         self.register_buffer("rope_sin", sin, persistent=False)
-        # Paired inits: only the body draws from the global generator (a table has its own), so
-        # one seed gives every input the same blocks, ln_f and lm_head
+        # one seed, one decoder for every input: only the body draws from the global generator
         body = [(n, p) for n, p in self.named_parameters() if not n.startswith("embed.")]
         for name, p in body:
             if p.dim() == 2:  # the Linear layers' weights
@@ -265,16 +245,13 @@ class GPT(nn.Module):
             own = torch.Generator().manual_seed(torch.initial_seed())
             # random: std sqrt(1/2), a random bit's RMS (the code's scale); frozen: learned's init
             std = 0.5**0.5 if config.input == "random" else 0.02
-            with torch.no_grad():
-                self.embed.weight.normal_(0.0, std, generator=own)
+            nn.init.normal_(self.embed.weight, 0.0, std, generator=own)
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) token ids -> (logits (B, T, V), loss); with a cache (generation) the last
-        position's logits alone, (B, 1, V); training (targets, gradients on) returns no logits:
-        CrossEntropy wrote the gradient over them. Ids are not checked here (two host syncs a step):
-        train.py checks its shards, decode.stream() a prompt, decode.check_ids anything else."""
+        """idx (B, T) token ids -> (logits (B, T, V), loss); with a cache the last position's
+        logits alone; training (targets, gradients on): no logits (CrossEntropy). Ids are not
+        checked here (two host syncs a step): train.py checks shards, decode.check_ids prompts."""
         T = idx.shape[1]
-        V = self.config.vocab_size
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         cos, sin = cache.advance(T) if cache is not None else (self.rope_cos[:T], self.rope_sin[:T])
@@ -286,14 +263,14 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None
-        flat = logits.float().view(-1, V)  # (B, T, V) -> (B*T, V): one row a position
+        flat = logits.float().flatten(0, 1)  # (B, T, V) -> (B*T, V): one row a position
         if torch.is_grad_enabled():  # training: the logits' memory becomes their gradient
             return None, CrossEntropy.apply(flat, targets.view(-1))
         return logits, F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
 
     def build_tables(self, device="cpu"):
-        """Build again on `device` the buffers that follow from the config, never saved (rotary
-        tables, the input's lift): a model made on the meta device and given weights lacks them."""
+        """Build again on `device` the tables no checkpoint holds (rotary, the input's lift): a
+        model built on the meta device, then given a checkpoint's weights, has none."""
         c = self.config
         positions = torch.arange(c.block_size, device=device)
         self.rope_cos, self.rope_sin = rotary_cos_sin(positions, c.n_embd // c.n_head, c.rope_base)
@@ -304,8 +281,7 @@ class GPT(nn.Module):
         return self.embed
 
     def num_params(self):
-        """The paper's three columns: trainable parameters, frozen stored values (code tables, A
-        and b), the input interface's trainable parameters."""
+        """The paper's three columns: trainable, frozen stored values (code tables, A, b), input."""
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
         stored = self.state_dict(keep_vars=True).values()  # parameters and buffers
         frozen = sum(t.numel() for t in stored if not t.requires_grad)
@@ -330,7 +306,6 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
 
-# ---------------------------------------------------------- the affine input: a table-free variant
 def gf2_rank(matrix: torch.Tensor) -> int:
     """Rank over GF(2) of a 0/1 matrix: its rows as integers, reduced by XOR to an echelon basis."""
     basis = []  # nonzero rows with distinct leading bits, highest first
@@ -344,19 +319,15 @@ def gf2_rank(matrix: torch.Tensor) -> int:
 
 
 class AffineCodeInput(nn.Module):
-    """Table-free recoded input: c'(t) = A c(t) XOR b over GF(2), then lifted like the plain code.
-    A (K x K, invertible over GF(2), so the map stays injective) and b (K bits) are drawn once from
-    `seed`; the bits are computed from the ids: nothing V-sized is stored. The recoded code is
-    constant only at c = A^-1 b and A^-1 (b XOR 1), kept at ids 0 and 2^K - 1 as the rule above
-    BinaryCodeInput needs: each row of A has odd weight (A 1 = 1), b is all zeros or all ones. A and
-    b are stored buffers: a checkpoint keeps those it was trained with, whatever this code draws."""
+    """Table-free: c'(t) = A c(t) XOR b over GF(2), lifted like the plain code. A invertible (so
+    injective) with rows of odd weight, b all 0s or all 1s: the constant codes stay on ids 0 and
+    2^K - 1 (the rule above BinaryCodeInput). Stored: a checkpoint keeps the A and b it had."""
 
     def __init__(self, vocab_size, n_embd, layout="tile", seed=0):
         super().__init__()
         bits = code_bits(vocab_size)
         gen = torch.Generator("cpu").manual_seed(seed)  # CPU: A and b are the same on any device
-        # an odd-row-weight binary matrix is invertible with probability ~0.29, so this is quick
-        while True:
+        while True:  # an odd-row-weight A is invertible with probability ~0.29: few draws
             A = torch.randint(0, 2, (bits, bits), generator=gen, device="cpu")
             A[:, -1] = (A[:, :-1].sum(1) + 1) % 2  # each row's weight odd: A 1 = 1
             if gf2_rank(A) == bits:
@@ -369,18 +340,15 @@ class AffineCodeInput(nn.Module):
 
     def code(self, idx):
         c = binary_code(idx, self.bits).to(self.A.dtype)  # (B, T, K), in the model's dtype
-        # c @ A^T counts the ones each output bit XORs together (at most K + 1 = 17: exact even in
-        # bfloat16, whose integers are exact to 256); mod 2 is XOR
+        # c @ A^T counts the ones each bit XORs (at most K + 1: exact even in bfloat16); mod 2: XOR
         return (c @ self.A.T + self.b) % 2
 
     def forward(self, idx):
         return self.code(idx).index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
 
 
-# ---------------------------------------------------------- checks
 def check_config(c):
-    """Every GPTConfig is checked when made: a shape that cannot work is a clear ValueError here,
-    not a shape error deep inside a layer, and two tokens never silently share an input."""
+    """A shape that cannot work is a clear ValueError when a GPTConfig is made, not in a layer."""
     for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
         if not (isinstance(getattr(c, name), int) and getattr(c, name) > 0):
             raise ValueError(f"{name} must be a positive integer, got {getattr(c, name)!r}")
@@ -410,10 +378,8 @@ def check_config(c):
 
 
 def constant_input_ids(model) -> list[int]:
-    """The ids in [0, V) that a bias-free binary or affine model reads as a constant vector (the
-    rule above BinaryCodeInput; every bit reaches a dim, so a constant input is a constant code).
-    None for a learned table or a model with biases (a norm's bias makes the stream vary after the
-    first block)."""
+    """The ids a bias-free binary or affine model reads as a constant vector (the rule above
+    BinaryCodeInput); none for a table or with biases (a norm's bias makes the stream vary)."""
     c = model.config
     if c.bias or c.input in TABLES:
         return []
@@ -421,18 +387,14 @@ def constant_input_ids(model) -> list[int]:
     return (codes == codes[:, :1]).all(-1).nonzero().flatten().tolist()
 
 
-def main(argv=None):
-    """Print the parameter accounting of a preset's three input variants (the paper's)."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
+if __name__ == "__main__":  # python model.py --preset paper: the paper's parameter table, computed
+    about = "Print the parameter accounting of a preset's three input variants (the paper's)."
+    parser = argparse.ArgumentParser(description=about)
     parser.add_argument("--preset", default="paper", choices=list(PRESETS), help="(default: paper)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     print("| input | trainable params | input-interface params | frozen stored values |")
     print("|---|---:|---:|---:|")
     for variant in ("learned", "binary", "affine"):
         with torch.device("meta"):  # shapes only: the paper preset costs no memory
             n = GPT(get_config(args.preset, input=variant)).num_params()
         print(f"| {variant} | {n['trainable']:,} | {n['input']:,} | {n['frozen']:,} |")
-
-
-if __name__ == "__main__":  # python model.py --preset paper: the paper's parameter table, computed
-    main()
