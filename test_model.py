@@ -1,5 +1,6 @@
-"""Tests of model.py: the exact codes, the audit of the released checkpoint, the loss, the KV cache. The affine
-code: tests/test_model_affine.py; a model built on the meta device and loaded: tests/test_model_loading.py."""
+"""Tests of model.py: the exact codes, the audit of the released checkpoint, the loss, the KV cache.
+The affine code: tests/test_model_affine.py; a model built on the meta device and loaded:
+tests/test_model_loading.py."""
 
 import contextlib
 import io
@@ -177,8 +178,8 @@ def test_frozen_input_is_the_learned_tables_init_never_trained():
 
 
 def test_model_card_audit_runs_unchanged():
-    """Everything after the card's loading lines, verbatim, on a binary model of the paper's vocabulary and
-    <pad> (a decoder of 1 x 32: the code table is the paper preset's, the weights a few MB)."""
+    """Everything after the card's loading lines, verbatim, on a binary model of the paper's
+    vocabulary and <pad> (a decoder of 1 x 32: the paper preset's code table, a few MB)."""
     model = GPT(get_config("paper", n_layer=1, n_head=2, n_embd=32))
     audit = '''
 embedding = model.get_input_embeddings()

@@ -1,5 +1,5 @@
-"""The affine, table-free input (model.AffineCodeInput): c' = A c XOR b over GF(2), A invertible (gf2_rank), its
-constant codes kept on ids 0 and 2^K - 1, A and b stored with a checkpoint."""
+"""The affine, table-free input (model.AffineCodeInput): c' = A c XOR b over GF(2), A invertible
+(gf2_rank), its constant codes kept on ids 0 and 2^K - 1, A and b stored with a checkpoint."""
 
 import pytest
 import torch

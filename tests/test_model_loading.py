@@ -1,6 +1,6 @@
-"""A GPT built on the meta device (shapes only: no memory, nothing drawn): the counts model.py and the tools take
-from it, and checkpoint loading (checkpoint.model_from_weights), which builds there, assigns the file's weights
-and builds the tables no checkpoint holds (GPT.build_tables)."""
+"""A GPT built on the meta device (shapes only: no memory, nothing drawn): the counts model.py
+and the tools take from it, and checkpoint loading (checkpoint.model_from_weights), which builds
+there, assigns the file's weights and builds the tables no checkpoint holds (GPT.build_tables)."""
 
 import pytest
 import torch
@@ -13,7 +13,7 @@ from test_model import PAPER_K, PAPER_PAD, PAPER_V, tiny
 INPUTS = ("binary", "affine", "learned", "random", "frozen")
 
 
-# ----- counting on the meta device -----------------------------------------------------------------
+# ----- counting on the meta device ---------------------------------------------------------------
 
 
 def paper_counts(variant):
@@ -38,10 +38,11 @@ def test_flops_per_token_counts_matmuls_only():
     d, L, V, T = 1024, 32, PAPER_V, 1024
     assert flops["binary"] == flops["affine"] == flops["learned"] == 6 * (L * 12 * d * d + V * d) + 12 * L * T * d
 
+
 def test_a_meta_build_holds_no_values_and_draws_nothing():
-    """Every input of the paper preset builds on the meta device: its weights and tables meta (A and b, drawn
-    from their own generator on the CPU, excepted), the global generator untouched, the controls' counts
-    learned's less the table."""
+    """Every input of the paper preset builds on the meta device: its weights and tables meta (A and
+    b, drawn from their own generator on the CPU, excepted), the global generator untouched, the
+    controls' counts learned's less the table."""
     before = torch.get_rng_state()
     with torch.device("meta"):
         models = {v: GPT(get_config("paper", input=v)) for v in INPUTS}
@@ -51,37 +52,40 @@ def test_a_meta_build_holds_no_values_and_draws_nothing():
         assert real == ({"embed.A", "embed.b"} if v == "affine" else set()), v
         assert all(b.is_meta for n, b in model.named_buffers() if n not in real), v
     learned = models["learned"].num_params()
+    table = PAPER_V * 1024
     for v in ("random", "frozen"):
-        assert models[v].num_params() == {"trainable": learned["trainable"] - PAPER_V * 1024,
-                                          "frozen": PAPER_V * 1024, "input": 0}
+        want = {"trainable": learned["trainable"] - table, "frozen": table, "input": 0}
+        assert models[v].num_params() == want
 
 
 def test_the_tools_shapes_come_from_a_meta_build():
-    """convert.shapes_of (names, shapes, dtypes of the native state dict) and scaling's trainable counts, built
-    on the meta device, are those of a model built on the CPU."""
+    """convert.shapes_of (names, shapes, dtypes of the native state dict) and scaling's trainable
+    counts, built on the meta device, are those of a model built on the CPU."""
     from types import SimpleNamespace
 
     from tools import convert, scaling
 
+    described = lambda state: {n: (t.shape, t.dtype) for n, t in state.items()}
     for v in INPUTS:
         config = get_config("tiny", input=v)
-        shapes = convert.shapes_of(config)
-        cpu = GPT(config).state_dict()
-        assert {n: (t.shape, t.dtype) for n, t in shapes.items()} == {n: (t.shape, t.dtype) for n, t in cpu.items()}
+        assert described(convert.shapes_of(config)) == described(GPT(config).state_dict())
         args = SimpleNamespace(n_head=2, block_size=32)
-        cpu = GPT(get_config("small", vocab_size=512, n_layer=2, n_head=2, n_embd=32, block_size=32, input=v))
-        assert scaling.trainable(2, 32, v, args, 512) == cpu.num_params()["trainable"], v
+        shape = dict(vocab_size=512, n_layer=2, n_head=2, n_embd=32, block_size=32, input=v)
+        cpu = GPT(get_config("small", **shape)).num_params()["trainable"]
+        assert scaling.trainable(2, 32, v, args, 512) == cpu, v
 
 
-# ----- loading: built on the meta device, then given the file's weights ------------------------------
+# ----- loading: built on the meta device, then given the file's weights --------------------------
 
 
 @pytest.mark.parametrize("layout", ["tile", "interleave"])
 @pytest.mark.parametrize("variant", INPUTS)
 def test_a_loaded_model_has_real_tables_and_the_saved_models_logits(tmp_path, variant, layout):
-    """The tables no checkpoint holds (rotary, the input's lift) are built again on the CPU, equal to the saved
-    model's; the code table comes from the file; the logits are the saved model's, exactly."""
-    model = tiny(input=variant, layout=layout, pad_token_id=5 if variant == "binary" else None)
+    """The tables no checkpoint holds (rotary, the input's lift) are built again on the CPU, equal
+    to the saved model's; the code table comes from the file; the logits are the saved model's,
+    exactly."""
+    pad = 5 if variant == "binary" else None
+    model = tiny(input=variant, layout=layout, pad_token_id=pad)
     torch.save(checkpoint_dict(model, None), tmp_path / "ckpt.pt")
     loaded, _ = load_checkpoint(str(tmp_path / "ckpt.pt"))
     mine = dict(loaded.named_buffers())
@@ -93,14 +97,16 @@ def test_a_loaded_model_has_real_tables_and_the_saved_models_logits(tmp_path, va
 
 
 def test_a_paper_size_model_from_stand_ins_gets_real_tables():
-    """model_from_weights on the paper preset with meta stand-ins for its weights (as quantize.split_int8 gives
-    them): the stand-ins stay meta, the code table is the file's, the rotary tables and lift are built."""
+    """model_from_weights on the paper preset with meta stand-ins for its weights (as
+    quantize.split_int8 gives them): the stand-ins stay meta, the code table is the file's, the
+    rotary tables and the lift are built."""
     config = get_config("paper")
     with torch.device("meta"):
         weights = GPT(config).state_dict()
     weights["embed.weight"] = canonical_code(PAPER_V, PAPER_PAD)
     model = model_from_weights(config, weights, "paper")
-    assert model.lm_head.weight.is_meta and torch.equal(model.embed.weight, weights["embed.weight"])
+    assert model.lm_head.weight.is_meta
+    assert torch.equal(model.embed.weight, weights["embed.weight"])
     cos, sin = rotary_cos_sin(torch.arange(1024), 1024 // 32, 10000.0)
     assert torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin)
     assert torch.equal(model.embed.lift, lift_index(1024, PAPER_K, "tile"))
