@@ -14,20 +14,6 @@ width. A worked example, V = 65,536 (K = 16), n_embd = 1024:
         [0]*64 + [1]*64 + [0]*64 + [0]*64 + [1]*64 + ...
 
 Those 1024 zeros and ones are the residual stream's input. Nothing about them is learned.
-
-Design choices, up front:
-- Four input interfaces feed the same decoder (config.input): "binary" (the paper's model: a
-  frozen V x K code table kept as a buffer named `weight`, as the released checkpoint stores it),
-  "affine" (table-free: bits computed from the ids, recoded as A c XOR b over GF(2)), "learned"
-  (nn.Embedding), and two controls, frozen Gaussian tables: "random" (the code's scale) and
-  "frozen" (the learned table's init). One seed gives every input the same decoder.
-- Lifting K bits to n_embd dims is one index vector, `lift` (dim j reads bit lift[j]): both layouts
-  are a gather, so no parameters and no matmul.
-- Decoder: pre-norm blocks, rotary attention (rotate-half, GPT-NeoX/Llama convention) through
-  F.scaled_dot_product_attention, GELU MLP (4x), final LayerNorm, untied bias-free output head.
-- Read top to bottom: the code, the config, the decoder, GPT. Then, apart: the affine input and
-  the config checks, each in a labelled section at the end. Fast decoding (KV cache, sampling,
-  generate): bincode_gpt/decode.py.
 """
 
 import argparse
@@ -39,7 +25,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-# ---------------------------------------------------------- the idea: a fixed binary code
 def code_bits(vocab_size: int) -> int:
     """K = ceil(log2 V): the fewest bits that give every token id its own code."""
     return max(1, (vocab_size - 1).bit_length())
@@ -47,17 +32,15 @@ def code_bits(vocab_size: int) -> int:
 
 def binary_code(ids: torch.Tensor, bits: int) -> torch.Tensor:
     """The K-bit code of each id, least significant bit first: (...,) int -> (..., K) float 0/1."""
-    shifts = torch.arange(bits, device=ids.device)
-    return ((ids.unsqueeze(-1) >> shifts) & 1).float()
+    return ((ids.unsqueeze(-1) >> torch.arange(bits, device=ids.device)) & 1).float()
 
 
 def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int = 0):
-    """The release's V x K code table: row t = bits of t, least significant first; the pad row all
-    zeros (<pad> shares token 0's input, as in the release). Built on the CPU. A width W > K (a
-    study, not the paper's code) appends parity bits: bit K+j = bit j XOR bit j+1 mod K."""
+    """The release's V x K code table: row t = the bits of t, the pad row all zeros (as released). A
+    width W > K (a study) appends parity bits: bit K+j = bit j XOR bit j+1 mod K."""
     K = code_bits(vocab_size)
-    table = binary_code(torch.arange(vocab_size, device="cpu"), K)
-    j = torch.arange(max(0, width - K), device="cpu")  # on the CPU under a meta device too
+    table = binary_code(torch.arange(vocab_size), K)
+    j = torch.arange(max(0, width - K))
     parity = (table[:, j % K] + table[:, (j + 1) % K]) % 2  # (V, W - K)
     table = torch.cat([table, parity], dim=1)  # (V, K) -> (V, W)
     if pad_token_id is not None:
@@ -66,28 +49,20 @@ def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int 
 
 
 def lift_index(n_embd: int, bits: int, layout: str) -> torch.Tensor:
-    """Which bit each of the n_embd model dims carries (the zero-parameter lift from K to n_embd).
-    tile: dim j carries bit j mod K (when K does not divide n_embd the last copy is cut short).
-    interleave: dim j carries bit floor(j K / n_embd), bit k fills dims [k n_embd/K, (k+1) n_embd/K)
-    (code.repeat_interleave(n_embd/K) when K divides n_embd, else floor or ceil of n_embd/K dims).
-    Both keep every bit when n_embd >= K (GPTConfig checks it). Built on the CPU, under a meta
-    device too: the lift is never stored in a checkpoint."""
-    dims = torch.arange(n_embd, device="cpu")
-    if layout == "tile":
-        return dims % bits
-    return dims * bits // n_embd
+    """Which bit each model dim j carries: tile, bit j mod K (the last copy cut short); interleave,
+    bit floor(j K / n_embd) (the release's repeat_interleave). Both keep all bits if n_embd >= K."""
+    dims = torch.arange(n_embd)
+    return dims % bits if layout == "tile" else dims * bits // n_embd
 
 
 class BinaryCodeInput(nn.Module):
-    """The paper's input: a frozen V x K table of token codes, lifted to n_embd. No parameters.
-    The table is a buffer named `weight`: `model.get_input_embeddings().weight` is the code table
-    the released checkpoint's audit checks (row t = bits of t, the pad row zero).
+    """The paper's input: a frozen V x K table of token codes, lifted to n_embd. No parameters. The
+    table is a buffer named `weight`, as in the release (the model card's audit reads it).
 
     The rule: no id that text can produce (end-of-text included) may enter the model as a constant
     vector: LayerNorm maps it to exactly zero, and without biases that position's stream stays
-    degenerate (deep models diverge on it). The constant codes are ids 0 and 2^K - 1: the tokenizer
-    gives them to the bytes NUL and 0xFF, end-of-text moves off them, and prepare_data.py keeps
-    them out of the shards (docs/zero-code.md)."""
+    degenerate (deep models diverge on it). Those are ids 0 and 2^K - 1: the tokenizer gives them to
+    the bytes NUL and 0xFF, and prepare_data.py keeps them out of the shards (docs/zero-code.md)."""
 
     def __init__(self, vocab_size, n_embd, layout="tile", pad_token_id=None, width=0):
         super().__init__()
@@ -102,7 +77,6 @@ class BinaryCodeInput(nn.Module):
         return self.code(idx).index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
 
 
-# ---------------------------------------------------------- the config
 @dataclass
 class GPTConfig:
     vocab_size: int = 50304  # token ids [0, V); the code has K = ceil(log2 V) bits
@@ -128,14 +102,13 @@ class GPTConfig:
 
 
 TABLES = ("learned", "random", "frozen")  # the inputs that are a V x n_embd table (nn.Embedding)
-# GPT-2's tokens cut for a CPU: the quick start's (K = 9; docs/quickstart.md), the studies' (K = 13)
+# GPT-2's tokens cut for a CPU: mini is train.py's default (the quick start), small the studies'
 MINI_VOCAB = 512
 SMALL_VOCAB = 8192
 PRESETS = {  # GPTConfig fields by name; the rest keep their defaults
     # the released checkpoints' shape: 32 x 1024, 32 heads, context 1024, V = 65,536, <pad> = 57,344
     "paper": dict(vocab_size=65536, block_size=1024, n_layer=32, n_head=32, n_embd=1024,
                   pad_token_id=57344),
-    # CPU-sized: mini is train.py's default (the quick start), small the studies'
     "mini": dict(vocab_size=MINI_VOCAB, block_size=128, n_layer=4, n_head=4, n_embd=128),
     "small": dict(vocab_size=SMALL_VOCAB, block_size=256, n_layer=6, n_head=6, n_embd=384),
     "tiny": dict(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32),  # tests: ms a step
@@ -148,7 +121,6 @@ def get_config(preset: str, **overrides) -> GPTConfig:
     return GPTConfig(**{**PRESETS[preset], **overrides})
 
 
-# ---------------------------------------------------------- the decoder
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
     """apply_rotary's tables, (T,) positions -> 2 x (T, head_dim): [cos, cos] and [-sin, sin], in
     float64 math (long positions stay accurate), for the precomputed table and positions past it."""
@@ -160,11 +132,10 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float):
 
 
 def apply_rotary(x, cos, sin):
-    """Rotary position embedding: a head's dims pair up as (x1[i], x2[i]), its two halves, and each
-    pair turns in the plane by position * rope_base^(-2i/D), so q.k depends only on how far apart
-    two positions are: [x1 cos - x2 sin, x2 cos + x1 sin], in three ops as x * [cos, cos] + [x2, x1]
-    * [-sin, sin] (roll swaps the halves; the sign is in the table), in x's dtype (autocast's q, k
-    stay bf16). x (.., T, D), cos and sin (T, D)."""
+    """Rotary position embedding, rotate-half (GPT-NeoX/Llama): a head's halves pair up as (x1[i],
+    x2[i]), each pair turned by position * rope_base^(-2i/D), so q.k depends only on how far apart
+    two positions are: [x1 cos - x2 sin, x2 cos + x1 sin] = x * [cos, cos] + [x2, x1] * [-sin, sin]
+    (roll swaps the halves), in x's dtype (autocast's q, k stay bf16). x (.., T, D), cos (T, D)."""
     return torch.addcmul(x * cos.to(x.dtype), x.roll(x.shape[-1] // 2, -1), sin.to(x.dtype))
 
 
@@ -183,9 +154,8 @@ class CausalSelfAttention(nn.Module):
         qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         qk = apply_rotary(qkv[:2], cos, sin)  # q and k in one go: fewer ops per decoded token
         q, k, v = qk[0], qk[1], qkv[2]
-        mask = None
-        if cache is not None:  # decoding: attend to the cached keys and values too (decode.KVCache)
-            k, v, mask = cache.update(layer, k, v)
+        # decoding: attend to the cached keys and values too (decode.KVCache)
+        k, v, mask = cache.update(layer, k, v) if cache is not None else (k, v, None)
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=T > 1)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
@@ -217,10 +187,8 @@ class Block(nn.Module):
 
 
 class CrossEntropy(torch.autograd.Function):
-    """F.cross_entropy(logits, targets, ignore_index=-1) in the logits' memory alone: forward turns
-    them in place into exp(row - max(row)), backward into the loss's gradient, (softmax - onehot)
-    / n (n targets not -1). F.cross_entropy makes three more (N, V) buffers: on a CPU a step's
-    slowest part. Nothing else may read the logits: GPT.forward returns none when it trains."""
+    """F.cross_entropy(logits, targets, ignore_index=-1) in the logits' memory, not 3 more (N, V)
+    buffers (a CPU step's slowest part): exp(row - max) in place, then the gradient over it."""
 
     @staticmethod
     def forward(ctx, logits, targets):
@@ -246,47 +214,44 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        V, d = config.vocab_size, config.n_embd
+        V = config.vocab_size
+        d = config.n_embd
         if config.input == "binary":
-            self.embed = BinaryCodeInput(V, d, config.layout, config.pad_token_id, config.code_width)
+            pad = config.pad_token_id
+            self.embed = BinaryCodeInput(V, d, config.layout, pad, config.code_width)
         elif config.input == "affine":
             self.embed = AffineCodeInput(V, d, config.layout, config.affine_seed)
         else:  # given its (undrawn) weight, nn.Embedding draws nothing here: its init comes below
-            # "random", "frozen": controls the paper lacks, Gaussian tables never trained. Does a
-            # learned table help by learning, or by giving each token a dense vector of its own?
-            self.embed = nn.Embedding(V, d, _weight=torch.empty(V, d), _freeze=config.input != "learned")
+            frozen = config.input != "learned"  # the controls: Gaussian tables, never trained
+            self.embed = nn.Embedding(V, d, _weight=torch.empty(V, d), _freeze=frozen)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # on the CPU even inside a meta-device context: non-persistent, so no checkpoint brings them
-        positions = torch.arange(config.block_size, device="cpu")
-        head_dim = config.n_embd // config.n_head
-        cos, sin = rotary_cos_sin(positions, head_dim, config.rope_base)
-        self.register_buffer("rope_cos", cos, persistent=False)
+        self.ln_f = nn.LayerNorm(d, bias=config.bias)
+        self.lm_head = nn.Linear(d, V, bias=False)
+        positions = torch.arange(config.block_size)
+        cos, sin = rotary_cos_sin(positions, d // config.n_head, config.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)  # from the config: never saved
         self.register_buffer("rope_sin", sin, persistent=False)
-        if self.lm_head.weight.is_meta:  # shapes only, or weights that follow: nothing to draw
-            return
-        # Paired inits: only the body draws from the global generator (a table has its own), so
-        # one seed gives every input the same blocks, ln_f and lm_head
-        for module in (self.blocks, self.ln_f, self.lm_head):
-            module.apply(self._init_weights)
-        for name, p in self.named_parameters():
+        # one seed, one decoder for every input: only the body draws from the global generator
+        body = [(n, p) for n, p in self.named_parameters() if not n.startswith("embed.")]
+        for name, p in body:
+            if p.dim() == 2:  # the Linear layers' weights
+                nn.init.normal_(p, mean=0.0, std=0.02)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        for name, p in body:
             if name.endswith("proj.weight"):  # residual projections: variance flat in depth
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
         if config.input in TABLES:
-            table = self.embed.weight
-            own = torch.Generator(table.device).manual_seed(torch.initial_seed())
+            own = torch.Generator().manual_seed(torch.initial_seed())
             # random: std sqrt(1/2), a random bit's RMS (the code's scale); frozen: learned's init
             std = 0.5**0.5 if config.input == "random" else 0.02
-            with torch.no_grad():
-                table.normal_(0.0, std, generator=own)
+            nn.init.normal_(self.embed.weight, 0.0, std, generator=own)
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) token ids -> (logits (B, T, V), loss); with a cache (generation) the last
-        position's logits alone, (B, 1, V); training (targets, gradients on) returns no logits:
-        CrossEntropy wrote the gradient over them. Ids are not checked here (two host syncs a step):
-        train.py checks its shards, decode.stream() a prompt, decode.check_ids anything else."""
-        T, V = idx.shape[1], self.config.vocab_size
+        """idx (B, T) token ids -> (logits (B, T, V), loss); with a cache the last position's
+        logits alone; training (targets, gradients on): no logits (CrossEntropy). Ids are not
+        checked here (two host syncs a step): train.py checks shards, decode.check_ids prompts."""
+        T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         cos, sin = cache.advance(T) if cache is not None else (self.rope_cos[:T], self.rope_sin[:T])
@@ -298,24 +263,25 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None
-        flat = logits.float().view(-1, V)  # (B, T, V) -> (B*T, V): one row a position
+        flat = logits.float().flatten(0, 1)  # (B, T, V) -> (B*T, V): one row a position
         if torch.is_grad_enabled():  # training: the logits' memory becomes their gradient
             return None, CrossEntropy.apply(flat, targets.view(-1))
         return logits, F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
 
-    @staticmethod
-    def _init_weights(module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+    def build_tables(self, device="cpu"):
+        """Build again on `device` the tables no checkpoint holds (rotary, the input's lift): a
+        model built on the meta device, then given a checkpoint's weights, has none."""
+        c = self.config
+        positions = torch.arange(c.block_size, device=device)
+        self.rope_cos, self.rope_sin = rotary_cos_sin(positions, c.n_embd // c.n_head, c.rope_base)
+        if c.input not in TABLES:
+            self.embed.lift = lift_index(c.n_embd, c.code_bits, c.layout).to(device)
 
     def get_input_embeddings(self):  # the Hugging Face name: its .weight is the code table
         return self.embed
 
     def num_params(self):
-        """The paper's three columns: trainable parameters, frozen stored values (code tables, A
-        and b), the input interface's trainable parameters."""
+        """The paper's three columns: trainable, frozen stored values (code tables, A, b), input."""
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
         stored = self.state_dict(keep_vars=True).values()  # parameters and buffers
         frozen = sum(t.numel() for t in stored if not t.requires_grad)
@@ -340,7 +306,6 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
 
-# ---------------------------------------------------------- the affine input: a table-free variant
 def gf2_rank(matrix: torch.Tensor) -> int:
     """Rank over GF(2) of a 0/1 matrix: its rows as integers, reduced by XOR to an echelon basis."""
     basis = []  # nonzero rows with distinct leading bits, highest first
@@ -354,19 +319,15 @@ def gf2_rank(matrix: torch.Tensor) -> int:
 
 
 class AffineCodeInput(nn.Module):
-    """Table-free recoded input: c'(t) = A c(t) XOR b over GF(2), then lifted like the plain code.
-    A (K x K, invertible over GF(2), so the map stays injective) and b (K bits) are drawn once from
-    `seed`; the bits are computed from the ids: nothing V-sized is stored. The recoded code is
-    constant only at c = A^-1 b and A^-1 (b XOR 1), kept at ids 0 and 2^K - 1 as the rule above
-    BinaryCodeInput needs: each row of A has odd weight (A 1 = 1), b is all zeros or all ones. A and
-    b are stored buffers: a checkpoint keeps those it was trained with, whatever this code draws."""
+    """Table-free: c'(t) = A c(t) XOR b over GF(2), lifted like the plain code. A invertible (so
+    injective) with rows of odd weight, b all 0s or all 1s: the constant codes stay on ids 0 and
+    2^K - 1 (the rule above BinaryCodeInput). Stored: a checkpoint keeps the A and b it had."""
 
     def __init__(self, vocab_size, n_embd, layout="tile", seed=0):
         super().__init__()
         bits = code_bits(vocab_size)
         gen = torch.Generator("cpu").manual_seed(seed)  # CPU: A and b are the same on any device
-        # an odd-row-weight binary matrix is invertible with probability ~0.29, so this is quick
-        while True:
+        while True:  # an odd-row-weight A is invertible with probability ~0.29: few draws
             A = torch.randint(0, 2, (bits, bits), generator=gen, device="cpu")
             A[:, -1] = (A[:, :-1].sum(1) + 1) % 2  # each row's weight odd: A 1 = 1
             if gf2_rank(A) == bits:
@@ -379,18 +340,15 @@ class AffineCodeInput(nn.Module):
 
     def code(self, idx):
         c = binary_code(idx, self.bits).to(self.A.dtype)  # (B, T, K), in the model's dtype
-        # c @ A^T counts the ones each output bit XORs together (at most K + 1 = 17: exact even in
-        # bfloat16, whose integers are exact to 256); mod 2 is XOR
+        # c @ A^T counts the ones each bit XORs (at most K + 1: exact even in bfloat16); mod 2: XOR
         return (c @ self.A.T + self.b) % 2
 
     def forward(self, idx):
         return self.code(idx).index_select(-1, self.lift)  # (B, T, K) -> (B, T, n_embd)
 
 
-# ---------------------------------------------------------- checks
 def check_config(c):
-    """Every GPTConfig is checked when made: a shape that cannot work is a clear ValueError here,
-    not a shape error deep inside a layer, and two tokens never silently share an input."""
+    """A shape that cannot work is a clear ValueError when a GPTConfig is made, not in a layer."""
     for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
         if not (isinstance(getattr(c, name), int) and getattr(c, name) > 0):
             raise ValueError(f"{name} must be a positive integer, got {getattr(c, name)!r}")
@@ -420,10 +378,8 @@ def check_config(c):
 
 
 def constant_input_ids(model) -> list[int]:
-    """The ids in [0, V) that a bias-free binary or affine model reads as a constant vector (the
-    rule above BinaryCodeInput; every bit reaches a dim, so a constant input is a constant code).
-    None for a learned table or a model with biases (a norm's bias makes the stream vary after the
-    first block)."""
+    """The ids a bias-free binary or affine model reads as a constant vector (the rule above
+    BinaryCodeInput); none for a table or with biases (a norm's bias makes the stream vary)."""
     c = model.config
     if c.bias or c.input in TABLES:
         return []
@@ -431,18 +387,14 @@ def constant_input_ids(model) -> list[int]:
     return (codes == codes[:, :1]).all(-1).nonzero().flatten().tolist()
 
 
-def main(argv=None):
-    """Print the parameter accounting of a preset's three input variants (the paper's)."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
+if __name__ == "__main__":  # python model.py --preset paper: the paper's parameter table, computed
+    about = "Print the parameter accounting of a preset's three input variants (the paper's)."
+    parser = argparse.ArgumentParser(description=about)
     parser.add_argument("--preset", default="paper", choices=list(PRESETS), help="(default: paper)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     print("| input | trainable params | input-interface params | frozen stored values |")
     print("|---|---:|---:|---:|")
     for variant in ("learned", "binary", "affine"):
         with torch.device("meta"):  # shapes only: the paper preset costs no memory
             n = GPT(get_config(args.preset, input=variant)).num_params()
         print(f"| {variant} | {n['trainable']:,} | {n['input']:,} | {n['frozen']:,} |")
-
-
-if __name__ == "__main__":  # python model.py --preset paper: the paper's parameter table, computed
-    main()

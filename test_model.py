@@ -1,4 +1,6 @@
-"""Tests of model.py: the exact codes, the audit of the released checkpoint, parameter counts, the KV cache."""
+"""Tests of model.py: the exact codes, the audit of the released checkpoint, the loss, the KV cache.
+The affine code: tests/test_model_affine.py; a model built on the meta device and loaded:
+tests/test_model_loading.py."""
 
 import contextlib
 import io
@@ -8,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from bincode_gpt.checkpoint import checkpoint_dict, load_checkpoint
 from model import (
     GPT,
     AffineCodeInput,
@@ -18,7 +19,6 @@ from model import (
     code_bits,
     constant_input_ids,
     get_config,
-    gf2_rank,
     lift_index,
     rotary_cos_sin,
 )
@@ -178,9 +178,9 @@ def test_frozen_input_is_the_learned_tables_init_never_trained():
 
 
 def test_model_card_audit_runs_unchanged():
-    """Everything after the card's loading lines, verbatim, on a paper-preset binary model."""
-    with torch.device("meta"):  # no 470M weights: the code table is built on the CPU all the same
-        model = GPT(get_config("paper"))
+    """Everything after the card's loading lines, verbatim, on a binary model of the paper's
+    vocabulary and <pad> (a decoder of 1 x 32: the paper preset's code table, a few MB)."""
+    model = GPT(get_config("paper", n_layer=1, n_head=2, n_embd=32))
     audit = '''
 embedding = model.get_input_embeddings()
 weight = embedding.weight.detach()
@@ -214,86 +214,11 @@ assert torch.equal(weight, expected)
     )
 
 
-# ----- the affine, table-free code ---------------------------------------------------------------
-
-
-def pack(bits):
-    """(N, K) 0/1 -> (N,) integers."""
-    return (bits.long() << torch.arange(bits.shape[1])).sum(dim=1)
-
-
-def test_affine_code_is_injective_on_all_ids():
-    embed = AffineCodeInput(PAPER_V, PAPER_K, seed=0)  # n_embd = K, tile: the lifted vector IS the code
-    codes = embed(torch.arange(PAPER_V)[None])[0]  # (V, K)
-    assert set(codes.unique().tolist()) == {0.0, 1.0}
-    assert pack(codes).unique().numel() == PAPER_V  # a bijection of the 65,536 codes
-    # and it is the affine map it claims to be: c' = A c XOR b
-    c = BinaryCodeInput(PAPER_V, PAPER_K).weight
-    assert torch.equal(codes, ((c.long() @ embed.A.long().T + embed.b.long()) % 2).float())
-    assert not torch.equal(codes, c)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_affine_code_is_exact_in_half_precision(dtype):
-    """A model cast to bfloat16 or float16 (sample.py --dtype) recodes every id as float32 does."""
-    embed = AffineCodeInput(PAPER_V, PAPER_K, seed=1)
-    ids = torch.arange(PAPER_V)[None]
-    assert torch.equal(embed.to(dtype)(ids).float(), AffineCodeInput(PAPER_V, PAPER_K, seed=1)(ids))
-    logits, _ = tiny(input="affine").to(dtype)(torch.randint(0, 512, (2, 8)))
-    assert logits.dtype == dtype and logits.isfinite().all()
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_affine_matrix_is_invertible_over_gf2(seed):
-    A = AffineCodeInput(PAPER_V, 64, seed=seed).A
-    assert A.shape == (PAPER_K, PAPER_K)
-    assert gf2_rank(A) == PAPER_K
-    assert round(torch.linalg.det(A.double()).item()) % 2 == 1  # det over Z is odd <=> invertible mod 2
-
-
-def test_gf2_rank():
-    assert gf2_rank(torch.eye(4)) == 4
-    assert gf2_rank(torch.tensor([[1, 1], [1, 1]])) == 1
-    assert gf2_rank(torch.tensor([[1, 1, 0], [0, 1, 1], [1, 0, 1]])) == 2  # rows sum to 0 mod 2, det 2 over R
-
-
-def test_affine_stores_nothing_vocab_sized_and_follows_its_seed():
-    a, b, c = (AffineCodeInput(PAPER_V, 1024, seed=s) for s in (0, 0, 1))
-    assert all(t.numel() <= PAPER_K * PAPER_K for t in a.state_dict().values())
-    assert torch.equal(a.A, b.A) and torch.equal(a.b, b.b)
-    assert not (torch.equal(a.A, c.A) and torch.equal(a.b, c.b))
-
-
 # ----- constant inputs: the rule above BinaryCodeInput ------------------------------------------------
 SHARED = Path(__file__).resolve().parent.parent / "shared"
 if (SHARED / "tiktoken-cache").is_dir():  # offline: the checked-in BPE files unless CI already chose
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken-cache"))
 UTF8_NEVER = {0xC0, 0xC1, *range(0xF5, 0x100)}  # bytes no UTF-8 text contains
-
-
-@pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("K", [9, 13, 16, 17])
-def test_affine_keeps_its_constant_codes_on_ids_0_and_all_ones(K, seed):
-    """c' = A c XOR b is constant at c = A^-1 b and A^-1 (b XOR 1): with every row of A of odd weight
-    and b all zeros or all ones, those are ids 0 and 2^K - 1, whatever the seed."""
-    embed = AffineCodeInput(2**K, K, seed=seed)
-    assert set(embed.A.sum(1).remainder(2).tolist()) == {1.0} and embed.b.unique().numel() == 1
-    codes = embed(torch.arange(2**K))  # n_embd = K, tile: the lifted vector is the code
-    assert pack(codes).unique().numel() == 2**K  # still a bijection
-    assert (codes == codes[:, :1]).all(1).nonzero().flatten().tolist() == [0, 2**K - 1]
-
-
-def test_an_affine_checkpoint_keeps_the_A_and_b_it_was_drawn_with(tmp_path):
-    """A and b are stored: a checkpoint drawn before the constant codes were kept on 0 and 2^K - 1 loads
-    its own A and b, not today's draw for its seed."""
-    model = tiny(input="affine")
-    old_A = torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0, 0]] + [[0] * i + [1] + [0] * (8 - i) for i in range(1, 9)]).float()
-    model.embed.A.copy_(old_A)  # an even-weight row: not today's kind of draw
-    model.embed.b.copy_(torch.tensor([1, 0, 1, 0, 0, 0, 0, 0, 1]).float())
-    torch.save(checkpoint_dict(model, None), tmp_path / "ckpt.pt")
-    loaded, _ = load_checkpoint(str(tmp_path / "ckpt.pt"))
-    assert torch.equal(loaded.embed.A, old_A) and torch.equal(loaded.embed.b, model.embed.b)
-    assert constant_input_ids(loaded) == constant_input_ids(model) != [0, 511]
 
 
 @pytest.mark.parametrize("config, want", [
@@ -338,30 +263,7 @@ def test_no_token_text_can_produce_enters_the_model_as_a_constant_vector(encodin
         assert enc.decode_single_token_bytes(V - 1) == b"\xff" and enc.eot_token == 187
 
 
-# ----- parameter accounting of the paper preset ----------------------------------------------------
-
-
-def paper_counts(variant):
-    with torch.device("meta"):
-        return GPT(get_config("paper", input=variant)).num_params()
-
-
-def test_paper_preset_parameter_counts():
-    binary, affine, learned = (paper_counts(v) for v in ("binary", "affine", "learned"))
-    d, L, V = 1024, 32, PAPER_V
-    decoder = L * (12 * d * d + 2 * d) + d + V * d  # blocks (weights + LayerNorm gains), final norm, head
-    assert binary == {"trainable": decoder, "frozen": V * PAPER_K, "input": 0}
-    assert binary["trainable"] == 469_828_608
-    assert affine == {"trainable": decoder, "frozen": PAPER_K * PAPER_K + PAPER_K, "input": 0}
-    assert learned == {"trainable": decoder + 67_108_864, "frozen": 0, "input": 67_108_864}
-    assert learned["trainable"] - binary["trainable"] == 65536 * 1024
-
-
-def test_flops_per_token_counts_matmuls_only():
-    with torch.device("meta"):
-        flops = {v: GPT(get_config("paper", input=v)).flops_per_token() for v in ("binary", "affine", "learned")}
-    d, L, V, T = 1024, 32, PAPER_V, 1024
-    assert flops["binary"] == flops["affine"] == flops["learned"] == 6 * (L * 12 * d * d + V * d) + 12 * L * T * d
+# ----- the optimizer ------------------------------------------------------------------------------
 
 
 def test_optimizer_groups():
@@ -502,92 +404,6 @@ def test_apply_rotary_is_the_plain_rotation_of_the_two_halves(dtype, atol):
     turned = torch.complex(x1, x2) * torch.polar(torch.ones_like(angles), angles)
     # to the rounding of the float32 tables
     torch.testing.assert_close(plain.double(), torch.cat([turned.real, turned.imag], dim=-1), rtol=0, atol=2e-6)
-
-
-def test_checkpoint_round_trip_with_weights_only(tmp_path):
-    model = tiny(input="affine", layout="interleave")
-    tokenizer = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}
-    torch.save(checkpoint_dict(model, tokenizer), tmp_path / "ckpt.pt")
-    torch.load(tmp_path / "ckpt.pt", weights_only=True)
-    loaded, ckpt = load_checkpoint(str(tmp_path))
-    idx = torch.randint(0, 512, (2, 10))
-    assert torch.equal(loaded(idx)[0], model(idx)[0])
-    assert loaded.config == model.config and ckpt["tokenizer"]["encoding"] == "gpt2"
-
-
-def old_load(path):
-    """The loading path before issue 12: random init, a full read, then a copy into the model."""
-    ckpt = torch.load(path, weights_only=True)
-    model = GPT(GPTConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-    return model
-
-
-@pytest.mark.parametrize("variant", ["binary", "affine", "learned"])
-def test_fast_load_equals_the_old_path_bit_for_bit(tmp_path, variant):
-    model = tiny(input=variant, bias=True, pad_token_id=3 if variant == "binary" else None)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p))  # norms and biases off their init values
-    torch.save(checkpoint_dict(model, None), tmp_path / "ckpt.pt")
-    fast, _ = load_checkpoint(str(tmp_path / "ckpt.pt"))
-    slow = old_load(tmp_path / "ckpt.pt")
-    named = lambda m: {**dict(m.named_parameters()), **dict(m.named_buffers())}  # non-persistent buffers too
-    a, b = named(fast), named(slow.eval())
-    assert a.keys() == b.keys() and not any(t.is_meta for t in a.values())
-    for name in a:
-        assert torch.equal(a[name], b[name]) and a[name].dtype == b[name].dtype, name
-    assert all(p.requires_grad for p in fast.parameters())
-    idx = torch.randint(0, 512, (2, 20))
-    assert torch.equal(fast.eval()(idx)[0], slow(idx)[0])
-    assert torch.equal(generate(fast, idx[:1], 12, temperature=0), generate(slow, idx[:1], 12, temperature=0))
-
-
-def test_loaded_weights_never_write_back_to_the_file(tmp_path):
-    """The checkpoint is memory-mapped copy-on-write: training the loaded model (train.py --resume)
-    must leave the file it came from byte for byte."""
-    torch.save(checkpoint_dict(tiny(), None), tmp_path / "ckpt.pt")
-    before = (tmp_path / "ckpt.pt").read_bytes()
-    model, _ = load_checkpoint(str(tmp_path))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(2)
-    del model
-    assert (tmp_path / "ckpt.pt").read_bytes() == before
-
-
-def test_weights_stored_in_another_dtype_are_cast(tmp_path):
-    model = tiny()
-    state = checkpoint_dict(model, None)
-    state["model"] = {k: v.bfloat16() for k, v in state["model"].items()}
-    torch.save(state, tmp_path / "ckpt.pt")
-    loaded, _ = load_checkpoint(str(tmp_path))
-    assert all(p.dtype == torch.float32 for p in loaded.parameters())
-    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight.bfloat16().float())
-
-
-def test_truncated_and_mismatched_checkpoints_are_refused_naming_the_file(tmp_path):
-    path = tmp_path / "ckpt.pt"
-    state = checkpoint_dict(tiny(), None)
-    torch.save(state, path)
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match=rf"{path}: cannot read this checkpoint, truncated or not a PyTorch file"):
-        load_checkpoint(str(path))
-    with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'none.pt'}: no checkpoint there"):
-        load_checkpoint(str(tmp_path / "none.pt"))
-    wide = {**state, "model_config": {**state["model_config"], "n_embd": 64}}
-    torch.save(wide, path)
-    expected = (rf"{path}: weights do not fit its model_config: blocks.0.ln_1.weight: \(32,\) in the file, \(64,\) in "
-                r"the model; .* \(and 10 more\)")
-    with pytest.raises(ValueError, match=expected):
-        load_checkpoint(str(path))
-    torch.save({**state, "model": {k: v for k, v in state["model"].items() if k != "ln_f.weight"}}, path)
-    with pytest.raises(ValueError, match=rf"{path}: weights do not fit its model_config: missing ln_f.weight$"):
-        load_checkpoint(str(path))
-    torch.save({**state, "model_config": {**state["model_config"], "n_experts": 4}}, path)
-    with pytest.raises(ValueError, match=rf"{path}: its model_config does not fit GPTConfig"):
-        load_checkpoint(str(path))
 
 
 def test_token_zero_at_a_window_start_keeps_a_zero_residual_stream():

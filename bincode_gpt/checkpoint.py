@@ -240,13 +240,14 @@ def check_buildable(config, state_dict, source):
 
 
 def model_from_weights(config, state_dict, source):
-    """GPT(config) holding the state dict's tensors, on the CPU: built on the meta device (no random init,
-    no memory), then the tensors assigned. Its non-persistent buffers (lift, rotary tables) are built on
-    the CPU in any case, so nothing is left on meta."""
+    """GPT(config) holding the state dict's tensors, on the CPU: built on the meta device (no memory, no
+    values drawn), then the tensors assigned, then the buffers no checkpoint holds (rotary tables, the
+    input's lift) built from the config, so nothing is left on meta but the state dict's own stand-ins."""
     check_buildable(config, state_dict, source)
     with torch.device("meta"):
         model = GPT(config)
     load_weights(model, state_dict, source, device="cpu")
+    model.build_tables("cpu")
     return model
 
 

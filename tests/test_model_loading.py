@@ -1,0 +1,198 @@
+"""A GPT built on the meta device (shapes only: no memory, nothing drawn): the counts model.py
+and the tools take from it, and checkpoint loading (checkpoint.model_from_weights), which builds
+there, assigns the file's weights and builds the tables no checkpoint holds (GPT.build_tables)."""
+
+import pytest
+import torch
+
+from bincode_gpt.checkpoint import checkpoint_dict, load_checkpoint, model_from_weights
+from bincode_gpt.decode import generate
+from model import GPT, GPTConfig, canonical_code, get_config, lift_index, rotary_cos_sin
+from test_model import PAPER_K, PAPER_PAD, PAPER_V, tiny
+
+INPUTS = ("binary", "affine", "learned", "random", "frozen")
+
+
+# ----- counting on the meta device ---------------------------------------------------------------
+
+
+def paper_counts(variant):
+    with torch.device("meta"):
+        return GPT(get_config("paper", input=variant)).num_params()
+
+
+def test_paper_preset_parameter_counts():
+    binary, affine, learned = (paper_counts(v) for v in ("binary", "affine", "learned"))
+    d, L, V = 1024, 32, PAPER_V
+    decoder = L * (12 * d * d + 2 * d) + d + V * d  # blocks (weights + LayerNorm gains), final norm, head
+    assert binary == {"trainable": decoder, "frozen": V * PAPER_K, "input": 0}
+    assert binary["trainable"] == 469_828_608
+    assert affine == {"trainable": decoder, "frozen": PAPER_K * PAPER_K + PAPER_K, "input": 0}
+    assert learned == {"trainable": decoder + 67_108_864, "frozen": 0, "input": 67_108_864}
+    assert learned["trainable"] - binary["trainable"] == 65536 * 1024
+
+
+def test_flops_per_token_counts_matmuls_only():
+    with torch.device("meta"):
+        flops = {v: GPT(get_config("paper", input=v)).flops_per_token() for v in ("binary", "affine", "learned")}
+    d, L, V, T = 1024, 32, PAPER_V, 1024
+    assert flops["binary"] == flops["affine"] == flops["learned"] == 6 * (L * 12 * d * d + V * d) + 12 * L * T * d
+
+
+def test_a_meta_build_holds_no_values_and_draws_nothing():
+    """Every input of the paper preset builds on the meta device: its weights and tables meta (A and
+    b, drawn from their own generator on the CPU, excepted), the global generator untouched, the
+    controls' counts learned's less the table."""
+    before = torch.get_rng_state()
+    with torch.device("meta"):
+        models = {v: GPT(get_config("paper", input=v)) for v in INPUTS}
+    assert torch.equal(torch.get_rng_state(), before)
+    for v, model in models.items():
+        real = {n for n, t in model.state_dict().items() if not t.is_meta}
+        assert real == ({"embed.A", "embed.b"} if v == "affine" else set()), v
+        assert all(b.is_meta for n, b in model.named_buffers() if n not in real), v
+    learned = models["learned"].num_params()
+    table = PAPER_V * 1024
+    for v in ("random", "frozen"):
+        want = {"trainable": learned["trainable"] - table, "frozen": table, "input": 0}
+        assert models[v].num_params() == want
+
+
+def test_the_tools_shapes_come_from_a_meta_build():
+    """convert.shapes_of (names, shapes, dtypes of the native state dict) and scaling's trainable
+    counts, built on the meta device, are those of a model built on the CPU."""
+    from types import SimpleNamespace
+
+    from tools import convert, scaling
+
+    described = lambda state: {n: (t.shape, t.dtype) for n, t in state.items()}
+    for v in INPUTS:
+        config = get_config("tiny", input=v)
+        assert described(convert.shapes_of(config)) == described(GPT(config).state_dict())
+        args = SimpleNamespace(n_head=2, block_size=32)
+        shape = dict(vocab_size=512, n_layer=2, n_head=2, n_embd=32, block_size=32, input=v)
+        cpu = GPT(get_config("small", **shape)).num_params()["trainable"]
+        assert scaling.trainable(2, 32, v, args, 512) == cpu, v
+
+
+# ----- loading: built on the meta device, then given the file's weights --------------------------
+
+
+@pytest.mark.parametrize("layout", ["tile", "interleave"])
+@pytest.mark.parametrize("variant", INPUTS)
+def test_a_loaded_model_has_real_tables_and_the_saved_models_logits(tmp_path, variant, layout):
+    """The tables no checkpoint holds (rotary, the input's lift) are built again on the CPU, equal
+    to the saved model's; the code table comes from the file; the logits are the saved model's,
+    exactly."""
+    pad = 5 if variant == "binary" else None
+    model = tiny(input=variant, layout=layout, pad_token_id=pad)
+    torch.save(checkpoint_dict(model, None), tmp_path / "ckpt.pt")
+    loaded, _ = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    mine = dict(loaded.named_buffers())
+    assert mine.keys() == dict(model.named_buffers()).keys()
+    for name, b in model.named_buffers():
+        assert mine[name].device.type == "cpu" and torch.equal(mine[name], b), name
+    idx = torch.randint(0, 512, (3, 32))
+    assert torch.equal(loaded.eval()(idx)[0], model(idx)[0])
+
+
+def test_a_paper_size_model_from_stand_ins_gets_real_tables():
+    """model_from_weights on the paper preset with meta stand-ins for its weights (as
+    quantize.split_int8 gives them): the stand-ins stay meta, the code table is the file's, the
+    rotary tables and the lift are built."""
+    config = get_config("paper")
+    with torch.device("meta"):
+        weights = GPT(config).state_dict()
+    weights["embed.weight"] = canonical_code(PAPER_V, PAPER_PAD)
+    model = model_from_weights(config, weights, "paper")
+    assert model.lm_head.weight.is_meta
+    assert torch.equal(model.embed.weight, weights["embed.weight"])
+    cos, sin = rotary_cos_sin(torch.arange(1024), 1024 // 32, 10000.0)
+    assert torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin)
+    assert torch.equal(model.embed.lift, lift_index(1024, PAPER_K, "tile"))
+
+
+def test_checkpoint_round_trip_with_weights_only(tmp_path):
+    model = tiny(input="affine", layout="interleave")
+    tokenizer = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}
+    torch.save(checkpoint_dict(model, tokenizer), tmp_path / "ckpt.pt")
+    torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    loaded, ckpt = load_checkpoint(str(tmp_path))
+    idx = torch.randint(0, 512, (2, 10))
+    assert torch.equal(loaded(idx)[0], model(idx)[0])
+    assert loaded.config == model.config and ckpt["tokenizer"]["encoding"] == "gpt2"
+
+
+def old_load(path):
+    """The loading path before issue 12: random init, a full read, then a copy into the model."""
+    ckpt = torch.load(path, weights_only=True)
+    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    return model
+
+
+@pytest.mark.parametrize("variant", ["binary", "affine", "learned"])
+def test_fast_load_equals_the_old_path_bit_for_bit(tmp_path, variant):
+    model = tiny(input=variant, bias=True, pad_token_id=3 if variant == "binary" else None)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))  # norms and biases off their init values
+    torch.save(checkpoint_dict(model, None), tmp_path / "ckpt.pt")
+    fast, _ = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    slow = old_load(tmp_path / "ckpt.pt")
+    named = lambda m: {**dict(m.named_parameters()), **dict(m.named_buffers())}  # non-persistent buffers too
+    a, b = named(fast), named(slow.eval())
+    assert a.keys() == b.keys() and not any(t.is_meta for t in a.values())
+    for name in a:
+        assert torch.equal(a[name], b[name]) and a[name].dtype == b[name].dtype, name
+    assert all(p.requires_grad for p in fast.parameters())
+    idx = torch.randint(0, 512, (2, 20))
+    assert torch.equal(fast.eval()(idx)[0], slow(idx)[0])
+    assert torch.equal(generate(fast, idx[:1], 12, temperature=0), generate(slow, idx[:1], 12, temperature=0))
+
+
+def test_loaded_weights_never_write_back_to_the_file(tmp_path):
+    """The checkpoint is memory-mapped copy-on-write: training the loaded model (train.py --resume)
+    must leave the file it came from byte for byte."""
+    torch.save(checkpoint_dict(tiny(), None), tmp_path / "ckpt.pt")
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    model, _ = load_checkpoint(str(tmp_path))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2)
+    del model
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+
+
+def test_weights_stored_in_another_dtype_are_cast(tmp_path):
+    model = tiny()
+    state = checkpoint_dict(model, None)
+    state["model"] = {k: v.bfloat16() for k, v in state["model"].items()}
+    torch.save(state, tmp_path / "ckpt.pt")
+    loaded, _ = load_checkpoint(str(tmp_path))
+    assert all(p.dtype == torch.float32 for p in loaded.parameters())
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight.bfloat16().float())
+
+
+def test_truncated_and_mismatched_checkpoints_are_refused_naming_the_file(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    state = checkpoint_dict(tiny(), None)
+    torch.save(state, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=rf"{path}: cannot read this checkpoint, truncated or not a PyTorch file"):
+        load_checkpoint(str(path))
+    with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'none.pt'}: no checkpoint there"):
+        load_checkpoint(str(tmp_path / "none.pt"))
+    wide = {**state, "model_config": {**state["model_config"], "n_embd": 64}}
+    torch.save(wide, path)
+    expected = (rf"{path}: weights do not fit its model_config: blocks.0.ln_1.weight: \(32,\) in the file, \(64,\) in "
+                r"the model; .* \(and 10 more\)")
+    with pytest.raises(ValueError, match=expected):
+        load_checkpoint(str(path))
+    torch.save({**state, "model": {k: v for k, v in state["model"].items() if k != "ln_f.weight"}}, path)
+    with pytest.raises(ValueError, match=rf"{path}: weights do not fit its model_config: missing ln_f.weight$"):
+        load_checkpoint(str(path))
+    torch.save({**state, "model_config": {**state["model_config"], "n_experts": 4}}, path)
+    with pytest.raises(ValueError, match=rf"{path}: its model_config does not fit GPTConfig"):
+        load_checkpoint(str(path))
