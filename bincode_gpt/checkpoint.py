@@ -251,25 +251,47 @@ def model_from_weights(config, state_dict, source):
     return model
 
 
-def load_checkpoint(path, device="cpu", int8=False, pack=True):
-    """Read a checkpoint and build its model on `device`: returns (model, ckpt). The model is built on the
-    CPU from the file's map and then moved, so only its weights reach the device (ckpt's other tensors stay
-    in the file). int8=True also takes an int8 checkpoint (python -m tools.convert native2int8): its model has
-    quantize.py's int8 layers (CPU only), packed for oneDNN on a thread of their own unless pack=False (a
-    model that will run compiled)."""
+def load_checkpoint(path, device="cpu", *, dtype=None, quantize=None, int8=False, pack=True, purpose=None):
+    """Read a checkpoint and build its model on `device`, in `dtype` (None: float32, as built): returns
+    (model, ckpt), the one entry of every script that loads a model to run it. The model is built on the CPU
+    from the file's map and then moved, so only its weights reach the device (ckpt's other tensors stay in
+    the file). With `purpose` (what the weights are loaded to do: "sample from"), NaN or inf weights are
+    refused first (check_finite), on the CPU, before any cast.
+
+    int8 weights (quantize.py: a CPU path, float32 between the matmuls): quantize="int8" rounds a float
+    checkpoint's linear layers, refused before the file is read where `device` or `dtype` cannot run them;
+    int8=True also takes an int8 checkpoint (python -m tools.convert native2int8), whose model is int8
+    already. Either is packed for oneDNN on a thread of its own unless pack=False (a model that will run
+    compiled), and is never cast: Module.to would write back each tensor it read over a layer just packed."""
+    if quantize:  # imported here, as below: training and float sampling never load quantize.py
+        from bincode_gpt.quantize import check_quantize
+
+        check_quantize(quantize, device, dtype or torch.float32)
     ckpt = read_checkpoint(path, int8)
     try:
         config = GPTConfig(**ckpt["model_config"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: its model_config does not fit GPTConfig ({e})") from None
-    if is_int8(ckpt):
-        from bincode_gpt.quantize import check_quantize, pack_int8, split_int8  # int8 only: training never loads quantize.py
+    int8_weights = is_int8(ckpt)
+    if int8_weights:
+        from bincode_gpt.quantize import check_quantize, pack_int8, split_int8
 
-        check_quantize("int8", device)
+        check_quantize("int8", device, dtype or torch.float32)
         file = checkpoint_file(path)
         state_dict, rows = split_int8(ckpt, file)
-        return pack_int8(model_from_weights(config, state_dict, file), rows, file, pack), ckpt
-    return model_from_weights(config, ckpt["model"], path).to(device), ckpt
+        model = pack_int8(model_from_weights(config, state_dict, file), rows, file, pack)
+    else:
+        model = model_from_weights(config, ckpt["model"], path)
+    if purpose:  # a diverged model would print "!!!!!!" greedily
+        check_finite(model.state_dict(), path, purpose)
+    if int8_weights:
+        return model, ckpt
+    model = model.to(device, dtype)
+    if quantize:
+        from bincode_gpt.quantize import quantize_int8
+
+        model = quantize_int8(model, pack=pack)
+    return model, ckpt
 
 
 def rng_state(device):

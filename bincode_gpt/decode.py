@@ -9,9 +9,11 @@ rotary attention depends only on the distance between positions. The one-token s
 shapes, so torch.compile can compile it once (compile=True); the cache is sized by class (size_class), so
 that one compile serves every prompt and output length of the class. On CUDA, cuda_graphs=True records
 the compiled step as CUDA graphs (mode="reduce-overhead") over a cache kept at fixed addresses.
+check_sampling refuses a setting sampling cannot use; drawable masks the ids a tokenizer cannot decode.
 """
 
 import copy
+import math
 
 import torch
 
@@ -98,6 +100,36 @@ class KVCache:
         self.k[layer].index_copy_(2, self.slot, k)
         self.v[layer].index_copy_(2, self.slot, v)
         return self.k[layer], self.v[layer], self.written  # the mask broadcasts over (B, H, 1, size)
+
+
+def check_sampling(*, temperature, top_k, top_p, seed, max_new_tokens, num_samples):
+    """A clear refusal of a sampling setting sample_next or torch cannot use, before anything is read."""
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"--temperature must be a number >= 0 (0 = greedy), got {temperature}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"--top_p must be in (0, 1], got {top_p}")
+    if not -2**63 <= seed < 2**64:  # what torch.manual_seed takes
+        raise ValueError(f"--seed must be in [-2**63, 2**64), got {seed}")
+    if max_new_tokens < 0 or num_samples < 1:
+        raise ValueError("--max_new_tokens must be >= 0 and --num_samples >= 1")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"--top_k must be a count >= 1 (0 or none: no top-k cut), got {top_k}")
+
+
+def drawable(token_ids, vocab_size, device):
+    """The ids a sample may draw, as a mask for sample_next's `allowed` (None: all of them): those of
+    `token_ids` (the ids its tokenizer decodes) below vocab_size. A vocabulary padded past its tokenizer
+    (65,536 over GPT-2's 50,257, as nanoGPT pads to 50,304) holds ids that mean no text; the model gives
+    them some probability all the same."""
+    ids = [i for i in token_ids if i < vocab_size]
+    if len(ids) == vocab_size:
+        return None
+    if not ids:
+        raise ValueError(f"the tokenizer decodes none of the model's {vocab_size:,} ids: "
+                         "it is not this model's")
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[ids] = True
+    return mask.to(device)
 
 
 def sample_next(logits, temperature=1.0, *, top_k=None, top_p=None, generator=None, allowed=None):

@@ -76,13 +76,18 @@ def pick_device(name="auto"):
     return device
 
 
+def auto_dtype(device):
+    """The one rule of --dtype auto, in training and sampling: bfloat16 on a CUDA GPU with bfloat16 units
+    (has_bf16), else float32."""
+    return "bfloat16" if has_bf16(device) else "float32"
+
+
 def pick_dtype(name, device):
-    """The one dtype rule of training and sampling: --dtype auto is bfloat16 on a CUDA GPU with bfloat16 units
-    (has_bf16), else float32. bfloat16 runs on CUDA and CPU; elsewhere (MPS) it is refused rather than run in
-    float32 under its name. -> "float32" or "bfloat16"."""
+    """A training run's dtype (train.py, tools/compare.py): auto_dtype's for auto. bfloat16 runs on CUDA and
+    CPU; elsewhere (MPS) it is refused rather than run in float32 under its name. -> "float32" or "bfloat16"."""
     dtype = name
     if dtype == "auto":
-        dtype = "bfloat16" if has_bf16(device) else "float32"
+        dtype = auto_dtype(device)
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be auto, float32 or bfloat16, got {name!r}")
     if dtype == "bfloat16" and device.type not in ("cuda", "cpu"):

@@ -85,3 +85,15 @@ def check_training_fits(cfg, mcfg, world, device, dtype):
         raise ValueError(f"eval_steps {cfg.eval_steps:,} x batch_size {cfg.batch_size:,} x {world} process(es) "
                          f"validation windows need {ids / 2**30:,.1f} GiB for their ids alone, but "
                          f"{free / 2**30:,.1f} GiB is free: evaluate fewer batches")
+
+
+def check_cache_fits(config, positions, device, dtype):
+    """Refuse up front a generation whose KV cache and rotary tables (memory_bytes, for a model of `config`
+    whose parameters are in `dtype`) cannot fit in the device's free memory, naming the numbers, instead of
+    failing in the allocator."""
+    need = memory_bytes(config, 1, positions, dtype)
+    free = available_memory(device)
+    if free is not None and need > free:
+        raise ValueError(f"prompt + --max_new_tokens = {positions:,} positions need "
+                         f"{need / 2**30:,.1f} GiB for the KV cache and rotary tables, but "
+                         f"{free / 2**30:,.1f} GiB is free on {device}: ask for fewer tokens")

@@ -415,7 +415,10 @@ def gives_exact_sums(kernel, layer, packed=None):
 
 
 def kernel_line(model, compiled=False):
-    """One line for stderr (sample.py --verbose): which int8 product `model` runs, why, and on which CPU."""
+    """One line for stderr (sample.py --verbose): which int8 product `model` runs, why, and on which CPU; or,
+    for a model without int8 weights, the dtype of its matmuls."""
+    if not any(isinstance(m, Int8Linear) for m in model.modules()):
+        return f"no int8 weights: {str(next(model.parameters()).dtype).removeprefix('torch.')} matmuls"
     if compiled:
         kernel, why = "weight-only, compiled", "Int8Linear.weight_only: float32 activations times the int8 rows"
     else:

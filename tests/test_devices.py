@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bincode_gpt import checkpoint, ranks
+from bincode_gpt import checkpoint, devices, ranks
 import sample
 import train
 from bincode_gpt.checkpoint import (checkpoint_dict, load_checkpoint, load_optimizer_state, load_weights, OPTIMIZER_KERNEL, read_checkpoint)
@@ -193,9 +193,12 @@ def test_a_resumed_capturable_optimizer_has_its_steps_on_the_device_too(runs, tm
 def sampled_model(runs, monkeypatch, *flags):
     """The model sample.py (with `flags`, on the meta device) has built and moved when it sizes the KV cache."""
     monkeypatch.setattr(sample, "pick_device", lambda name: META)
-    monkeypatch.setattr(sample, "check_start", lambda *args: None)  # reads the model's values
+    built = []
+    monkeypatch.setattr(sample, "check_start", lambda model, *args: built.append(model))  # reads its values
 
-    def check_cache_fits(model, positions, device):
+    def check_cache_fits(config, positions, device, dtype):
+        model = built[0]
+        assert config is model.config and device == META and dtype == next(model.parameters()).dtype
         raise Started(model)
 
     monkeypatch.setattr(sample, "check_cache_fits", check_cache_fits)
@@ -213,7 +216,7 @@ def test_sample_moves_the_model_and_measures_the_cache_there(runs, monkeypatch):
 @pytest.mark.parametrize("bf16_units, dtype", [(True, torch.bfloat16), (False, torch.float32)])
 def test_sample_auto_dtype_is_bfloat16_where_the_gpu_has_its_units(runs, monkeypatch, bf16_units, dtype):
     """sample.py --dtype auto (the default): bfloat16 on a CUDA GPU with bfloat16 units, else float32."""
-    monkeypatch.setattr(sample, "has_bf16", lambda device: bf16_units)
+    monkeypatch.setattr(devices, "has_bf16", lambda device: bf16_units)  # devices.auto_dtype's question
     assert next(sampled_model(runs, monkeypatch).parameters()).dtype == dtype
 
 

@@ -1,14 +1,17 @@
 """bincode_gpt/memory.py's training estimate against what one eager training step takes: the peak RSS a fresh
 process adds over its model and optimizer during the step (gradients, AdamW's moments, activations, logits) lies within the
-estimate and not far below it, in float32 and under bfloat16 autocast."""
+estimate and not far below it, in float32 and under bfloat16 autocast; a KV cache that cannot fit is refused with its
+numbers."""
 
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
-from bincode_gpt.memory import largest_batch, training_bytes
+from bincode_gpt import memory
+from bincode_gpt.memory import check_cache_fits, largest_batch, memory_bytes, training_bytes
 from model import get_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,3 +52,20 @@ def test_the_largest_batch_is_the_last_that_fits():
     batch = largest_batch(config, free, "bfloat16")
     assert training_bytes(config, batch, "bfloat16") <= free < training_bytes(config, batch + 1, "bfloat16")
     assert largest_batch(config, 2**30, "bfloat16") == 0  # not even the weights and AdamW state
+
+
+def test_a_kv_cache_that_cannot_fit_is_refused_with_its_numbers(monkeypatch):
+    """check_cache_fits (sample.py, before the first token): memory_bytes of a KV cache reaching `positions`, in the
+    model's dtype, against the device's free memory; a generation that fits passes, one that cannot is one line with
+    both numbers."""
+    config = get_config("tiny")
+    cpu = torch.device("cpu")
+    assert check_cache_fits(config, 64, cpu, torch.float32) is None
+    monkeypatch.setattr(memory, "available_memory", lambda device: 8 * 2**30)
+    need = memory_bytes(config, 1, 10**9, torch.bfloat16)
+    assert need > 8 * 2**30  # 2**30 positions of rotary tables alone: 512 GiB
+    with pytest.raises(ValueError) as e:
+        check_cache_fits(config, 10**9, cpu, torch.bfloat16)
+    assert str(e.value) == (f"prompt + --max_new_tokens = 1,000,000,000 positions need {need / 2**30:,.1f} GiB for the "
+                            "KV cache and rotary tables, but 8.0 GiB is free on cpu: ask for fewer tokens")
+    assert check_cache_fits(config, 2**20, cpu, torch.bfloat16) is None  # 2**20 positions: within 8 GiB

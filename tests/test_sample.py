@@ -11,6 +11,7 @@ import tiktoken
 import torch
 
 import sample
+from bincode_gpt import prompts
 from bincode_gpt.checkpoint import checkpoint_dict
 from bincode_gpt.exits import run_main
 from bincode_gpt.decode import generate, stream
@@ -109,14 +110,6 @@ def test_stream_yields_incrementally(native):
     assert len(pieces) > 1 and "".join(pieces) == expected_text(model, ids, 10, enc.decode, enc.eot_token)
 
 
-def test_long_prompt_is_cropped(native, capsys, tmp_path):
-    _, folder, _ = native
-    (tmp_path / "p.txt").write_text("to be or not to be " * 40, encoding="utf-8")
-    sample.main(["--ckpt", folder, "--prompt_file", str(tmp_path / "p.txt"), "--max_new_tokens", "3", "--temperature", "0"])
-    err = capsys.readouterr().err
-    assert "longer than the context (32)" in err and "last 32" in err
-
-
 def test_help(capsys):
     with pytest.raises(SystemExit) as e:
         sample.main(["--help"])
@@ -177,7 +170,7 @@ def test_converted_hf_checkpoint_samples(tmp_path, capsys):
     card = "Question: What is the capital of France?\nAnswer:"
     ids = tk.encode(card, add_special_tokens=False).ids[-32:]  # one token a character; the context is 32
     out = capsys.readouterr()
-    assert sample.CARD_PROMPT == card and "keeping its last 32" in out.err
+    assert prompts.CARD_PROMPT == card and "keeping its last 32" in out.err
     assert out.out == card[-32:] + expected_text(model, ids, 15, decode, tk.token_to_id("</s>"), allowed) + "\n"
 
 
@@ -232,8 +225,8 @@ def test_nonfinite_weights_are_refused_naming_the_tensor(native, tmp_path):
 
 
 def test_sizes_that_cannot_fit_are_refused_up_front(native, tmp_path, capsys):
-    """A generation, a model_config or a prompt file bigger than the machine: one line with the number,
-    at once (no allocator error, no hour building a billion blocks, no MemoryError)."""
+    """A generation or a model_config bigger than the machine: one line with the number, at once (no
+    allocator error, no hour building a billion blocks); a prompt file too: tests/test_prompts.py."""
     model, folder, _ = native
     r = run_sample("--ckpt", folder, "--device", "cpu", "--max_new_tokens", "1000000000")
     assert (r.returncode, r.stdout) == (1, "")
@@ -250,18 +243,6 @@ def test_sizes_that_cannot_fit_are_refused_up_front(native, tmp_path, capsys):
         assert run_main(sample.main, ["--ckpt", str(tmp_path / "big.pt"), "--device", "cpu"]) == 1
         out = capsys.readouterr()
         assert out.out == "" and re.fullmatch(rf"error: {re.escape(str(tmp_path / 'big.pt'))}: {message}\n", out.err), out.err
-    os.mkfifo(tmp_path / "fifo")
-    (tmp_path / "huge.txt").touch()
-    os.truncate(tmp_path / "huge.txt", 17 * 2**20)  # sparse: no disk used
-    (tmp_path / "zero").symlink_to("/dev/zero")
-    for path, what in [("/dev/zero", "is not a regular file (a device, FIFO or socket): give a text file"),
-                       (tmp_path / "zero", "is not a regular file (a device, FIFO or socket): give a text file"),
-                       (tmp_path / "fifo", "is not a regular file (a device, FIFO or socket): give a text file"),
-                       (tmp_path, "is a folder: give a text file"),
-                       (tmp_path / "huge.txt", "is 17,825,792 bytes, over the 16,777,216-byte limit (a prompt keeps only "
-                                               "its last block_size tokens)")]:
-        assert run_main(sample.main, ["--ckpt", folder, "--device", "cpu", "--prompt_file", str(path)]) == 1
-        assert capsys.readouterr() == ("", f"error: {path}: the prompt file {what}\n")
 
 
 def test_no_arguments_samples_what_train_py_just_wrote(native, tmp_path):
@@ -321,25 +302,6 @@ def test_corrupt_tokenizer_config_is_one_error_line(hf_ckpt, capsys):
     assert err.startswith(f"error: {os.path.join(folder, 'tokenizer_config.json')}: not valid JSON (") and err.count("\n") == 1
 
 
-def test_a_prompt_never_feeds_a_nul_and_is_read_in_utf16(native, tmp_path, capsys):
-    """NUL's id is 0 (the all-zero code, reserve_zero): dropped from a prompt as prepare_data.py drops it from
-    text, with a note. A prompt file is read as prepare_data.py reads text: UTF-16 with its mark too."""
-    codec = load_text_codec({"tokenizer": {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512,
-                                           "reserve_zero": True}}, "new.pt")
-    assert codec.encode("\0") == [0]
-    ids, shown = sample.prompt_ids(codec, "\0ROMEO:\0 hi\0", 64)
-    assert (ids, shown) == (codec.encode("ROMEO: hi"), "ROMEO: hi") and 0 not in ids
-    assert capsys.readouterr().err == ("note: dropped 3 NUL characters (U+0000) from the prompt, as prepare_data.py "
-                                       "drops them from the text models train on\n")
-    model, folder, enc = native
-    prompt = tmp_path / "p.txt"
-    prompt.write_bytes("ROMEO:\0".encode("utf-16"))  # with its byte-order mark, as Windows tools write it
-    assert run_main(sample.main, ["--ckpt", folder, "--prompt_file", str(prompt), "--temperature", "0",
-                                  "--max_new_tokens", "3"]) == 0
-    out = capsys.readouterr()
-    assert out.out.startswith("ROMEO:") and out.err.startswith("note: dropped 1 NUL character")
-
-
 def test_a_checkpoint_entry_without_reserve_zero_decodes_the_plain_ids():
     """Checkpoints written before prepare_data.py reserved id 0 name no reserve_zero: their ids are the
     encoding's own ("!" = 0); new ones say reserve_zero, "!" = 188 and NUL = 0."""
@@ -385,23 +347,6 @@ def test_ids_the_tokenizer_cannot_decode_are_never_drawn(tmp_path, capsys, encod
         assert out.err == "" and out.out.count("---------------\n") == 3
 
 
-def test_prompt_flags_that_contradict_are_refused_and_a_bom_is_not_prompt(native, tmp_path, capsys):
-    model, folder, enc = native
-    prompt = tmp_path / "p.txt"
-    prompt.write_bytes("\ufeffROMEO:".encode("utf-8"))  # Notepad's UTF-8
-    assert run_main(sample.main, ["--ckpt", folder, "--prompt_file", str(prompt), "--temperature", "0",
-                                  "--max_new_tokens", "5"]) == 0
-    want = "ROMEO:" + expected_text(model, enc.encode("ROMEO:"), 5, enc.decode, enc.eot_token,
-                                    torch.arange(50304) < enc.n_vocab) + "\n"
-    assert capsys.readouterr() == (want, "")
-    for argv, message in [(["--prompt", "x", "--prompt_file", str(prompt)],
-                           "--prompt and --prompt_file both give the prompt: pass one of them"),
-                          (["--prompt_file", ""], "--prompt_file is '' (empty): name a file"),
-                          (["--ckpt", ""], "--ckpt is '' (empty): name a file")]:
-        assert run_main(sample.main, ["--ckpt", folder, *argv]) == 1
-        assert capsys.readouterr() == ("", f"error: {message}\n")
-
-
 def test_a_reader_that_closes_the_pipe_is_not_an_error(native):
     """python sample.py ... | head -c 20: quiet, exit 0, as cat and python -c users expect."""
     import subprocess
@@ -414,29 +359,6 @@ def test_a_reader_that_closes_the_pipe_is_not_an_error(native):
     assert len(p.stdout.read(20)) == 20
     p.stdout.close()  # head has had enough
     assert p.wait(timeout=300) == 0 and p.stderr.read() == b""
-
-
-def test_a_start_token_with_a_constant_input_is_named_once(tmp_path, capsys):
-    """A checkpoint trained on data prepared before end-of-text left the all-ones code (no reserve_ones in
-    its tokenizer entry, end-of-text = 511 at V = 512) starts an unprompted sample from a constant input,
-    after which its logits are exactly 0 whatever the weights: sample.py says so once, on stderr. Today's
-    default (end-of-text = 187) and a prompt: nothing to say."""
-    torch.manual_seed(0)
-    model = GPT(get_config("tiny")).eval()
-    assert torch.equal(model(torch.tensor([[511]]))[0], torch.zeros(1, 1, 512))
-    old = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512, "reserve_zero": True}
-    for name, entry in (("old", old), ("new", {**old, "reserve_ones": True})):
-        (tmp_path / name).mkdir()
-        torch.save(checkpoint_dict(model, entry), tmp_path / name / "ckpt.pt")
-    args = ["--max_new_tokens", "3", "--num_samples", "2", "--device", "cpu"]
-    assert sample.main(["--ckpt", str(tmp_path / "old"), *args]) == 0
-    assert capsys.readouterr().err == (
-        "note: the start token 511 (end-of-text) enters this model (no biases, binary input) as a constant vector: the "
-        "logits after it are exactly 0, so a sample from it alone draws its first token uniformly (greedy: id 0). Give "
-        "a --prompt, or train on data prepared with today's defaults (docs/zero-code.md)\n")
-    assert sample.main(["--ckpt", str(tmp_path / "old"), "--prompt", "Dear", *args]) == 0
-    assert sample.main(["--ckpt", str(tmp_path / "new"), *args]) == 0
-    assert capsys.readouterr().err == ""
 
 
 def test_a_cut_tokenizer_holds_no_uncut_encoding():

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bincode_gpt.checkpoint import check_finite, load_checkpoint
+from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.settings import config_parser, parse_settings, setting
 from bincode_gpt.exits import run_main
 from bincode_gpt.decode import generate
@@ -71,8 +71,8 @@ def main(argv=None):
     cfg = parse_settings(config_parser(QualityConfig, about), argv)
     if min(cfg.new_tokens, cfg.prompt_tokens, cfg.batch_size) < 1:
         raise ValueError("--new_tokens, --prompt_tokens and --batch_size must be at least 1")
-    model, ckpt = load_checkpoint(cfg.ckpt, torch.device("cpu"))
-    check_finite(model.state_dict(), cfg.ckpt, "measure")  # else every figure would be nan
+    # NaN or inf weights refused: else every figure would be nan
+    model, ckpt = load_checkpoint(cfg.ckpt, torch.device("cpu"), purpose="measure")
     meta = load_meta(cfg.data_dir)
     check_tokenizer(ckpt, meta, cfg.ckpt, cfg.data_dir)
     val = Split(cfg.data_dir, meta, "val", model.config.block_size, model.config.vocab_size)
