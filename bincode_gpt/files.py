@@ -8,6 +8,7 @@ import errno
 import os
 import re
 import stat
+from dataclasses import dataclass
 
 
 @contextlib.contextmanager
@@ -84,35 +85,64 @@ def atomic_write(path, data):
         f.write(data)
 
 
+REPLACED = ".was."  # a file move_in replaces, kept in the staging folder until all are in
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A staging folder: its name inside the output folder, and what in it its writer wrote. By
+    default `.staging<pid>`, this process's alone. A writer that is its folder's one writer
+    (writer_lock) may give it a fixed name and a mark (a file written in it first, never moved in):
+    a run killed outright (-9) leaves it behind, and the writer's next run can tell it is its own
+    (the mark, and every file of the names `files`, a regular expression) before removing it."""
+    name: str
+    mark: str | None = None
+    mark_text: str = ""
+    files: str = ".+"
+
+    def ours(self, name: str) -> bool:
+        """Whether the file `name` in this staging folder is one its writer wrote (its temp files
+        too; not a file move_in replaced, which goes back if a move fails)."""
+        if name.startswith(REPLACED):
+            return False
+        written = re.fullmatch(rf"(?:{self.files})(?:\.tmp\d+)?", name) is not None
+        return written or name == self.mark
+
+
 @contextlib.contextmanager
-def staged(folder, last=()):
-    """Write several files into `folder` all or none. The block writes them into the staging folder it is
-    given (inside `folder`, so that moving them is a rename, which needs no disk space); when it ends they
-    are moved into `folder` (move_in), replacing files of those names (the names in `last` last: the one a
-    reader opens first); if it raises (a full disk, Ctrl-C) or a move fails, they are removed and `folder` is
-    as it was."""
-    stage = os.path.join(folder, f".staging{os.getpid()}")
+def staged(folder, last=(), remove=(), stage=None):
+    """Write several files into `folder` all or none. The block writes them into the staging folder
+    it is given (inside `folder`, so that moving them is a rename, which needs no disk space); when
+    it ends they are moved into `folder` (move_in), replacing files of those names (the names in
+    `last` last: the one a reader opens first), and the files `remove` of `folder` are removed; if
+    it raises (a full disk, Ctrl-C) or a move fails, they are removed and `folder` is as it was.
+    `stage`: the Stage to use (the caller has removed one a killed run left), else .staging<pid>."""
+    stage = stage or Stage(f".staging{os.getpid()}")
+    path = os.path.join(folder, stage.name)
     try:
-        os.mkdir(stage)
-        yield stage
-        names = sorted(os.listdir(stage), key=lambda f: (f in last, last.index(f) if f in last else 0, f))
-        move_in(stage, folder, names)
+        os.mkdir(path)
+        if stage.mark:
+            with open(os.path.join(path, stage.mark), "w", encoding="utf-8") as f:
+                f.write(stage.mark_text)
+        yield path
+        order = {f: i for i, f in enumerate(last, 1)}  # the names in `last` last, in that order
+        names = sorted((f for f in os.listdir(path) if f != stage.mark),
+                       key=lambda f: (order.get(f, 0), f))
+        move_in(path, folder, names, remove)
     except OSError as e:
         if e.errno not in DISK_FULL:
             raise
-        raise OSError(e.errno, f"{folder}: not written: the disk is full ({os.strerror(e.errno)}); nothing of this "
-                               "run is left there, and what it held is as it was") from None
+        raise OSError(e.errno, f"{folder}: not written: the disk is full ({os.strerror(e.errno)}); "
+                               "nothing of this run is left there, and what it held is as it "
+                               "was") from None
     finally:
-        if os.path.isdir(stage):
-            for f in os.listdir(stage):  # this run's files alone (the folder is this process's), not the replaced
-                if not f.startswith(REPLACED):  # ones an undo that failed could not move back
+        if os.path.isdir(path):
+            for f in os.listdir(path):  # this run's files alone, not the replaced ones an undo
+                if stage.ours(f):  # that failed could not move back
                     with contextlib.suppress(OSError):
-                        os.remove(os.path.join(stage, f))
+                        os.remove(os.path.join(path, f))
             with contextlib.suppress(OSError):
-                os.rmdir(stage)
-
-
-REPLACED = ".was."  # a file move_in replaces, kept in the staging folder until all are in
+                os.rmdir(path)
 
 
 def move_in(stage, folder, names, remove=()):

@@ -12,7 +12,7 @@ if (SHARED / "tiktoken-cache").is_dir():  # offline: use the checked-in BPE file
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken-cache"))
 
 import prepare_data as P  # noqa: E402
-from bincode_gpt import inputs, shards
+from bincode_gpt import inputs, shards, workers
 from bincode_gpt.files import LOCK_NAME  # noqa: E402
 from bincode_gpt.exits import run_main
 from bincode_gpt.tokenizer import get_tokenizer  # noqa: E402
@@ -242,7 +242,7 @@ def test_pieces_tokenize_like_the_whole_text(gpt2):
     # Tricky whitespace around the cut points: trailing spaces, blank lines, CRLF.
     text = words(300) + "end  \nx\n\n\ny \r\nz\t\nw" + words(300, seed=1)
     text += SHAKESPEARE.read_text()[:30000] if SHAKESPEARE.is_file() else ""
-    parts = list(P.pieces(text, 500))
+    parts = list(workers.pieces(text, 500))
     assert len(parts) > 20 and [last for _, last in parts] == [False] * (len(parts) - 1) + [True]
     assert "".join(p for p, _ in parts) == text
     assert [t for p, _ in parts for t in gpt2.encode_ordinary(p)] == gpt2.encode_ordinary(text)
@@ -366,7 +366,7 @@ def test_few_documents_are_each_cut_by_characters(tmp_path):
 
 
 def test_deterministic_across_runs_and_workers(tmp_path, monkeypatch):
-    monkeypatch.setattr(P, "PIECE_CHARS", 2000)  # many batches, so two workers really share work
+    monkeypatch.setattr(workers, "PIECE_CHARS", 2000)  # many batches, so two workers really share work
     for i in range(25):
         (tmp_path / f"{i:02d}.txt").write_text(words(60 + i, seed=i))
     kw = dict(shard_tokens=3000, vocab_size=4096, progress=False)
@@ -519,7 +519,7 @@ def test_input_bad_halfway_keeps_the_old_data(tmp_path, prepared):
 
 
 def test_failure_halfway_leaves_no_shards(tmp_path, monkeypatch):
-    monkeypatch.setattr(P, "PIECE_CHARS", 200)  # so shards are written before the bad record is read
+    monkeypatch.setattr(workers, "PIECE_CHARS", 200)  # so shards are written before the bad record is read
     for i in range(11):
         (tmp_path / f"{i:02d}.txt").write_text(words(100, seed=i))
     (tmp_path / "zz.jsonl").write_bytes(b'{"text": "passes the up-front check"}\n{"text": "\xff"}\n')
