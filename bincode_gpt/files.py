@@ -1,6 +1,7 @@
 """
-Files that are never half written, and folders with one writer: atomic writes (a temp file renamed over the
-old), several files moved in all or none, the writer lock of an output folder, and what is wrong with a path.
+Files that are never half written, and folders with one writer: atomic writes (a temp file renamed
+over the old), several files moved in all or none, the writer lock of an output folder, and what is
+wrong with a path.
 """
 
 import contextlib
@@ -13,9 +14,9 @@ from dataclasses import dataclass
 
 @contextlib.contextmanager
 def atomic_open(path, mode="wb", **kwargs):
-    """Open a temp file beside `path`; on success fsync it and rename it over `path`. Readers see the
-    old file or the whole new one, never half of one: a crash, Ctrl-C or full disk mid-write leaves
-    the old file byte for byte (the temp file is removed)."""
+    """Open a temp file beside `path`; on success fsync it and rename it over `path`. Readers see
+    the old file or the whole new one, never half of one: a crash, Ctrl-C or full disk mid-write
+    leaves the old file byte for byte (the temp file is removed)."""
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
@@ -36,25 +37,28 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class DiskFull(OSError):
-    """A write that a full disk (or quota) stopped: errno, and strerror "the disk is full: ..." for callers that
-    add their own context; printed, the whole message (disk_full)."""
+    """A write that a full disk (or quota) stopped: errno, and strerror "the disk is full: ..." for
+    callers that add their own context; printed, the whole message (disk_full)."""
 
     def __str__(self):
         return self.message
 
 
 def disk_full(path, code=errno.ENOSPC):
-    """The DiskFull of a write to `path`: it says the disk is full, and which file survives (atomic_open
-    leaves the previous `path` as it was)."""
-    kept = f"the previous {os.path.basename(path)} is as it was" if os.path.exists(path) else "nothing was replaced"
+    """The DiskFull of a write to `path`: it says the disk is full, and which file survives
+    (atomic_open leaves the previous `path` as it was)."""
+    kept = "nothing was replaced"
+    if os.path.exists(path):
+        kept = f"the previous {os.path.basename(path)} is as it was"
     e = DiskFull(code, f"the disk is full: {os.strerror(code)}")
     e.message = f"{path}: not written: {e.strerror}; {kept}"
     return e
 
 
 def file_problem(path):
-    """Why `path` is not a regular file that can be opened (None when it is one): missing, a symlink loop, a
-    broken symlink, a folder, a device or FIFO. "No such file" is said only of a path that is not there."""
+    """Why `path` is not a regular file that can be opened (None when it is one): missing, a symlink
+    loop, a broken symlink, a folder, a device or FIFO. "No such file" is said only of a path that
+    is not there."""
     try:
         mode = os.stat(path).st_mode
     except OSError as e:
@@ -66,7 +70,8 @@ def file_problem(path):
     if stat.S_ISREG(mode):
         return None
     link = f"a symlink to {os.path.realpath(path)}, " if os.path.islink(path) else ""
-    return f"{link}{'a folder' if stat.S_ISDIR(mode) else 'a device, FIFO or socket'}, not a regular file"
+    kind = "a folder" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
+    return f"{link}{kind}, not a regular file"
 
 
 def file_stamp(path):
@@ -146,13 +151,15 @@ def staged(folder, last=(), remove=(), stage=None):
 
 
 def move_in(stage, folder, names, remove=()):
-    """Move the files `names` of `stage` into `folder` in that order (the last: the file a reader opens first),
-    replacing files of those names, and remove the files `remove` of `folder`: all of it, or none. The files it
-    replaces or removes go into `stage` first, the reader's first file first (so the folder stops looking complete
-    at once), and come back if a move fails (a full disk, Ctrl-C): removals, and renames to names that were there,
-    need no disk space."""
-    old = [f for f in dict.fromkeys([*reversed(names), *remove]) if os.path.lexists(os.path.join(folder, f))]
-    out, moved = [], []
+    """Move the files `names` of `stage` into `folder` in that order (the last: the file a reader
+    opens first), replacing files of those names, and remove the files `remove` of `folder`: all of
+    it, or none. The files it replaces or removes go into `stage` first, the reader's first file
+    first (so the folder stops looking complete at once), and come back if a move fails (a full
+    disk, Ctrl-C): removals, and renames to names that were there, need no disk space."""
+    old = [f for f in dict.fromkeys([*reversed(names), *remove])
+           if os.path.lexists(os.path.join(folder, f))]
+    out = []  # the files moved aside into `stage`
+    moved = []  # the files moved into `folder`
     try:
         for f in old:
             os.replace(os.path.join(folder, f), os.path.join(stage, REPLACED + f))
@@ -176,12 +183,13 @@ LOCK_NAME = ".writer.lock"
 @contextlib.contextmanager
 def writer_lock(folder, outputs=()):
     """Make this process the one writer of `folder` while the block runs: an exclusive flock on
-    `folder`/.writer.lock, which the kernel releases when the process ends, even when it is killed with
-    -9, so a lock never outlives its writer. A second writer gets a ValueError naming the holder's pid.
-    Once locked, removes the temp files a killed writer left (atomic_open's `<name>.tmp<pid>`, that pid
-    no longer running) of the file names in `outputs`: only names the caller writes, never a user's.
-    A process that holds `folder` already may enter again (a no-op). A folder it made is removed again
-    if the block raises and the folder holds nothing but the lock."""
+    `folder`/.writer.lock, which the kernel releases when the process ends, even when it is killed
+    with -9, so a lock never outlives its writer. A second writer gets a ValueError naming the
+    holder's pid. Once locked, removes the temp files a killed writer left (atomic_open's
+    `<name>.tmp<pid>`, that pid no longer running) of the file names in `outputs`: only names the
+    caller writes, never a user's. A process that holds `folder` already may enter again (a no-op).
+    A folder it made is removed again if the block raises and the folder holds nothing but the
+    lock."""
     import fcntl
 
     if not os.fspath(folder):
@@ -189,7 +197,8 @@ def writer_lock(folder, outputs=()):
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"{folder} is a file, not a folder: name a folder to write into")
     key = os.path.realpath(folder)
-    if key in _held:  # this process holds it already (a study that prepares its data into its own folder)
+    # this process holds it already (a study that prepares its data into its own folder)
+    if key in _held:
         yield
         return
     made = not os.path.lexists(folder)
@@ -223,14 +232,16 @@ def writer_lock(folder, outputs=()):
         failed = False
     finally:
         _held.discard(key)
-        if failed and made and os.listdir(folder) == [LOCK_NAME]:  # a failed first write leaves no folder behind
+        # a failed first write leaves no folder behind
+        if failed and made and os.listdir(folder) == [LOCK_NAME]:
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(folder, LOCK_NAME))
                 os.rmdir(folder)
         os.close(fd)  # closing the descriptor releases the lock
 
 
-_held = set()  # the folders this process holds: a second open of the lock file would conflict with its own
+# the folders this process holds: a second open of the lock file would conflict with its own
+_held = set()
 
 
 def _pid_alive(pid):
