@@ -72,7 +72,6 @@ import sys
 import time
 from dataclasses import dataclass
 from itertools import chain, islice
-from pathlib import Path
 
 import numpy as np
 import tiktoken
@@ -149,7 +148,7 @@ def cut_documents(docs, chars: int):
             yield doc[start:]
 
 
-def documents(groups: list[list[str]], text_field: str, doc_chars: int,
+def documents(groups: list[list[str]], *, text_field: str, doc_chars: int,
               weights: list[float] | None, seed: int, dry: list):
     """The documents of the inputs (each a group of files), cut to `doc_chars`, one input after
     the other or drawn with `weights` (the input that ran dry goes in `dry`)."""
@@ -178,7 +177,7 @@ def split_documents(docs, val_fraction: float):
 
 
 # ---------------------------------------------------------------- tokens -> shards
-def write_documents(results, writers: dict, constant: list[int], max_tokens: int | None,
+def write_documents(results, writers: dict, *, constant: list[int], max_tokens: int | None,
                     total_bytes: int | None, progress: bool) -> tuple[bool, dict]:
     """Join the encoded pieces into documents and hand each to its split's writer; stop before the
     first document that would exceed the budget. -> (whether the budget stopped it, the counts of
@@ -286,24 +285,25 @@ def prepare(inputs: list[str], out_dir: str, *, encoding: str = "gpt2",
                    max_tokens=max_tokens, doc_chars=doc_chars, workers=workers)
     tok = (encoding, vocab_size, reserve_zero, reserve_ones)  # get_tokenizer's, sent to the workers
     enc = get_tokenizer(*tok)
-    # fail fast; checked again as the folder's one writer
-    check_prepared(out_dir, overwrite)
-    out = Path(out_dir)
+    check_prepared(out_dir, overwrite)  # fail fast; checked again as the folder's one writer
     groups = [resolve_input(a) for a in inputs]  # the files each named input stands for
     sources = [s for group in groups for s in group]
     weights = mix_weights(mix, len(groups)) if mix is not None else None
     total_bytes = check_inputs(sources, text_field)  # uncompressed, for the progress line
 
-    with staged_data(out, overwrite) as staging:  # all of the new files or none replace the old
+    with staged_data(out_dir, overwrite) as staging:  # all of the new files or none replace the old
         dry = []  # the mixture's input that ran dry, if one did
-        docs = documents(groups, text_field, doc_chars, weights, seed, dry)
+        docs = documents(groups, text_field=text_field, doc_chars=doc_chars, weights=weights,
+                         seed=seed, dry=dry)
         dtype = token_dtype(enc.n_vocab)
         writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
         jobs = batches(split_documents(docs, val_fraction))
         # closing the generator stops the pool now
         with contextlib.closing(encoded(jobs, tok, workers)) as results:
-            budget_met, counts = write_documents(results, writers, constant_ids(enc.n_vocab),
-                                                 max_tokens, total_bytes, progress)
+            budget_met, counts = write_documents(results, writers,
+                                                 constant=constant_ids(enc.n_vocab),
+                                                 max_tokens=max_tokens, total_bytes=total_bytes,
+                                                 progress=progress)
         splits = {s: w.close() for s, w in writers.items()}
         if dry and not budget_met:
             mix_shortfall(inputs[dry[0]], sum(s["tokens"] for s in splits.values()), max_tokens)
@@ -329,6 +329,8 @@ def prepare(inputs: list[str], out_dir: str, *, encoding: str = "gpt2",
         atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
     say_counts(counts, enc.n_vocab)
     return meta
+
+
 # ---------------------------------------------------------------- the command line
 def parse_weights(s: str) -> list[float]:
     try:

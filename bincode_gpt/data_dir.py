@@ -83,11 +83,12 @@ def remove_left_stage(out: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_data(out: Path, overwrite: bool):
+def staged_data(out: str | Path, overwrite: bool):
     """Make this process `out`'s one writer, and yield the folder (a Path) that the block writes
     its shards and meta.json into; when the block ends they replace the prepared data in `out`, all
     of them or none, meta.json last. A bad input, a full disk, Ctrl-C or SIGTERM leaves `out` as it
     was; a full disk is an OSError that says so."""
+    out = Path(out)
     with writer_lock(out):  # a second run into `out` is refused meanwhile
         old = check_prepared(out, overwrite)
         remove_left_stage(out)
