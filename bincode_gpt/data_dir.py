@@ -14,7 +14,7 @@ from bincode_gpt.files import DISK_FULL, Stage, staged, writer_lock
 from bincode_gpt.shards import is_meta, MAGIC
 
 SHARD_NAME = re.compile(r"(train|val)_\d+\.bin")
-# this script's files until all of them are written; a run killed outright leaves it for the next
+# prepare_data.py's new files until all are written; a run killed outright leaves it to the next
 STAGE = Stage(name=".partial",
               mark=".prepare_data",
               mark_text="staging folder of prepare_data.py: removed when its run ends\n",
