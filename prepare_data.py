@@ -20,7 +20,7 @@ Design choices:
   by each file's first bytes (decompressed), .txt and .jsonl alike. Nothing else is read as text:
   unmarked UTF-16 / UTF-32 and 8-bit text are refused naming the likely encoding and an iconv
   command that converts the file.
-- NUL (U+0000) is dropped from the text (encode_batch), counted on stderr and in meta.json
+- NUL (U+0000) is dropped from the text (workers.encode_batch), counted on stderr and in meta.json
   (dropped_nul): its token has id 0, the all-zero code, and NUL is no text.
 - Tokenizer: any tiktoken encoding; `vocab_size=N` keeps its first N-1 BPE merge ranks (a prefix of
   the ranks is still a valid BPE) and puts <|endoftext|> at id N-1. By default the two ids whose
@@ -43,58 +43,52 @@ Design choices:
   in order), whatever number of files it holds.
 - Budget (`--max_tokens`): whole documents only; stop before the first document that would take
   train+val past the budget.
-- Parallelism: long documents are cut into ~256k-character pieces only right after "<non-space>\\n"
-  and before a non-space, a point where the tokenizer's regex splits anyway, so tokens equal
-  encoding the whole document at once. Pieces are grouped into batches that a process pool encodes
-  in order: output bytes do not depend on the worker count.
+- Parallelism (bincode_gpt/workers.py): long documents are cut into ~256k-character pieces only
+  right after "<non-space>\\n" and before a non-space, a point where the tokenizer's regex splits
+  anyway, so tokens equal encoding the whole document at once. Pieces are grouped into batches that
+  a process pool encodes in order: output bytes do not depend on the worker count.
 - Shard files: bincode_gpt/shards.py's format (a 32-byte header, then the tokens as uint16 when
   the vocabulary fits, else uint32); meta.json indexes them.
-- Nothing is lost: every input is opened and its first document read before any work; the new
-  shards go to OUT/.partial and replace the old ones only once all of them are written; meta.json
-  comes last, written atomically. A bad input, a full disk, Ctrl-C or SIGTERM therefore leaves the
-  old data byte for byte, and never a folder that looks complete. One run writes a folder at a time
-  (a second is refused while the first holds OUT/.writer.lock), and only files this script wrote
-  are replaced or removed: a meta.json it cannot read as prepared data, a shard without the shard
-  magic or an unmarked .partial folder is refused by name, with or without --overwrite.
+- Nothing is lost (bincode_gpt/data_dir.py): every input is opened and its first document read
+  before any work; the new shards go to OUT/.partial and replace the old ones only once all of them
+  are written; meta.json comes last, written atomically. A bad input, a full disk, Ctrl-C or SIGTERM
+  therefore leaves the old data byte for byte, and never a folder that looks complete. One run
+  writes a folder at a time (a second is refused while the first holds OUT/.writer.lock), and only
+  files this script wrote are replaced or removed: a meta.json it cannot read as prepared data, a
+  shard without the shard magic or an unmarked .partial folder is refused by name, with or without
+  --overwrite.
 """
 
-# first, so that Ctrl-C while the imports load exits 130 with one line
 import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
 
 import argparse
 import contextlib
 import json
 import math
-import multiprocessing as mp
 import os
 import random
-import re
 import signal
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from itertools import chain, islice
-from pathlib import Path
 
 import numpy as np
 import tiktoken
 
-from bincode_gpt.settings import config_parser, parse_settings, setting
+from bincode_gpt.data_dir import check_prepared, staged_data
 from bincode_gpt.exits import run_main
-from bincode_gpt.files import atomic_write, DISK_FULL, move_in, writer_lock
-from bincode_gpt.shards import is_meta, MAGIC, PREPARED_DEFAULTS, ShardWriter, token_dtype, VERSION
+from bincode_gpt.files import atomic_write
 from bincode_gpt.inputs import check_inputs, NAMED, read_documents, resolve_input
-from bincode_gpt.tokenizer import constant_ids, get_tokenizer, without_nul
+from bincode_gpt.settings import config_parser, parse_settings, setting
+from bincode_gpt.shards import PREPARED_DEFAULTS, ShardWriter, token_dtype, VERSION
+from bincode_gpt.tokenizer import constant_ids, get_tokenizer
+from bincode_gpt.workers import batches, encoded
 
-PIECE_CHARS = 1 << 18  # size of the units sent to workers; does not change the output
 # the quick start's corpus at the mini preset's vocabulary, model.MINI_VOCAB: written here, not
 # imported, since importing model.py would import torch, which this script never needs (a test
 # holds the two equal)
 DEFAULT_VOCAB = {"shakespeare": 512}
-STAGING = ".partial"  # this run's files until all of them are written
-STAGING_MARK = ".prepare_data"  # in the staging folder: says it is this script's
-SHARD_NAME = re.compile(r"(train|val)_\d+\.bin")
 
 
 # ---------------------------------------------------------------- documents -> splits
@@ -154,6 +148,18 @@ def cut_documents(docs, chars: int):
             yield doc[start:]
 
 
+def documents(groups: list[list[str]], *, text_field: str, doc_chars: int,
+              weights: list[float] | None, seed: int, dry: list):
+    """The documents of the inputs (each a group of files), cut to `doc_chars`, one input after
+    the other or drawn with `weights` (the input that ran dry goes in `dry`)."""
+    streams = [cut_documents(chain.from_iterable(read_documents(s, text_field) for s in group),
+                             doc_chars)
+               for group in groups]
+    if weights is None:
+        return chain.from_iterable(streams)
+    return mix_documents(streams, weights, seed, dry)
+
+
 def split_documents(docs, val_fraction: float):
     """(split, text) pairs by the rule in the module docstring."""
     it = iter(docs)
@@ -170,101 +176,8 @@ def split_documents(docs, val_fraction: float):
         yield ("val" if val else "train"), text
 
 
-# ---------------------------------------------------------------- splits -> tokens, in parallel
-# NUL is dropped from each piece once cut (encode_batch), so it is neither side's non-space
-_SAFE_CUT = re.compile(r"(?<=[^\s\0]\n)(?=[^\s\0])")
-
-
-def pieces(text: str, size: int | None = None):
-    """(piece, is_last) for a long text cut where the tokenizer's pre-split regex would cut
-    anyway."""
-    size = size or PIECE_CHARS
-    start = 0
-    while len(text) - start > size and (m := _SAFE_CUT.search(text, start + size)):
-        yield text[start:m.start()], False
-        start = m.start()
-    yield text[start:], True
-
-
-def batches(docs, size: int | None = None):
-    """(split, [(piece, ends_document), ...]) of about `size` characters, all of one split."""
-    size = size or PIECE_CHARS
-    split = None
-    batch = []
-    chars = 0
-    for doc_split, text in docs:
-        for piece, last in pieces(text, size):
-            if batch and (doc_split != split or chars >= size):
-                yield split, batch
-                batch = []
-                chars = 0
-            split = doc_split
-            chars += len(piece)
-            batch.append((piece, last))
-    if batch:
-        yield split, batch
-
-
-_enc = None  # the tokenizer of this pool worker (or of the main process when there is no pool)
-
-
-def _start_worker(tok: tuple) -> None:
-    global _enc
-    # Ctrl-C reaches the whole process group: the parent alone stops the pool
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool's terminate() ends a worker quietly
-    # blocked while encoded() forked this worker
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    _enc = get_tokenizer(*tok)
-
-
-def encode_batch(job: tuple) -> tuple:
-    """(split, batch) -> split, [(tokens of the piece without NUL + EOT if it ends a document, its
-    UTF-8 bytes, NULs dropped, ends)]."""
-    split, batch = job
-    dtype = token_dtype(_enc.n_vocab)
-    out = []
-    for piece, last in batch:
-        text, nul = without_nul(piece)
-        ids = _enc.encode_ordinary(text) + ([_enc.eot_token] if last else [])
-        out.append((np.array(ids, dtype=dtype), len(text.encode("utf-8")), nul, last))
-    return split, out
-
-
-def encoded(jobs, tok: tuple, workers: int):
-    """encode_batch over jobs, in order. A bounded window of apply_async (not Pool.imap, whose
-    feeder thread would read the whole input into memory ahead of the workers)."""
-    global _enc
-    if workers <= 1:
-        _enc = get_tokenizer(*tok)
-        yield from map(encode_batch, jobs)
-        return
-    # a signal that lands while the workers fork is swallowed by Python's fork hooks: hold Ctrl-C
-    # and SIGTERM until the pool exists (its threads keep them blocked, so they reach the main
-    # thread)
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        pool = mp.Pool(workers, _start_worker, (tok,))
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    with pool:  # leaving it terminates the workers
-        pending = deque()
-        try:
-            for job in jobs:
-                pending.append(pool.apply_async(encode_batch, (job,)))
-                if len(pending) >= 2 * workers:
-                    yield pending.popleft().get()
-            while pending:
-                yield pending.popleft().get()
-        finally:
-            # Pool.terminate hangs on a task or result still in a pipe: the window's land first
-            # (in under a second)
-            for result in pending:
-                result.wait(60)
-
-
 # ---------------------------------------------------------------- tokens -> shards
-def write_documents(results, writers: dict, constant: list[int], max_tokens: int | None,
+def write_documents(results, writers: dict, *, constant: list[int], max_tokens: int | None,
                     total_bytes: int | None, progress: bool) -> tuple[bool, dict]:
     """Join the encoded pieces into documents and hand each to its split's writer; stop before the
     first document that would exceed the budget. -> (whether the budget stopped it, the counts of
@@ -304,88 +217,56 @@ def write_documents(results, writers: dict, constant: list[int], max_tokens: int
             print(file=sys.stderr)
 
 
+
 def say_counts(counts: dict, vocab_size: int) -> None:
     """Say on stderr what was kept off the text's tokens, and what sits on a constant code (only
     --no-reserve_zero / --no-reserve_ones put tokens there: the encoding's own ids, as data prepared
     before them had)."""
-    nul, constant = counts["dropped_nul"], counts["constant_code_tokens"]
+    nul = counts["dropped_nul"]
+    constant = counts["constant_code_tokens"]
     if nul:
-        print(f"note: dropped {nul:,} NUL character{'s' * (nul != 1)} (U+0000) from the text: NUL is no "
-              "text, and by default its token has id 0, whose binary code is all zeros (meta.json: "
-              "dropped_nul)", file=sys.stderr)
+        print(f"note: dropped {nul:,} NUL character{'s' * (nul != 1)} (U+0000) from the text: NUL "
+              "is no text, and by default its token has id 0, whose binary code is all zeros "
+              "(meta.json: dropped_nul)", file=sys.stderr)
     if constant:
         ids = " or ".join(map(str, constant_ids(vocab_size)))
         print(f"note: {constant:,} token{'s' * (constant != 1)} on id {ids}, whose binary code is "
               "constant: the encoding's own ids, as --no-reserve_zero / --no-reserve_ones ask; a "
-              "bias-free binary model reads them as a constant vector (docs/zero-code.md; meta.json: "
-              "constant_code_tokens)", file=sys.stderr)
+              "bias-free binary model reads them as a constant vector (docs/zero-code.md; "
+              "meta.json: constant_code_tokens)", file=sys.stderr)
 
 
-# ---------------------------------------------------------------- the output folder
-def _prepared_files(out: Path, overwrite: bool) -> list[Path]:
-    """The files of a previous run in `out`, meta.json first, when --overwrite may replace them; a
-    ValueError when `out` holds files of these names that this script did not write, or prepared
-    data and no --overwrite. Its own files are recognised by content: a meta.json that readers
-    accept, shards that start with the shard magic."""
-    meta = out / "meta.json"
-    old = []
-    for p in [meta, *sorted(p for p in out.glob("*") if SHARD_NAME.fullmatch(p.name))]:
-        try:
-            ours = _written_here(p)
-        except (FileNotFoundError, NotADirectoryError):
-            continue  # none, or `out` is a file (writer_lock says so)
-        if not ours:
-            what = "a meta.json of prepared data" if p == meta else "a token shard"
-            raise ValueError(f"{p} is not {what} (prepare_data.py did not write it): it is left "
-                             "alone; choose another --out")
-        old.append(p)
-    if old and not overwrite:
-        raise ValueError(f"{out}: already holds prepared data ({old[0].name}); pass --overwrite to "
-                         "replace it")
-    return old
+# ---------------------------------------------------------------- checks
+def check_settings(inputs: list[str], *, val_fraction: float, shard_tokens: int,
+                   max_tokens: int | None, doc_chars: int, workers: int) -> None:
+    """A ValueError for settings no run can use (those a run finds out about cost no work)."""
+    if not inputs:
+        raise ValueError("no inputs given")
+    too_few_tokens = max_tokens is not None and max_tokens < 1
+    if not 0 <= val_fraction < 1 or shard_tokens < 1 or too_few_tokens or doc_chars < 0:
+        raise ValueError(f"need 0 <= val_fraction < 1, shard_tokens >= 1, max_tokens >= 1, "
+                         f"doc_chars >= 0; got {val_fraction}, {shard_tokens}, {max_tokens}, "
+                         f"{doc_chars}")
+    if workers < 1:  # 0 is refused, not read as "all cores"
+        raise ValueError(f"workers must be at least 1, got {workers}")
 
 
-def _written_here(path: Path) -> bool:
-    """Whether a file is this script's: a meta.json that readers accept, a shard with the shard
-    magic."""
-    try:
-        with open(path, "rb") as f:
-            if path.name != "meta.json":
-                return f.read(len(MAGIC)) == MAGIC
-            return is_meta(json.loads(f.read()))
-    except (FileNotFoundError, NotADirectoryError):
-        raise  # none, or removed meanwhile by a run ending in another process
-    except (OSError, ValueError, RecursionError):  # a folder, unreadable, not JSON
-        return False
+def check_splits(splits: dict, val_fraction: float, max_tokens: int | None) -> None:
+    """A ValueError when a split came out empty: the budget below the first document, or every
+    character val."""
+    budget = f", --max_tokens {max_tokens:,}" if max_tokens is not None else ""
+    if not splits["train"]["tokens"]:
+        raise ValueError(f"the train split is empty (--val_fraction {val_fraction}{budget}): give "
+                         "a smaller fraction or a larger budget")
+    if val_fraction > 0 and not splits["val"]["tokens"]:
+        raise ValueError(f"the val split is empty (--val_fraction {val_fraction}{budget}): give a "
+                         "larger fraction or budget, or --val_fraction 0 for no validation split")
 
 
-def _staged_files(staging: Path) -> list[Path]:
-    """The files of a staging folder, all of them this script's (a mark, shards, meta.json, their
-    temp files); a ValueError naming the folder or the files when it is not this script's."""
-    empty = staging.is_dir() and not any(staging.iterdir())
-    if not staging.exists() or empty:  # an empty one holds nothing to lose
-        return []
-    if not (staging / STAGING_MARK).is_file():
-        raise ValueError(f"{staging} exists and prepare_data.py did not make it (it has no "
-                         f"{STAGING_MARK} mark): it is left alone; move it away or choose another "
-                         "--out")
-    mark = re.escape(STAGING_MARK)
-    ours = re.compile(rf"(?:{SHARD_NAME.pattern}|meta\.json)(?:\.tmp\d+)?|{mark}")
-    theirs = sorted(p.name for p in staging.iterdir()
-                    if not ours.fullmatch(p.name) or not p.is_file())
-    if theirs:
-        raise ValueError(f"{staging} holds files prepare_data.py did not write "
-                         f"({', '.join(theirs[:3])}): they are left alone; move them away or "
-                         "choose another --out")
-    return list(staging.iterdir())
-
-
-def _clear_staging(staging: Path) -> None:
-    """Remove a staging folder of this script's (left by a killed run, or this run's)."""
-    if os.path.lexists(staging):
-        for p in _staged_files(staging):
-            p.unlink()
-        staging.rmdir()
+def named_inputs(inputs: list[str]) -> list[str]:
+    """The inputs as named, a path made absolute (what prepare_command names, from any folder)."""
+    return [os.path.abspath(a) if os.path.lexists(a) or not (a in NAMED or a.startswith("hf:"))
+            else a for a in inputs]
 
 
 # ---------------------------------------------------------------- main logic
@@ -398,100 +279,54 @@ def prepare(inputs: list[str], out_dir: str, *, encoding: str = "gpt2",
     """Tokenize `inputs` into train/val shards in `out_dir`; returns the meta written there."""
     # everything that can be checked cheaply is checked before any work and before anything is
     # removed
-    if not inputs:
-        raise ValueError("no inputs given")
-    too_few_tokens = max_tokens is not None and max_tokens < 1
-    if not 0 <= val_fraction < 1 or shard_tokens < 1 or too_few_tokens or doc_chars < 0:
-        raise ValueError(f"need 0 <= val_fraction < 1, shard_tokens >= 1, max_tokens >= 1, "
-                         f"doc_chars >= 0; got {val_fraction}, {shard_tokens}, {max_tokens}, "
-                         f"{doc_chars}")
     if workers is None:
         workers = os.cpu_count() or 1
-    if workers < 1:  # 0 is refused, not read as "all cores"
-        raise ValueError(f"workers must be at least 1, got {workers}")
+    check_settings(inputs, val_fraction=val_fraction, shard_tokens=shard_tokens,
+                   max_tokens=max_tokens, doc_chars=doc_chars, workers=workers)
     tok = (encoding, vocab_size, reserve_zero, reserve_ones)  # get_tokenizer's, sent to the workers
     enc = get_tokenizer(*tok)
-    if not os.fspath(out_dir):
-        raise ValueError("the output folder is '' (empty): name one, e.g. --out data/mine")
-    out = Path(out_dir)
-    # fail fast; checked again, with the staging folder, as the folder's one writer
-    _prepared_files(out, overwrite)
+    check_prepared(out_dir, overwrite)  # fail fast; checked again as the folder's one writer
     groups = [resolve_input(a) for a in inputs]  # the files each named input stands for
     sources = [s for group in groups for s in group]
     weights = mix_weights(mix, len(groups)) if mix is not None else None
     total_bytes = check_inputs(sources, text_field)  # uncompressed, for the progress line
-    # what was named, a path from any folder: what prepare_command names
-    recorded = [os.path.abspath(a) if os.path.lexists(a) or not (a in NAMED or a.startswith("hf:"))
-                else a for a in inputs]
 
-    with writer_lock(out):  # one writer per folder: a second run into `out` is refused meanwhile
-        old = _prepared_files(out, overwrite)
-        staging = out / STAGING  # holds this run's files until all are written
-        _clear_staging(staging)  # left by a killed run
-        try:  # from here on a failure (Ctrl-C included) removes the staging folder
-            staging.mkdir()
-            (staging / STAGING_MARK).write_text("staging folder of prepare_data.py: removed when "
-                                                "its run ends\n")
-            streams = [cut_documents(chain.from_iterable(read_documents(s, text_field)
-                                                         for s in group), doc_chars)
-                       for group in groups]
-            dry = []  # the mixture's input that ran dry, if one did
-            if weights is not None:
-                docs = mix_documents(streams, weights, seed, dry)
-            else:
-                docs = chain.from_iterable(streams)
-            dtype = token_dtype(enc.n_vocab)
-            writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
-            jobs = batches(split_documents(docs, val_fraction))
-            # closing the generator stops the pool now
-            with contextlib.closing(encoded(jobs, tok, workers)) as results:
-                budget_met, counts = write_documents(results, writers, constant_ids(enc.n_vocab),
-                                                     max_tokens, total_bytes, progress)
-            splits = {s: w.close() for s, w in writers.items()}
-            if dry and not budget_met:
-                mix_shortfall(inputs[dry[0]], sum(s["tokens"] for s in splits.values()), max_tokens)
-            budget = f", --max_tokens {max_tokens:,}" if max_tokens is not None else ""
-            # the budget below the first document, or every character val
-            if not splits["train"]["tokens"]:
-                raise ValueError(f"the train split is empty (--val_fraction {val_fraction}"
-                                 f"{budget}): give a smaller fraction or a larger budget")
-            if val_fraction > 0 and not splits["val"]["tokens"]:
-                raise ValueError(f"the val split is empty (--val_fraction {val_fraction}{budget}): "
-                                 "give a larger fraction or budget, or --val_fraction 0 for no "
-                                 "validation split")
-            meta = {"version": VERSION,
-                    "encoding": encoding,
-                    "vocab_size": enc.n_vocab,
-                    "eot_token": enc.eot_token,
-                    "reserve_zero": reserve_zero,
-                    "reserve_ones": reserve_ones,
-                    "dtype": dtype.name,
-                    "splits": splits,
-                    "inputs": recorded,
-                    "sources": sources,
-                    "val_fraction": val_fraction,
-                    "text_field": text_field,
-                    "mix": mix,
-                    "max_tokens": max_tokens,
-                    "seed": seed}
-            if doc_chars:  # absent at 0, so data prepared without it keeps its identity
-                meta["doc_chars"] = doc_chars
-            meta |= {k: n for k, n in counts.items() if n}  # the counts too, absent at 0
-            atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
-            # all written: from here on only renames and removals (all or none: files.move_in),
-            # meta.json last
-            new = [*splits["train"]["shards"], *splits["val"]["shards"], "meta.json"]
-            move_in(staging, out, new, remove=[p.name for p in old])
-            _clear_staging(staging)
-        except BaseException as e:  # a bad input halfway, a full disk, Ctrl-C: the old data stays
-            with contextlib.suppress(ValueError, OSError):
-                _clear_staging(staging)
-            if isinstance(e, OSError) and e.errno in DISK_FULL:
-                kept = ("the prepared data there is as it was" if old
-                        else "nothing was written there")
-                raise OSError(f"{out}: not prepared: the disk is full ({os.strerror(e.errno)}); "
-                              f"{kept}") from None
-            raise
+    with staged_data(out_dir, overwrite) as staging:  # all of the new files or none replace the old
+        dry = []  # the mixture's input that ran dry, if one did
+        docs = documents(groups, text_field=text_field, doc_chars=doc_chars, weights=weights,
+                         seed=seed, dry=dry)
+        dtype = token_dtype(enc.n_vocab)
+        writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
+        jobs = batches(split_documents(docs, val_fraction))
+        # closing the generator stops the pool now
+        with contextlib.closing(encoded(jobs, tok, workers)) as results:
+            budget_met, counts = write_documents(results, writers,
+                                                 constant=constant_ids(enc.n_vocab),
+                                                 max_tokens=max_tokens, total_bytes=total_bytes,
+                                                 progress=progress)
+        splits = {s: w.close() for s, w in writers.items()}
+        if dry and not budget_met:
+            mix_shortfall(inputs[dry[0]], sum(s["tokens"] for s in splits.values()), max_tokens)
+        check_splits(splits, val_fraction, max_tokens)
+        meta = {"version": VERSION,
+                "encoding": encoding,
+                "vocab_size": enc.n_vocab,
+                "eot_token": enc.eot_token,
+                "reserve_zero": reserve_zero,
+                "reserve_ones": reserve_ones,
+                "dtype": dtype.name,
+                "splits": splits,
+                "inputs": named_inputs(inputs),
+                "sources": sources,
+                "val_fraction": val_fraction,
+                "text_field": text_field,
+                "mix": mix,
+                "max_tokens": max_tokens,
+                "seed": seed}
+        if doc_chars:  # absent at 0, so data prepared without it keeps its identity
+            meta["doc_chars"] = doc_chars
+        meta |= {k: n for k, n in counts.items() if n}  # the counts too, absent at 0
+        atomic_write(staging / "meta.json", json.dumps(meta, indent=2) + "\n")
     say_counts(counts, enc.n_vocab)
     return meta
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import prepare_data as P
-from bincode_gpt import inputs
+from bincode_gpt import inputs, workers
 from bincode_gpt.tokenizer import get_tokenizer, without_nul
 from test_prepare_data import main, shard_tokens, snapshot, words
 
@@ -164,10 +164,10 @@ def test_nul_is_dropped_from_the_text_and_counted(tmp_path, capsys):
 
 
 def test_pieces_cut_at_a_nul_tokenize_like_the_whole_text():
-    """Documents are cut into pieces before their NULs are dropped (prepare_data.encode_batch): a cut next to a
+    """Documents are cut into pieces before their NULs are dropped (workers.encode_batch): a cut next to a
     NUL would join what the tokenizer splits ("\\n" + "\\n" against "\\n\\n")."""
     enc = get_tokenizer("gpt2", 512, True, True)
     text = "".join(f"word{i}\n\0\nnext \0\n\0x\n" for i in range(200))
-    parts = [without_nul(p)[0] for p, _ in P.pieces(text, 50)]
+    parts = [without_nul(p)[0] for p, _ in workers.pieces(text, 50)]
     assert len(parts) > 20 and [t for p in parts for t in enc.encode_ordinary(p)] == enc.encode_ordinary(
         without_nul(text)[0])

@@ -1,6 +1,8 @@
-"""Tests for prepare_data.py: shard format, tokenizer cut, splits, determinism, inputs, and that no bad
-input, fault or interrupt loses prepared data or ends in anything but one clean line."""
-import importlib.util, io, json, os, signal, struct, subprocess, sys, time, types, urllib.request
+"""Tests for prepare_data.py: the tokenizer cut, splits, mixtures, inputs (compressed ones too), the command
+line, and what a run writes. The helpers here serve the other files that prepare data: test_data_dir.py (the
+output folder: nothing lost, one writer, only the project's files replaced), test_workers.py (the pool and its
+signals), test_shards.py (the shard format and meta.json), test_inputs.py."""
+import importlib.util, io, json, os, subprocess, sys, types, urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -67,103 +69,6 @@ def prepared(tmp_path):
     (tmp_path / "old.txt").write_text(words(400))
     P.prepare([str(tmp_path / "old.txt")], tmp_path / "out", shard_tokens=1000, workers=1, progress=False)
     return tmp_path / "out", snapshot(tmp_path / "out")
-
-
-# ---------------------------------------------------------------- shard format
-@pytest.mark.parametrize("dtype,width", [(np.uint16, 2), (np.uint32, 4)])
-def test_shard_round_trip_and_header(tmp_path, dtype, width):
-    tokens = np.array([0, 1, 255, 50256, np.iinfo(dtype).max], dtype=dtype)
-    path = tmp_path / "s.bin"
-    shards.write_shard(path, tokens)
-    raw = path.read_bytes()
-    assert raw[:8] == b"BCGPTTOK"
-    assert struct.unpack("<IIQ", raw[8:24]) == (1, width, 5) and raw[24:32] == bytes(8)
-    assert len(raw) == 32 + 5 * width
-    back = shards.read_shard(path)
-    assert back.dtype == np.dtype(dtype) and np.array_equal(back, tokens)
-    assert not back.flags.writeable
-    assert os.listdir(tmp_path) == ["s.bin"]
-
-
-def test_write_shard_narrows_wide_ints_and_empty(tmp_path):
-    shards.write_shard(tmp_path / "a.bin", np.array([1, 2, 70000], dtype=np.int64))
-    assert shards.read_shard(tmp_path / "a.bin").dtype == np.uint32
-    shards.write_shard(tmp_path / "b.bin", np.array([1, 2, 3], dtype=np.int64))
-    assert shards.read_shard(tmp_path / "b.bin").dtype == np.uint16
-    shards.write_shard(tmp_path / "c.bin", np.zeros(0, np.uint16))
-    assert len(shards.read_shard(tmp_path / "c.bin")) == 0
-    with pytest.raises(ValueError, match=r"d.bin: token ids must be integers in \[0, 2\*\*32\)"):
-        shards.write_shard(tmp_path / "d.bin", np.array([-1]))
-
-
-@pytest.mark.parametrize("damage,msg", [
-    (lambda b: b[:-1], "truncated"),
-    (lambda b: b + b"\0\0", "longer"),
-    (lambda b: b"NOTMAGIC" + b[8:], "not a token shard"),
-    (lambda b: b[:8] + struct.pack("<I", 9) + b[12:], "version"),
-    (lambda b: b[:12] + struct.pack("<I", 3) + b[16:], "width"),
-    (lambda b: b[:20], "truncated header"),
-])
-def test_bad_shards_raise_shard_error_naming_file(tmp_path, damage, msg):
-    path = tmp_path / "bad.bin"
-    shards.write_shard(path, np.arange(10, dtype=np.uint16))
-    path.write_bytes(damage(path.read_bytes()))
-    with pytest.raises(shards.ShardError, match=msg) as e:
-        shards.read_shard(path)
-    assert str(path) in str(e.value) and isinstance(e.value, ValueError)
-
-
-def test_crash_mid_write_leaves_no_shard(tmp_path, monkeypatch):
-    path = tmp_path / "s.bin"
-    shards.write_shard(path, np.arange(3, dtype=np.uint16))
-
-    def disk_full(fd):
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr(os, "fsync", disk_full)
-    with pytest.raises(OSError):
-        shards.write_shard(path, np.arange(100, dtype=np.uint16))  # old shard must survive intact
-    with pytest.raises(OSError):
-        shards.write_shard(tmp_path / "new.bin", np.arange(100, dtype=np.uint16))
-    assert np.array_equal(shards.read_shard(path), np.arange(3))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.bin"]
-
-
-# ---------------------------------------------------------------- meta.json
-def test_load_meta_missing_folder_or_shards(tmp_path, prepared):
-    with pytest.raises(shards.ShardError, match=f"{tmp_path}: no meta.json; prepare the data first"):
-        shards.load_meta(tmp_path)
-    out, _ = prepared
-    (out / "train_000001.bin").unlink()
-    with pytest.raises(shards.ShardError, match=r"missing shards \['train_000001.bin'\]"):
-        shards.load_meta(out)
-
-
-@pytest.mark.parametrize("edit", [
-    lambda m: [m],  # a JSON list
-    lambda m: {k: v for k, v in m.items() if k != "vocab_size"},
-    lambda m: {**m, "vocab_size": "512"},
-    lambda m: {**m, "encoding": None},
-    lambda m: {**m, "splits": []},
-    lambda m: {**m, "splits": {"val": m["splits"]["val"]}},  # no train split
-    lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "shards": "train_000000.bin"}}},
-    lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "shards": [0]}}},
-    lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "shards": ["../escape.bin"]}}},
-    lambda m: {**m, "splits": {**m["splits"], "val": {"shards": []}}},  # no token count
-])
-def test_malformed_meta_is_a_shard_error_naming_the_file(prepared, edit):
-    out, _ = prepared
-    meta = json.loads((out / "meta.json").read_text())
-    shards.write_shard(out.parent / "escape.bin", np.arange(3))  # exists, but outside the folder
-    (out / "meta.json").write_text(json.dumps(edit(meta)))
-    with pytest.raises(shards.ShardError, match=f"^{out / 'meta.json'}: malformed: needs a positive vocab_size"):
-        shards.load_meta(out)
-
-
-@pytest.mark.parametrize("raw", [b"{", b"", b'{"vocab_size": 5\xff}'])
-def test_meta_that_is_not_json(tmp_path, raw):
-    (tmp_path / "meta.json").write_bytes(raw)
-    with pytest.raises(shards.ShardError, match=f"^{tmp_path / 'meta.json'}: not valid JSON"):
-        shards.load_meta(tmp_path)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -238,14 +143,34 @@ def test_reserve_ones_is_the_default_and_older_data_keeps_its_ids(tmp_path, caps
     assert load_text_codec({"tokenizer": tiktoken_entry(new)}, "new.pt").enc.eot_token == 187
 
 
-def test_pieces_tokenize_like_the_whole_text(gpt2):
-    # Tricky whitespace around the cut points: trailing spaces, blank lines, CRLF.
-    text = words(300) + "end  \nx\n\n\ny \r\nz\t\nw" + words(300, seed=1)
-    text += SHAKESPEARE.read_text()[:30000] if SHAKESPEARE.is_file() else ""
-    parts = list(P.pieces(text, 500))
-    assert len(parts) > 20 and [last for _, last in parts] == [False] * (len(parts) - 1) + [True]
-    assert "".join(p for p, _ in parts) == text
-    assert [t for p, _ in parts for t in gpt2.encode_ordinary(p)] == gpt2.encode_ordinary(text)
+def test_reserve_zero_gives_id_0_to_the_nul_byte_and_meta_records_it(tmp_path, capsys):
+    """By default no real token gets id 0 (the all-zero binary code): "!" and NUL swap ids, every other
+    token keeps its own, and meta.json says so; the text's NULs are dropped (tests/test_inputs.py).
+    --no-reserve_zero writes the encoding's own ids, and says how many tokens that puts on id 0."""
+    text = tmp_path / "t.txt"
+    text.write_text("Hello! Who's there? Nay, answer me!\n" * 50 + "a NUL \x00 byte")
+    assert main(capsys, str(text), "--out", tmp_path / "r", "--vocab_size", "1000", "--workers", "1")[0] == 0
+    rc, err = main(capsys, str(text), "--out", tmp_path / "p", "--vocab_size", "1000", "--workers", "1", "--no-reserve_zero")
+    assert rc == 0 and err.splitlines()[1] == (
+        "note: 100 tokens on id 0, whose binary code is constant: the encoding's own ids, as --no-reserve_zero / "
+        "--no-reserve_ones ask; a bias-free binary model reads them as a constant vector (docs/zero-code.md; "
+        "meta.json: constant_code_tokens)")
+    r, p = shards.load_meta(tmp_path / "r"), shards.load_meta(tmp_path / "p")
+    assert r["reserve_zero"] is True and p["reserve_zero"] is False
+    assert (p["constant_code_tokens"], "constant_code_tokens" in r, r["dropped_nul"], p["dropped_nul"]) == (100, False, 1, 1)
+    reserved, plain = ([*shard_tokens(tmp_path / d, m, "train").tolist(), *shard_tokens(tmp_path / d, m, "val").tolist()]
+                       for d, m in (("r", r), ("p", p)))
+    swap = {0: 188, 188: 0}
+    assert plain.count(0) == 100 and reserved.count(0) == 0  # the "!"s; the NUL byte is dropped
+    assert reserved == [swap.get(t, t) for t in plain]
+    decoded = get_tokenizer("gpt2", 1000, reserve_zero=True).decode(reserved).replace("<|endoftext|>", "")
+    assert decoded == text.read_text().replace("\x00", "")
+    # data prepared before the option: no key, read as the plain ids
+    meta = {k: v for k, v in p.items() if k != "reserve_zero"}
+    (tmp_path / "p" / "meta.json").write_text(json.dumps(meta))
+    assert "reserve_zero" not in shards.load_meta(tmp_path / "p")
+
+
 
 
 # ---------------------------------------------------------------- prepare
@@ -365,15 +290,6 @@ def test_few_documents_are_each_cut_by_characters(tmp_path):
     assert meta["splits"]["train"]["documents"] == meta["splits"]["val"]["documents"] == 3
 
 
-def test_deterministic_across_runs_and_workers(tmp_path, monkeypatch):
-    monkeypatch.setattr(P, "PIECE_CHARS", 2000)  # many batches, so two workers really share work
-    for i in range(25):
-        (tmp_path / f"{i:02d}.txt").write_text(words(60 + i, seed=i))
-    kw = dict(shard_tokens=3000, vocab_size=4096, progress=False)
-    runs = [P.prepare([str(tmp_path / "*.txt")], tmp_path / f"out{n}", workers=w, **kw) for n, w in enumerate([1, 2, 2])]
-    assert runs[0] == runs[1] == runs[2] and len(runs[0]["splits"]["train"]["shards"]) > 3
-    for name in os.listdir(tmp_path / "out0"):
-        assert len({(tmp_path / f"out{n}" / name).read_bytes() for n in range(3)}) == 1, name
 
 
 def test_jsonl_text_field(tmp_path, gpt2):
@@ -461,300 +377,6 @@ def test_optional_packages_missing_give_clear_errors(tmp_path, monkeypatch):
         P.prepare([str(tmp_path / "d.parquet")], tmp_path / "b", workers=1, progress=False)
 
 
-# ---------------------------------------------------------------- bad input, faults, interrupts: nothing lost
-def test_bad_inputs_are_one_line_and_keep_the_old_data(tmp_path, capsys, prepared):
-    out, before = prepared
-    (tmp_path / "empty.txt").write_text("")
-    (tmp_path / "blank.txt").write_text(" \n\n")
-    (tmp_path / "latin1.txt").write_bytes("ok so far ".encode() + "café".encode("latin-1"))
-    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"text": \n')
-    (tmp_path / "nofield.jsonl").write_text('{"text": "a"}\n{"body": "b"}\n')
-    (tmp_path / "nodocs.jsonl").write_text('{"text": ""}\n\n')
-    (tmp_path / "ok.txt").write_text(words(20))
-    ok = tmp_path / "ok.txt"
-    cases = [
-        ([tmp_path / "empty.txt"], "empty.txt: empty file"),
-        ([tmp_path / "blank.txt"], "blank.txt: empty file (only whitespace)"),
-        ([ok, tmp_path / "latin1.txt"], "latin1.txt: not valid UTF-8 at byte offset 13"),
-        ([ok, tmp_path / "bad.jsonl"], "bad.jsonl:2: invalid JSON (Expecting value)"),
-        ([tmp_path / "nofield.jsonl"], "nofield.jsonl:2: record has no string field 'text' (try --text_field)"),
-        ([tmp_path / "nodocs.jsonl"], "nodocs.jsonl: no documents (no record has a non-empty 'text')"),
-        ([ok, "--encoding", "gpt5"], "unknown encoding 'gpt5'"),
-        ([ok, "--vocab_size", "100"], "vocab_size must be in [257, 50257]"),
-        ([ok, tmp_path / "missing.txt"], "missing.txt: no such file or folder"),
-        ([tmp_path / "*.nothing"], "no files match"),
-        ([ok, ok, "--mix", "1.5"], "--mix needs one non-negative weight per input"),
-        ([ok, "--val_fraction", "1"], "need 0 <= val_fraction < 1"),
-        ([ok, "--workers", "-1"], "workers must be at least 1, got -1"),
-        ([ok, "--max_tokens", "1"], "the train split is empty (--val_fraction 0.1, --max_tokens 1): give a smaller fraction "
-                                    "or a larger budget"),
-        ([ok, "--val_fraction", "0.9999999"], "the train split is empty (--val_fraction 0.9999999): give a smaller "
-                                              "fraction or a larger budget"),  # said --max_tokens, never given
-        ([ok, "--mix", "0.5"], "--mix draws documents from two or more inputs, but 1 is named: drop --mix"),
-    ]
-    for args, msg in cases:
-        rc, err = main(capsys, "--out", out, "--workers", "1", "--overwrite", *args)
-        assert rc == 1 and err.startswith("error: ") and msg in err and err.count("\n") == 1, (msg, err)
-        assert snapshot(out) == before, msg
-
-
-@pytest.mark.parametrize("argv,msg", [(["a.txt", "--shard_tokens", "2.5"], "expected an integer, got '2.5'"),
-                                      (["a.txt", "--mix", "0.5,x"], "expected comma-separated numbers, got '0.5,x'"),
-                                      (["a.txt"], "--out is needed (only a single named corpus")])
-def test_command_line_errors(capsys, argv, msg):
-    with pytest.raises(SystemExit) as e:
-        P.main(argv)
-    assert e.value.code == 2 and msg in capsys.readouterr().err
-
-
-def test_input_bad_halfway_keeps_the_old_data(tmp_path, prepared):
-    """Through the real command line: the first records pass the up-front check, a later one is broken."""
-    out, before = prepared
-    src = tmp_path / "late.jsonl"
-    src.write_text("".join(json.dumps({"text": words(3, seed=i)}) + "\n" for i in range(200)) + '{"text": \n')
-    r = cli(src, "--out", out, "--overwrite", "--shard_tokens", "100", "--workers", "2")
-    assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr == f"error: {src}:201: invalid JSON (Expecting value)\n"
-    assert snapshot(out) == before
-
-
-def test_failure_halfway_leaves_no_shards(tmp_path, monkeypatch):
-    monkeypatch.setattr(P, "PIECE_CHARS", 200)  # so shards are written before the bad record is read
-    for i in range(11):
-        (tmp_path / f"{i:02d}.txt").write_text(words(100, seed=i))
-    (tmp_path / "zz.jsonl").write_bytes(b'{"text": "passes the up-front check"}\n{"text": "\xff"}\n')
-    written = []
-    monkeypatch.setattr(shards, "write_shard", lambda path, t, w=shards.write_shard: written.append(path) or w(path, t))
-    with pytest.raises(ValueError, match="zz.jsonl: not valid UTF-8 at byte offset 48"):
-        P.prepare([str(tmp_path)], tmp_path / "out", shard_tokens=100, workers=2, progress=False)
-    assert len(written) > 10 and not (tmp_path / "out").exists()  # the folder it made goes too
-
-
-def test_full_disk_keeps_the_old_data(tmp_path, capsys, monkeypatch, prepared):
-    out, before = prepared
-    (tmp_path / "new.txt").write_text(words(400, seed=1))
-    fsync, calls = os.fsync, []
-
-    def fills_up(fd):
-        calls.append(fd)
-        if len(calls) == 3:
-            raise OSError(28, "No space left on device")
-        fsync(fd)
-    monkeypatch.setattr(os, "fsync", fills_up)
-    rc, err = main(capsys, tmp_path / "new.txt", "--out", out, "--overwrite", "--shard_tokens", "1000", "--workers", "1")
-    assert (rc, err) == (1, f"error: {out}: not prepared: the disk is full (No space left on device); the prepared data "
-                            "there is as it was\n")
-    assert snapshot(out) == before
-
-
-def test_refuses_prepared_folder_unless_overwrite(tmp_path, capsys, prepared):
-    out, before = prepared
-    (tmp_path / "b.txt").write_text(words(20))
-    rc, err = main(capsys, tmp_path / "b.txt", "--out", out)
-    assert rc == 1 and err == f"error: {out}: already holds prepared data (meta.json); pass --overwrite to replace it\n"
-    assert snapshot(out) == before
-    assert main(capsys, tmp_path / "b.txt", "--out", out, "--overwrite")[0] == 0
-    meta = shards.load_meta(out)  # no stale shards from the bigger first run
-    assert sorted(os.listdir(out)) == sorted([LOCK_NAME, "meta.json", *meta["splits"]["train"]["shards"], *meta["splits"]["val"]["shards"]])
-    assert len(meta["splits"]["train"]["shards"]) < len([n for n in before if n.startswith("train_")])
-
-
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_interrupt_is_one_line_and_keeps_the_old_data(tmp_path, prepared, how):
-    """Ctrl-C reaches the whole process group (parent and workers); `kill` reaches the parent only."""
-    out, before = prepared
-    big = tmp_path / "big.jsonl"
-    lines = words(2000).splitlines()
-    records = "".join(json.dumps({"text": "\n".join(lines[i:i + 20])}) + "\n" for i in range(0, 2000, 20))
-    big.write_text(records * 300)  # 30,000 documents, ~30 MB: the first shards come at once, the rest takes seconds
-    proc = subprocess.Popen([sys.executable, str(ROOT / "prepare_data.py"), str(big), "--out", str(out), "--overwrite",
-                             "--shard_tokens", "20000", "--workers", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                # a shell's background job inherits SIGINT ignored: give the child Ctrl-C back
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 60
-    while not (out / ".partial" / "train_000000.bin").exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert proc.poll() is None, proc.communicate()  # still working: the interrupt lands mid-run
-    if how == "ctrl-c":
-        os.killpg(proc.pid, signal.SIGINT)
-    else:
-        proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=60)
-    assert (proc.returncode, stdout, stderr) == (130, "", "interrupted\n")
-    assert snapshot(out) == before
-    for _ in range(100):  # and no worker outlives it
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("pool workers still running after the interrupt")
-
-
-def test_help(capsys):
-    with pytest.raises(SystemExit) as e:
-        P.main(["--help"])
-    assert e.value.code == 0 and "--vocab_size" in capsys.readouterr().out
-
-
-def test_reserve_zero_gives_id_0_to_the_nul_byte_and_meta_records_it(tmp_path, capsys):
-    """By default no real token gets id 0 (the all-zero binary code): "!" and NUL swap ids, every other
-    token keeps its own, and meta.json says so; the text's NULs are dropped (tests/test_inputs.py).
-    --no-reserve_zero writes the encoding's own ids, and says how many tokens that puts on id 0."""
-    text = tmp_path / "t.txt"
-    text.write_text("Hello! Who's there? Nay, answer me!\n" * 50 + "a NUL \x00 byte")
-    assert main(capsys, str(text), "--out", tmp_path / "r", "--vocab_size", "1000", "--workers", "1")[0] == 0
-    rc, err = main(capsys, str(text), "--out", tmp_path / "p", "--vocab_size", "1000", "--workers", "1", "--no-reserve_zero")
-    assert rc == 0 and err.splitlines()[1] == (
-        "note: 100 tokens on id 0, whose binary code is constant: the encoding's own ids, as --no-reserve_zero / "
-        "--no-reserve_ones ask; a bias-free binary model reads them as a constant vector (docs/zero-code.md; "
-        "meta.json: constant_code_tokens)")
-    r, p = shards.load_meta(tmp_path / "r"), shards.load_meta(tmp_path / "p")
-    assert r["reserve_zero"] is True and p["reserve_zero"] is False
-    assert (p["constant_code_tokens"], "constant_code_tokens" in r, r["dropped_nul"], p["dropped_nul"]) == (100, False, 1, 1)
-    reserved, plain = ([*shard_tokens(tmp_path / d, m, "train").tolist(), *shard_tokens(tmp_path / d, m, "val").tolist()]
-                       for d, m in (("r", r), ("p", p)))
-    swap = {0: 188, 188: 0}
-    assert plain.count(0) == 100 and reserved.count(0) == 0  # the "!"s; the NUL byte is dropped
-    assert reserved == [swap.get(t, t) for t in plain]
-    decoded = get_tokenizer("gpt2", 1000, reserve_zero=True).decode(reserved).replace("<|endoftext|>", "")
-    assert decoded == text.read_text().replace("\x00", "")
-    # data prepared before the option: no key, read as the plain ids
-    meta = {k: v for k, v in p.items() if k != "reserve_zero"}
-    (tmp_path / "p" / "meta.json").write_text(json.dumps(meta))
-    assert "reserve_zero" not in shards.load_meta(tmp_path / "p")
-
-
-# ---------------------------------------------------------------- one writer, and only the project's files (issue 18)
-def busy_input(path):
-    """~4 MB of JSONL: enough work that a run is still writing when it is paused after its first shard."""
-    lines = words(2000).splitlines()
-    path.write_text("".join(json.dumps({"text": "\n".join(lines[i:i + 20])}) + "\n" for i in range(0, 2000, 20)) * 40)
-    return path
-
-
-def wait_for(path, proc, seconds=60):
-    deadline = time.time() + seconds
-    while not path.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    assert proc.poll() is None, proc.communicate()
-
-
-def consistent(out):
-    """meta.json agrees with the shards: every listed shard, each split's token count, ids inside the vocabulary."""
-    meta = shards.load_meta(out)
-    for split in ("train", "val"):
-        tokens = shard_tokens(out, meta, split)
-        assert len(tokens) == meta["splits"][split]["tokens"] and tokens.max() < meta["vocab_size"]
-    assert sorted(os.listdir(out)) == sorted([LOCK_NAME, "meta.json", *meta["splits"]["train"]["shards"],
-                                              *meta["splits"]["val"]["shards"]])
-    return meta
-
-
-def test_a_second_writer_is_refused_while_the_first_runs(tmp_path, prepared):
-    """Two real processes into one --out: the second is refused with one line while the first holds the folder
-    (paused with SIGSTOP, so the overlap is certain); the first then finishes with meta.json matching its shards."""
-    out, _ = prepared
-    first = subprocess.Popen([sys.executable, str(ROOT / "prepare_data.py"), str(busy_input(tmp_path / "big.jsonl")),
-                              "--out", str(out), "--overwrite", "--shard_tokens", "20000", "--workers", "1"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(out / ".partial" / "train_000000.bin", first)
-        first.send_signal(signal.SIGSTOP)
-        (tmp_path / "small.txt").write_text(words(50, seed=3))
-        second = cli(tmp_path / "small.txt", "--out", out, "--overwrite", "--workers", "1")
-        assert (second.returncode, second.stdout) == (1, "")
-        assert second.stderr == (f"error: {out} is being written by another process (pid {first.pid}); wait for it "
-                                 "to finish or choose another folder\n")
-    finally:
-        first.send_signal(signal.SIGCONT)
-    stdout, stderr = first.communicate(timeout=120)
-    assert (first.returncode, stderr) == (0, ""), stderr
-    assert consistent(out)["sources"] == [str(tmp_path / "big.jsonl")]
-
-
-def test_a_writer_killed_with_sigkill_leaves_no_lock_and_its_staging_goes(tmp_path, prepared):
-    out, before = prepared
-    first = subprocess.Popen([sys.executable, str(ROOT / "prepare_data.py"), str(busy_input(tmp_path / "big.jsonl")),
-                              "--out", str(out), "--overwrite", "--shard_tokens", "20000", "--workers", "1"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(out / ".partial" / "train_000000.bin", first)
-    first.kill()
-    first.communicate(timeout=60)
-    assert (out / ".partial").is_dir() and {n: b for n, b in tree(out).items() if "/" not in n} == before
-    (tmp_path / "small.txt").write_text(words(50, seed=3))
-    r = cli(tmp_path / "small.txt", "--out", out, "--overwrite", "--workers", "1")
-    assert r.returncode == 0, r.stderr
-    assert consistent(out)["sources"] == [str(tmp_path / "small.txt")]
-
-
-def test_user_files_in_the_output_folder_are_refused_by_name_and_kept(tmp_path):
-    (tmp_path / "a.txt").write_text(words(50))
-    corpus = tmp_path / "corpus"  # a folder with a meta.json of its own: not prepared data
-    corpus.mkdir()
-    (corpus / "meta.json").write_text('{"title": "my corpus", "license": "CC-BY"}\n')
-    staged = tmp_path / "staged"  # a user's folder that happens to be called .partial
-    (staged / ".partial").mkdir(parents=True)
-    (staged / ".partial" / "notes.txt").write_text("my notes\n")
-    shard = tmp_path / "shard"  # a user's file with a shard's name
-    shard.mkdir()
-    (shard / "train_000000.bin").write_bytes(b"my own binary file")
-    for folder, msg in [(corpus, f"{corpus / 'meta.json'} is not a meta.json of prepared data (prepare_data.py did not "
-                                 "write it): it is left alone; choose another --out"),
-                        (staged, f"{staged / '.partial'} exists and prepare_data.py did not make it (it has no "
-                                 ".prepare_data mark): it is left alone; move it away or choose another --out"),
-                        (shard, f"{shard / 'train_000000.bin'} is not a token shard (prepare_data.py did not write it): "
-                                "it is left alone; choose another --out")]:
-        before = tree(folder)
-        for overwrite in ([], ["--overwrite"]):
-            r = cli(tmp_path / "a.txt", "--out", folder, "--workers", "1", *overwrite)
-            assert (r.returncode, r.stdout, r.stderr) == (1, "", f"error: {msg}\n")
-            assert tree(folder) == before
-
-
-def test_a_marked_staging_folder_with_a_user_file_inside_is_refused(tmp_path, prepared):
-    out, before = prepared
-    (out / ".partial").mkdir()
-    (out / ".partial" / ".prepare_data").write_text("mark\n")
-    (out / ".partial" / "train_000000.bin").write_bytes(b"left by a killed run")
-    (out / ".partial" / "keep.txt").write_text("mine\n")
-    (tmp_path / "a.txt").write_text(words(50))
-    r = cli(tmp_path / "a.txt", "--out", out, "--overwrite", "--workers", "1")
-    assert (r.returncode, r.stderr) == (1, f"error: {out / '.partial'} holds files prepare_data.py did not write "
-                                           "(keep.txt): they are left alone; move them away or choose another --out\n")
-    assert (out / ".partial" / "keep.txt").read_text() == "mine\n"
-    assert {n: b for n, b in tree(out).items() if "/" not in n} == before
-
-
-def tree(folder):
-    """{relative path: bytes} of every file under folder, but the writer lock's (it holds the last writer's pid)."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file() and p.name != LOCK_NAME}
-
-
-def test_bad_inputs_of_every_kind_are_one_line_naming_them(tmp_path):
-    (tmp_path / "nested.jsonl").write_text('{"text": "fine"}\n' + "[" * 100_000 + "\n")
-    (tmp_path / "surrogate.jsonl").write_text('{"text": "fine"}\n{"text": "half a pair \\ud800 here"}\n')
-    os.symlink("/dev/zero", tmp_path / "zero.txt")
-    os.mkfifo(tmp_path / "pipe.txt")
-    ok = tmp_path / "ok.txt"
-    ok.write_text(words(20))
-    o = tmp_path / "o"
-    cases = [
-        ([ok], "", "the output folder is '' (empty): name one, e.g. --out data/mine"),
-        ([ok], ok, f"{ok} is a file, not a folder: name a folder to write into"),
-        ([ok, tmp_path / "nested.jsonl"], o, f"{tmp_path / 'nested.jsonl'}:2: JSON nested too deeply to read (not a text record)"),
-        ([tmp_path / "surrogate.jsonl"], o,
-         f"{tmp_path / 'surrogate.jsonl'}:2: 'text' holds a lone surrogate (\\ud800) at character 12, which is not Unicode text"),
-        ([ok, tmp_path / "zero.txt"], o, f"{tmp_path / 'zero.txt'}: a symlink to /dev/zero, a character device, not a file: "
-                                         "give a text file, a folder or a named corpus"),
-        ([tmp_path], o, f"{tmp_path / 'pipe.txt'}: a named pipe (FIFO), not a file: give a text file, a folder or a named corpus"),
-    ]
-    for named, out, msg in cases:
-        r = cli(*named, "--out", out, "--workers", "1")
-        assert (r.returncode, r.stdout, r.stderr) == (1, "", f"error: {msg}\n"), msg
-    assert not o.exists()  # the records past the first were read as the folder's writer, which removes the folder it made
 
 
 def test_mix_counts_the_inputs_named_not_their_files(tmp_path):
@@ -788,6 +410,22 @@ def test_a_mixture_that_runs_dry_before_its_budget_says_so(tmp_path, monkeypatch
                    "budget (the other inputs' remaining documents are left out, so the --mix ratio holds)\n")
     P.prepare(["fineweb-edu", "cosmopedia"], tmp_path / "b", max_tokens=total // 2, **kw)
     assert capsys.readouterr().err == ""
+
+
+# ---------------------------------------------------------------- the command line
+@pytest.mark.parametrize("argv,msg", [(["a.txt", "--shard_tokens", "2.5"], "expected an integer, got '2.5'"),
+                                      (["a.txt", "--mix", "0.5,x"], "expected comma-separated numbers, got '0.5,x'"),
+                                      (["a.txt"], "--out is needed (only a single named corpus")])
+def test_command_line_errors(capsys, argv, msg):
+    with pytest.raises(SystemExit) as e:
+        P.main(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        P.main(["--help"])
+    assert e.value.code == 0 and "--vocab_size" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- compressed inputs (issue 35)

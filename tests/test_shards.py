@@ -1,0 +1,108 @@
+"""The token shard format (bincode_gpt/shards.py): header, round trip, damaged shards and a crash mid-write; and
+meta.json, the prepared folder's index, malformed or missing."""
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+
+from bincode_gpt import shards
+from test_prepare_data import prepared  # noqa: F401 (a fixture)
+
+
+# ---------------------------------------------------------------- shard format
+@pytest.mark.parametrize("dtype,width", [(np.uint16, 2), (np.uint32, 4)])
+def test_shard_round_trip_and_header(tmp_path, dtype, width):
+    tokens = np.array([0, 1, 255, 50256, np.iinfo(dtype).max], dtype=dtype)
+    path = tmp_path / "s.bin"
+    shards.write_shard(path, tokens)
+    raw = path.read_bytes()
+    assert raw[:8] == b"BCGPTTOK"
+    assert struct.unpack("<IIQ", raw[8:24]) == (1, width, 5) and raw[24:32] == bytes(8)
+    assert len(raw) == 32 + 5 * width
+    back = shards.read_shard(path)
+    assert back.dtype == np.dtype(dtype) and np.array_equal(back, tokens)
+    assert not back.flags.writeable
+    assert os.listdir(tmp_path) == ["s.bin"]
+
+
+def test_write_shard_narrows_wide_ints_and_empty(tmp_path):
+    shards.write_shard(tmp_path / "a.bin", np.array([1, 2, 70000], dtype=np.int64))
+    assert shards.read_shard(tmp_path / "a.bin").dtype == np.uint32
+    shards.write_shard(tmp_path / "b.bin", np.array([1, 2, 3], dtype=np.int64))
+    assert shards.read_shard(tmp_path / "b.bin").dtype == np.uint16
+    shards.write_shard(tmp_path / "c.bin", np.zeros(0, np.uint16))
+    assert len(shards.read_shard(tmp_path / "c.bin")) == 0
+    with pytest.raises(ValueError, match=r"d.bin: token ids must be integers in \[0, 2\*\*32\)"):
+        shards.write_shard(tmp_path / "d.bin", np.array([-1]))
+
+
+@pytest.mark.parametrize("damage,msg", [
+    (lambda b: b[:-1], "truncated"),
+    (lambda b: b + b"\0\0", "longer"),
+    (lambda b: b"NOTMAGIC" + b[8:], "not a token shard"),
+    (lambda b: b[:8] + struct.pack("<I", 9) + b[12:], "version"),
+    (lambda b: b[:12] + struct.pack("<I", 3) + b[16:], "width"),
+    (lambda b: b[:20], "truncated header"),
+])
+def test_bad_shards_raise_shard_error_naming_file(tmp_path, damage, msg):
+    path = tmp_path / "bad.bin"
+    shards.write_shard(path, np.arange(10, dtype=np.uint16))
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(shards.ShardError, match=msg) as e:
+        shards.read_shard(path)
+    assert str(path) in str(e.value) and isinstance(e.value, ValueError)
+
+
+def test_crash_mid_write_leaves_no_shard(tmp_path, monkeypatch):
+    path = tmp_path / "s.bin"
+    shards.write_shard(path, np.arange(3, dtype=np.uint16))
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError):
+        shards.write_shard(path, np.arange(100, dtype=np.uint16))  # old shard must survive intact
+    with pytest.raises(OSError):
+        shards.write_shard(tmp_path / "new.bin", np.arange(100, dtype=np.uint16))
+    assert np.array_equal(shards.read_shard(path), np.arange(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.bin"]
+
+
+# ---------------------------------------------------------------- meta.json
+def test_load_meta_missing_folder_or_shards(tmp_path, prepared):
+    with pytest.raises(shards.ShardError, match=f"{tmp_path}: no meta.json; prepare the data first"):
+        shards.load_meta(tmp_path)
+    out, _ = prepared
+    (out / "train_000001.bin").unlink()
+    with pytest.raises(shards.ShardError, match=r"missing shards \['train_000001.bin'\]"):
+        shards.load_meta(out)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: [m],  # a JSON list
+    lambda m: {k: v for k, v in m.items() if k != "vocab_size"},
+    lambda m: {**m, "vocab_size": "512"},
+    lambda m: {**m, "encoding": None},
+    lambda m: {**m, "splits": []},
+    lambda m: {**m, "splits": {"val": m["splits"]["val"]}},  # no train split
+    lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "shards": "train_000000.bin"}}},
+    lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "shards": [0]}}},
+    lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "shards": ["../escape.bin"]}}},
+    lambda m: {**m, "splits": {**m["splits"], "val": {"shards": []}}},  # no token count
+])
+def test_malformed_meta_is_a_shard_error_naming_the_file(prepared, edit):
+    out, _ = prepared
+    meta = json.loads((out / "meta.json").read_text())
+    shards.write_shard(out.parent / "escape.bin", np.arange(3))  # exists, but outside the folder
+    (out / "meta.json").write_text(json.dumps(edit(meta)))
+    with pytest.raises(shards.ShardError, match=f"^{out / 'meta.json'}: malformed: needs a positive vocab_size"):
+        shards.load_meta(out)
+
+
+@pytest.mark.parametrize("raw", [b"{", b"", b'{"vocab_size": 5\xff}'])
+def test_meta_that_is_not_json(tmp_path, raw):
+    (tmp_path / "meta.json").write_bytes(raw)
+    with pytest.raises(shards.ShardError, match=f"^{tmp_path / 'meta.json'}: not valid JSON"):
+        shards.load_meta(tmp_path)
