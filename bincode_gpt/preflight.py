@@ -1,9 +1,10 @@
 """
-The checks train.py runs before its first step, so that a run that cannot work is refused at once, with
-the numbers, and before it writes anything: the settings, the data, the checkpoint to start from and its
-tokenizer against the data's, the model's shape against the checkpoint's, whether the model and batch fit
-in memory; and a warning for training windows that start on a token the model reads as a constant vector.
-Each takes plain values (settings by name, paths, the data's meta.json, a checkpoint dict, a GPTConfig).
+The checks train.py runs before its first step, so that a run that cannot work is refused at once,
+with the numbers, and before it writes anything: the settings, the data, the checkpoint to start
+from and its tokenizer against the data's, the model's shape against the checkpoint's, whether the
+model and batch fit in memory; and a warning for training windows that start on a token the model
+reads as a constant vector. Each takes plain values (settings by name, paths, the data's meta.json,
+a checkpoint dict, a GPTConfig).
 """
 
 import math
@@ -34,17 +35,18 @@ class Start(NamedTuple):
 
 
 def read_start(data_dir, *, out_dir, resume, init_from) -> Start:
-    """The data and the checkpoint a run starts from, read and checked in the order a run meets them,
-    before anything is written -> Start: the data's meta.json, the checkpoint (--resume: out_dir's
-    ckpt.pt and its training state; --init_from: its file), its tokenizer against the data's."""
+    """The data and the checkpoint a run starts from, read and checked in the order a run meets
+    them, before anything is written -> Start: the data's meta.json, the checkpoint (--resume:
+    out_dir's ckpt.pt and its training state; --init_from: its file), its tokenizer against the
+    data's."""
     meta = load_meta(data_dir)  # a ShardError names what is missing or malformed
     source = os.path.join(out_dir, "ckpt.pt") if resume else init_from
     stamp = file_stamp(source) if resume else None
     best = os.path.join(out_dir, "best.pt")
     if resume and stamp is None and os.path.isfile(best):
-        raise FileNotFoundError(f"{source}: no checkpoint there to resume; {best} holds weights only (no "
-                                "optimizer, data position or RNG state): start a run from them with "
-                                f"--init_from {best}")
+        raise FileNotFoundError(f"{source}: no checkpoint there to resume; {best} holds weights "
+                                "only (no optimizer, data position or RNG state): start a run from "
+                                f"them with --init_from {best}")
     ckpt = read_checkpoint(source) if source else None
     if resume:
         check_resumable(ckpt, source)  # its training state, with the types restore reads
@@ -55,22 +57,24 @@ def read_start(data_dir, *, out_dir, resume, init_from) -> Start:
 
 
 def check_settings(settings):
-    """Counts and rates in range, `settings` by name (train.TrainConfig's fields): a value the run cannot
-    use is refused, never read as 'off' or 'never'."""
+    """Counts and rates in range, `settings` by name (train.TrainConfig's fields): a value the run
+    cannot use is refused, never read as 'off' or 'never'."""
     for name in ("batch_size", "grad_accum", "eval_steps", "log_interval"):
         if settings[name] < 1:
             raise ValueError(f"{name} must be at least 1, got {settings[name]}")
     for name in ("max_steps", "eval_interval", "save_interval", "warmup_steps"):
         if settings[name] < 0:
             raise ValueError(f"{name} must be 0 or more, got {settings[name]}")
-    for name in ("lr", "min_lr", "weight_decay", "grad_clip"):  # finite in float32, where AdamW uses them
+    # finite in float32, where AdamW uses them
+    for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
         if not (0 <= settings[name] <= torch.finfo(torch.float32).max):
             off = " (0: no clipping)" if name == "grad_clip" else ""
             raise ValueError(f"{name} must be a finite number >= 0{off}, got {settings[name]}")
     for name in ("beta1", "beta2"):
         if not 0 <= settings[name] < 1:
             raise ValueError(f"{name} must be in [0, 1), got {settings[name]}")
-    if not 0 <= settings["seed"] < 2**63:  # numpy's data order takes no negative seed, torch none past 2**64
+    # numpy's data order takes no negative seed, torch none past 2**64
+    if not 0 <= settings["seed"] < 2**63:
         raise ValueError(f"seed must be in [0, 2**63), got {settings['seed']}")
     decay = settings["lr_decay_steps"]
     if decay is not None and decay < 1:
@@ -79,14 +83,14 @@ def check_settings(settings):
     if peak is not None and not (math.isfinite(peak) and peak > 0):
         raise ValueError(f"peak_flops must be a finite number > 0 (or none), got {peak}")
     if settings["resume"] and settings["overwrite"]:
-        raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces it: pass one "
-                         "of them")
+        raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces "
+                         "it: pass one of them")
     if settings["resume"] and settings["init_from"] is not None:
-        raise ValueError("--resume continues out_dir's ckpt.pt and --init_from starts afresh from another "
-                         "checkpoint's weights: pass one of them")
+        raise ValueError("--resume continues out_dir's ckpt.pt and --init_from starts afresh from "
+                         "another checkpoint's weights: pass one of them")
     if settings["min_lr"] > settings["lr"]:
-        raise ValueError(f"min_lr {settings['min_lr']:g} is above lr {settings['lr']:g}: the cosine decays "
-                         "from lr down to min_lr")
+        raise ValueError(f"min_lr {settings['min_lr']:g} is above lr {settings['lr']:g}: the "
+                         "cosine decays from lr down to min_lr")
     for name in ("out_dir", "init_from"):  # --data_dir: shards.load_meta
         if settings[name] == "":
             what = "file" if name == "init_from" else "folder"
@@ -113,32 +117,33 @@ def pad_off_the_tokens(asked, preset, meta, note):
     if pad is None or not 0 <= pad < meta["vocab_size"]:
         return asked
     if "pad_token_id" in asked:
-        raise ValueError(f"--pad_token_id {pad} is a token of the data's tokenizer ({meta['encoding']}, "
-                         f"{meta['vocab_size']:,} ids): its code row would be all zeros, so that token "
-                         "would enter the model as a constant vector (docs/zero-code.md); leave "
-                         "--pad_token_id unset")
-    note(f"note: preset {preset}'s pad_token_id {pad} (the released tokenizer's <pad>) is a token of "
-         "this data's tokenizer: every id keeps its own code (pad_token_id none)")
+        raise ValueError(f"--pad_token_id {pad} is a token of the data's tokenizer "
+                         f"({meta['encoding']}, {meta['vocab_size']:,} ids): its code row would be "
+                         "all zeros, so that token would enter the model as a constant vector "
+                         "(docs/zero-code.md); leave --pad_token_id unset")
+    note(f"note: preset {preset}'s pad_token_id {pad} (the released tokenizer's <pad>) is a token "
+         "of this data's tokenizer: every id keeps its own code (pad_token_id none)")
     return {**asked, "pad_token_id": None}
 
 
 def check_model(config: GPTConfig, ckpt, source, *, batch_size, eval_steps, world, device, dtype):
-    """The model about to be built from `config`: a checkpoint's weights finite and as many blocks as
-    config says, and training's memory (refused with the numbers, not built until OOM)."""
+    """The model about to be built from `config`: a checkpoint's weights finite and as many blocks
+    as config says, and training's memory (refused with the numbers, not built until OOM)."""
     if ckpt is not None:
         check_finite(ckpt["model"], source, "train from")  # names the tensor, as sample.py does
-        check_buildable(config, ckpt["model"], source)  # another writer's config may ask for 10**9 blocks
-    check_training_fits(config, batch_size=batch_size, eval_steps=eval_steps, world=world, device=device,
-                        dtype=dtype)
+        # another writer's config may ask for 10**9 blocks
+        check_buildable(config, ckpt["model"], source)
+    check_training_fits(config, batch_size=batch_size, eval_steps=eval_steps, world=world,
+                        device=device, dtype=dtype)
 
 
 def check_window_starts(split: Split, meta: dict, model: GPT, data_dir: str):
-    """Warn, before the first step, when a bias-free binary or affine model would read training windows
-    that start with a token it reads as a constant vector (model.constant_input_ids): a deep model
-    diverges on a step that holds one (docs/zero-code.md). A warning, not a refusal: shallow models train
-    on such data, and data prepared before the tokenizer kept text off the constant codes must still
-    train and resume as it did. Names the count and, where the tokenizer's ids are the cause, the
-    command that prepares the data again with the ids that keep text off them."""
+    """Warn, before the first step, when a bias-free binary or affine model would read training
+    windows that start with a token it reads as a constant vector (model.constant_input_ids): a deep
+    model diverges on a step that holds one (docs/zero-code.md). A warning, not a refusal: shallow
+    models train on such data, and data prepared before the tokenizer kept text off the constant
+    codes must still train and resume as it did. Names the count and, where the tokenizer's ids are
+    the cause, the command that prepares the data again with the ids that keep text off them."""
     constant = constant_input_ids(model)
     if not constant:
         return
@@ -150,14 +155,16 @@ def check_window_starts(split: Split, meta: dict, model: GPT, data_dir: str):
     found = np.unique(firsts[hit]).tolist()
     entry = tiktoken_entry(meta)
     reserved = {0: entry["reserve_zero"], all_ones_id(meta["vocab_size"]): entry["reserve_ones"]}
-    if all(reserved.get(i) is False for i in found):  # text sits there only because the data predates a default
+    # text sits there only because the data predates a default
+    if all(reserved.get(i) is False for i in found):
         shard = len(split.shards[0]) if len(split.shards) > 1 else None
         fix = ("; prepare the data with the ids that keep text off them: "
                f"{prepare_command(meta, data_dir, shard)}")
     else:
-        fix = ("; the model's input puts them there (its pad_token_id row, or an affine A and b drawn "
-               "before the affine input kept its constant codes on ids 0 and 2^K - 1)")
+        fix = ("; the model's input puts them there (its pad_token_id row, or an affine A and b "
+               "drawn before the affine input kept its constant codes on ids 0 and 2^K - 1)")
     names = [f"{i} (end-of-text)" if i == meta.get("eot_token") else str(i) for i in found]
     print(f"warning: {int(hit.sum()):,} of {split.n:,} training windows start with token id "
-          f"{', '.join(names)}, which this model (no biases, {model.config.input} input) reads as a "
-          f"constant vector: a deep model diverges on them (docs/zero-code.md){fix}", file=sys.stderr)
+          f"{', '.join(names)}, which this model (no biases, {model.config.input} input) reads as "
+          f"a constant vector: a deep model diverges on them (docs/zero-code.md){fix}",
+          file=sys.stderr)

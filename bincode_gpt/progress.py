@@ -1,6 +1,6 @@
 """
-What a training run reports: log.jsonl gets every event (rank 0 writes it, a whole line at a time), stdout
-a line every log_interval steps with the throughput, MFU and the time still to go.
+What a training run reports: log.jsonl gets every event (rank 0 writes it, a whole line at a time),
+stdout a line every log_interval steps with the throughput, MFU and the time still to go.
 """
 
 import json
@@ -15,8 +15,8 @@ from model import GPTConfig
 
 @dataclass
 class Log:
-    """log.jsonl gets every event (rank 0 writes it, `master`); stdout a line every log_interval steps,
-    with the throughput over those steps."""
+    """log.jsonl gets every event (rank 0 writes it, `master`); stdout a line every log_interval
+    steps, with the throughput over those steps."""
     out_dir: str
     master: bool
     world: int
@@ -40,8 +40,8 @@ class Log:
     def start(self, *, config: GPTConfig, params, device, dtype, windows, step, resume, overwrite,
               train_config):
         """Open log.jsonl (rank 0, under the lock: appended to by --resume, else new; an --overwrite
-        removes the replaced run's best.pt), say what is trained (`config`: the GPTConfig, `params`: its
-        num_params()), on what, from which step, and record the start."""
+        removes the replaced run's best.pt), say what is trained (`config`: the GPTConfig, `params`:
+        its num_params()), on what, from which step, and record the start."""
         if self.master:
             if overwrite:
                 remove_replaced_best(self.out_dir)
@@ -58,8 +58,8 @@ class Log:
         self.mark = time.time()
 
     def record(self, **entry):
-        """One event, a whole line or none: a line cut short (a full disk, Ctrl-C mid-write) is taken
-        back, so its readers parse every line and a resumed run appends after whole lines."""
+        """One event, a whole line or none: a line cut short (a full disk, Ctrl-C mid-write) is
+        taken back, so its readers parse every line and a resumed run appends after whole lines."""
         if self.fd is None:
             return
         data = (json.dumps(entry) + "\n").encode()
@@ -97,7 +97,8 @@ class Log:
                   f"{' (best)' if improved else ''}")
 
     def step(self, step, *, loss, norm, lr, dt, tokens, stopping):
-        """Optimizer step `step` is taken: its loss, gradient norm, lr and time; `tokens` read so far."""
+        """Optimizer step `step` is taken: its loss, gradient norm, lr and time; `tokens` read so
+        far."""
         per_step = self.tokens_per_step
         mfu = self.flops * per_step / dt / (self.peak * self.world) if self.peak else None
         self.record(event="train", step=step, loss=loss, lr=lr, grad_norm=norm, dt=dt,

@@ -1,7 +1,7 @@
 """
-How a run stops early: on a signal it finishes the step, saves and exits 0; on a diverged state (a loss or
-gradient that is not finite, or far above an untrained model's) it stops without saving, so the last
-checkpoint written stays good.
+How a run stops early: on a signal it finishes the step, saves and exits 0; on a diverged state (a
+loss or gradient that is not finite, or far above an untrained model's) it stops without saving, so
+the last checkpoint written stays good.
 """
 
 import math
@@ -18,12 +18,12 @@ from bincode_gpt.progress import Log
 
 
 class GracefulStop:
-    """SIGINT/SIGTERM set a flag that the loop checks after each step: it saves and exits 0. A second
-    SIGINT raises KeyboardInterrupt at once (exit 130); a checkpoint being written then is dropped and
-    the previous one stays. Under DDP the loop all-reduces the flag with the loss, so every rank stops
-    at the same step. torchrun itself re-raises a signal sent to it and exits 1 even when every rank
-    saved and exited 0: to stop a DDP run cleanly, signal the ranks (pkill -TERM -P <torchrun pid>),
-    and torchrun exits 0."""
+    """SIGINT/SIGTERM set a flag that the loop checks after each step: it saves and exits 0. A
+    second SIGINT raises KeyboardInterrupt at once (exit 130); a checkpoint being written then is
+    dropped and the previous one stays. Under DDP the loop all-reduces the flag with the loss, so
+    every rank stops at the same step. torchrun itself re-raises a signal sent to it and exits 1
+    even when every rank saved and exited 0: to stop a DDP run cleanly, signal the ranks (pkill
+    -TERM -P <torchrun pid>), and torchrun exits 0."""
 
     def __enter__(self):
         self.requested = False
@@ -47,17 +47,19 @@ class GracefulStop:
             signal.signal(s, h)
 
 
-# torchrun forwards a signal it gets to its ranks and SIGKILLs those still running --shutdown_timeout
+# torchrun forwards a signal it gets to its ranks and SIGKILLs those still running
+# --shutdown_timeout
 # seconds later
-TORCHRUN_KILLS = ("torchrun SIGKILLs the ranks --shutdown_timeout seconds after it forwards a signal "
-                  "(default 30): a step and save that take longer are lost, the last ckpt.pt kept; on slow "
-                  "storage start torchrun with --shutdown_timeout=600 (docs/usage.md)")
+TORCHRUN_KILLS = ("torchrun SIGKILLs the ranks --shutdown_timeout seconds after it forwards a "
+                  "signal (default 30): a step and save that take longer are lost, the last "
+                  "ckpt.pt kept; on slow storage start torchrun with --shutdown_timeout=600 "
+                  "(docs/usage.md)")
 
 
 def why_diverged(loss, norm, vocab_size):
-    """Why a state with this loss and gradient norm cannot be trained on, or None. A state is good when
-    its loss and gradient norm are finite and the loss is at most 2 ln V: an untrained model scores
-    about ln V, a diverged one, finite or not, far more."""
+    """Why a state with this loss and gradient norm cannot be trained on, or None. A state is good
+    when its loss and gradient norm are finite and the loss is at most 2 ln V: an untrained model
+    scores about ln V, a diverged one, finite or not, far more."""
     if not math.isfinite(loss):
         return f"non-finite loss ({loss})"
     if norm is not None and not math.isfinite(norm):
@@ -72,18 +74,19 @@ EXTREME_LR = 0.02
 
 
 def likely_fault(step, *, lr, weight_decay, warmup_steps):
-    """The setting a divergence at `step` most likely comes from, read from the run's own settings, in
-    this order: a weight decay with lr x weight_decay >= 1 (AdamW's decoupled decay then zeroes or flips
-    the matrices each step) where the decay is what is extreme (above 1) or the lr is not; a divergence
-    soon after a warmup reached a moderate lr (the ramp too short); else the learning rate."""
+    """The setting a divergence at `step` most likely comes from, read from the run's own settings,
+    in this order: a weight decay with lr x weight_decay >= 1 (AdamW's decoupled decay then zeroes
+    or flips the matrices each step) where the decay is what is extreme (above 1) or the lr is not;
+    a divergence soon after a warmup reached a moderate lr (the ramp too short); else the learning
+    rate."""
     lr_wd = lr * weight_decay
     if lr_wd >= 1 and (weight_decay > 1 or lr < EXTREME_LR):
-        return (f"--weight_decay {weight_decay:g}: AdamW's decoupled decay scales each weight matrix by "
-                f"1 - lr x weight_decay = {1 - lr_wd:.3g} a step, which zeroes or flips it: use a weight "
-                f"decay far below 1 / lr = {1 / lr:.4g} (0.1 is usual)")
+        return (f"--weight_decay {weight_decay:g}: AdamW's decoupled decay scales each weight "
+                f"matrix by 1 - lr x weight_decay = {1 - lr_wd:.3g} a step, which zeroes or flips "
+                f"it: use a weight decay far below 1 / lr = {1 / lr:.4g} (0.1 is usual)")
     if lr < EXTREME_LR and warmup_steps <= step <= warmup_steps + max(warmup_steps, 10):
-        return (f"--warmup_steps {warmup_steps}: the run diverged {step - warmup_steps} step(s) after its "
-                f"warmup reached --lr {lr:g}: a longer warmup (e.g. --warmup_steps "
+        return (f"--warmup_steps {warmup_steps}: the run diverged {step - warmup_steps} step(s) "
+                f"after its warmup reached --lr {lr:g}: a longer warmup (e.g. --warmup_steps "
                 f"{max(4 * warmup_steps, 100)}) ramps up to it more gently, or try a lower --lr")
     when = ", during the warmup (below its peak)" if step < warmup_steps else ""
     return f"--lr {lr:g}{when}: try a lower --lr, or --grad_clip"
@@ -92,8 +95,8 @@ def likely_fault(step, *, lr, weight_decay, warmup_steps):
 @dataclass
 class Divergence:
     """The checks that stop a diverged run (FloatingPointError, exit 1) without saving, so the last
-    checkpoint written stays good: each records the event in the log and names the setting most likely
-    at fault. `saved_step`: the step of the last ckpt.pt written, or None."""
+    checkpoint written stays good: each records the event in the log and names the setting most
+    likely at fault. `saved_step`: the step of the last ckpt.pt written, or None."""
     vocab_size: int
     lr: float
     weight_decay: float
@@ -114,8 +117,8 @@ class Divergence:
 
     def check_state(self, model: torch.nn.Module, val_loss, one_batch_loss, *, step, saved_step):
         """Stop unless the state about to be saved is good: finite weights, and its validation loss
-        (`val_loss`: this step's evaluation, else None: `one_batch_loss()`) passes why_diverged. Every
-        rank takes part."""
+        (`val_loss`: this step's evaluation, else None: `one_batch_loss()`) passes why_diverged.
+        Every rank takes part."""
         finite = torch.stack([p.isfinite().all() for p in model.parameters()]).all().item()
         if finite and val_loss is None:
             val_loss = one_batch_loss()
@@ -131,5 +134,5 @@ class Divergence:
             last = f"{self.ckpt_path} (step {saved_step})"
         fault = likely_fault(step, lr=self.lr, weight_decay=self.weight_decay,
                              warmup_steps=self.warmup_steps)
-        raise FloatingPointError(f"{why} at step {step}: stopped without saving; the last good checkpoint "
-                                 f"is untouched: {last}. Most likely at fault: {fault}.")
+        raise FloatingPointError(f"{why} at step {step}: stopped without saving; the last good "
+                                 f"checkpoint is untouched: {last}. Most likely at fault: {fault}.")
