@@ -38,12 +38,12 @@ from bincode_gpt.stopping import Divergence, GracefulStop
 from model import GPT, PRESETS, GPTConfig, get_config
 
 
+# ---------------------------------------------------------- settings
 def shape_setting(name, default="the checkpoint's, else the preset's"):
     """An override of model.GPTConfig's field `name`: None keeps the checkpoint's or preset's."""
     return setting(None, f"model.GPTConfig.{name} (default: {default})")
 
 
-# ---------------------------------------------------------- settings
 @dataclass
 class TrainConfig:
     # data and output
@@ -127,7 +127,7 @@ def model_config(cfg, meta, ckpt, source, note=print):
             return replace(GPTConfig(**ckpt["model_config"]), **asked)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{source}: bad model_config in checkpoint: {e}") from None
-    # the preset's <pad> row (all zeros) goes where it would be a token of this data's tokenizer
+    # no all-zeros <pad> row on a token of this data's tokenizer: a preset's is dropped there
     asked = preflight.pad_off_the_tokens(asked, cfg.preset, meta, note)
     try:
         return get_config(cfg.preset, **{"vocab_size": meta["vocab_size"], **asked})

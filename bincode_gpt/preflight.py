@@ -56,7 +56,7 @@ def read_start(data_dir, *, out_dir, resume, init_from) -> Start:
                  fingerprint=data_fingerprint(data_dir))
 
 
-def check_settings(settings):
+def check_settings(settings: dict):
     """Counts and rates in range, `settings` by name (train.TrainConfig's fields): a value the run
     cannot use is refused, never read as 'off' or 'never'."""
     for name in ("batch_size", "grad_accum", "eval_steps", "log_interval"):

@@ -25,10 +25,7 @@ from bincode_gpt.files import LOCK_NAME
 from model import GPT, GPTConfig
 from prepare_data import prepare
 
-
 ROOT = Path(__file__).resolve().parent.parent  # the repository's
-
-
 CORPUS = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 if (ROOT.parent / "shared" / "tiktoken-cache").is_dir():  # offline GPT-2 BPE files (CI); subprocesses inherit it
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(ROOT.parent / "shared" / "tiktoken-cache"))
@@ -96,6 +93,7 @@ def copy_data(data_dir, tmp_path):
     return Path(shutil.copytree(data_dir, tmp_path / "data"))
 
 
+# ----------------------------------------------------------------------------- learning, and what the log says
 def test_validation_loss_goes_down(data_dir, tmp_path):
     s = train.train(config(data_dir, tmp_path, max_steps=40, eval_interval=20, eval_steps=4))
     evals = train_log(tmp_path, "eval")
@@ -121,8 +119,6 @@ def test_losses_are_also_per_byte_of_the_text(data_dir, tmp_path, capsys):
 
 
 LOG_30_STEPS = Path(__file__).resolve().parent / "data" / "log_30_steps.json"
-
-
 WALL_CLOCK = ("dt", "tokens_per_s", "mfu", "wall_s")  # the fields of log.jsonl that vary from run to run
 
 
@@ -171,6 +167,7 @@ def test_a_30_step_run_logs_the_stored_trajectory(sentences, tmp_path):
     assert want[-1]["final_val_loss"] < want[1]["val_loss"] - 0.5  # the stored run did learn
 
 
+# ----------------------------------------------------------------------------- the data order
 def test_ranks_and_micro_steps_read_disjoint_windows():
     B, A, W, n = 4, 3, 2, 50
     for step in range(5):  # crosses epoch boundaries (G = 24 > n / 2)
@@ -189,6 +186,7 @@ def test_ranks_and_micro_steps_read_disjoint_windows():
     assert not set(rank0) & set(rank1)
 
 
+# ----------------------------------------------------------------------------- checkpoints, devices, stdout
 @pytest.mark.parametrize("compiled", [False, True])
 def test_checkpoint_is_plain_and_reloads(data_dir, tmp_path, monkeypatch, compiled):
     made = []
@@ -261,6 +259,7 @@ def test_a_reader_that_leaves_does_not_stop_training(data_dir, tmp_path):
     assert [e["step"] for e in train_log(tmp_path)] == list(range(1, 41)) and train_log(tmp_path, "end")[0]["steps"] == 40
 
 
+# ----------------------------------------------------------------------------- settings
 def test_lr_schedule():
     cfg = train.TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110)
     lrs = [train.lr_at(s, cfg) for s in range(120)]
@@ -285,6 +284,7 @@ def test_every_model_field_has_an_override():
         assert ours[f.name].metadata["help"].startswith(f"model.GPTConfig.{f.name} (default: ")
 
 
+# ----------------------------------------------------------------------------- memory
 def test_a_training_step_holds_one_logits_sized_buffer_through_backward(data_dir, tmp_path, monkeypatch):
     """Backward keeps one batch x block_size x V buffer (~4 GiB at the paper preset, batch 16): model.CrossEntropy's,
     the logits' own memory turned into their gradient. Forward returns no logits to hold another, and no other
