@@ -170,23 +170,28 @@ class Split:
 
     def __init__(self, folder, meta, split, block_size, vocab_size):
         names = meta["splits"].get(split, {}).get("shards", [])
+        meta_path = os.path.join(folder, "meta.json")
         if not names:
-            raise ShardError(f"{os.path.join(folder, 'meta.json')}: no {split} shards listed")
+            raise ShardError(f"{meta_path}: no {split} shards listed")
         self.block = block_size
-        info = meta["splits"][split]  # nats per token x tokens per byte = nats per byte, comparable across vocabularies
-        self.tokens_per_byte = info["tokens"] / info["bytes"] if info.get("bytes") and info.get("tokens") else None
+        # nats per token x tokens per byte = nats per byte, comparable across vocabularies
+        info = meta["splits"][split]
+        self.tokens_per_byte = None
+        if info.get("bytes") and info.get("tokens"):
+            self.tokens_per_byte = info["tokens"] / info["bytes"]
         self.paths = [os.path.join(folder, n) for n in names]
         self.shards = [read_shard(path) for path in self.paths]  # ShardError names a bad file
         for path, tokens in zip(self.paths, self.shards):
             top = int(tokens.max()) if len(tokens) else -1  # one pass over the data, once
             if top >= vocab_size:
-                raise ValueError(f"{path}: holds token id {top}, beyond the model's vocab_size {vocab_size} "
-                                 f"({os.path.join(folder, 'meta.json')} says vocab_size {meta['vocab_size']})")
+                raise ValueError(f"{path}: holds token id {top}, beyond the model's vocab_size "
+                                 f"{vocab_size} ({meta_path} says vocab_size {meta['vocab_size']})")
         counts = [max(0, (len(t) - 1) // block_size) for t in self.shards]
         self.starts = np.cumsum([0] + counts)  # index of each shard's first window
         self.n = int(self.starts[-1])
         if self.n == 0:
-            raise ShardError(f"{folder}: the {split} split has no shard of block_size+1 = {block_size + 1} tokens")
+            raise ShardError(f"{folder}: the {split} split has no shard of block_size+1 = "
+                             f"{block_size + 1} tokens")
 
     def batch(self, windows, device):
         """(B,) window ids -> inputs, targets: two (B, block_size) int64 tensors on device."""
@@ -194,8 +199,12 @@ class Split:
 
         shard = np.searchsorted(self.starts, windows, side="right") - 1
         offset = (windows - self.starts[shard]) * self.block
-        rows = np.stack([self.shards[s][o : o + self.block + 1] for s, o in zip(shard, offset)]).astype(np.int64)
-        x, y = torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
-        if device.type == "cuda":
-            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        rows = [self.shards[s][o : o + self.block + 1] for s, o in zip(shard, offset)]
+        rows = np.stack(rows).astype(np.int64)
+        x = torch.from_numpy(rows[:, :-1].copy())
+        y = torch.from_numpy(rows[:, 1:].copy())
+        if device.type == "cuda":  # pinned, so the copy to the GPU overlaps the work before it
+            x = x.pin_memory().to(device, non_blocking=True)
+            y = y.pin_memory().to(device, non_blocking=True)
+            return x, y
         return x.to(device), y.to(device)
