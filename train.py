@@ -9,9 +9,8 @@ Train the binary-code GPT of model.py on token shards written by prepare_data.py
         --save_interval=250                                # GPUs: DDP, GPU-sized settings
 
 Every setting is a field of TrainConfig (`python train.py --help`); `train(cfg)` and `main(argv)`
-are importable. It reads as a run goes (settings, data, model and optimizer, the loop, evaluation,
-saving); its safety is a call away in bincode_gpt/: ranks.py (processes), preflight.py (checks),
-run_dir.py (out_dir, its data on resume), stopping.py (signals, divergence), progress.py (the log).
+are importable. It reads as a run goes; what a reader may skip (checks, signals, out_dir's lock,
+the log) is one call away in bincode_gpt/.
 """
 
 import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
@@ -20,7 +19,7 @@ import math
 import os
 import time
 from contextlib import ExitStack, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 
 import numpy as np
@@ -29,19 +28,22 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bincode_gpt import preflight, ranks, run_dir
-from bincode_gpt.checkpoint import atomic_torch_save, checkpoint_dict, load_weights, restore
-from bincode_gpt.checkpoint import rng_state
-from bincode_gpt.settings import config_parser, parse_settings, setting, with_overrides
-from bincode_gpt.exits import exit_process, run_main
+from bincode_gpt.checkpoint import checkpoint_dict, load_weights, restore, rng_state
 from bincode_gpt.devices import peak_flops, set_precision
+from bincode_gpt.exits import exit_process, run_main
 from bincode_gpt.progress import Log
-from bincode_gpt.stopping import GracefulStop, check_state, check_step, check_val_loss
-from bincode_gpt.stopping import mean_loss_and_stop
-from bincode_gpt.windows import Split
-from model import GPT, PRESETS, GPTConfig
+from bincode_gpt.settings import config_parser, parse_settings, setting
+from bincode_gpt.shards import Split
+from bincode_gpt.stopping import Divergence, GracefulStop
+from model import GPT, PRESETS, GPTConfig, get_config
 
 
 # ---------------------------------------------------------- settings
+def shape_setting(name, default="the checkpoint's, else the preset's"):
+    """An override of model.GPTConfig's field `name`: None keeps the checkpoint's or preset's."""
+    return setting(None, f"model.GPTConfig.{name} (default: {default})")
+
+
 @dataclass
 class TrainConfig:
     # data and output
@@ -50,6 +52,20 @@ class TrainConfig:
     out_dir: str = setting("out", "where ckpt.pt, best.pt and log.jsonl go "
                                   "(one run at a time: a second is refused)")
     preset: str = setting("mini", f"model preset from model.PRESETS: {' | '.join(PRESETS)}")
+    # the model's shape: an override of each model.GPTConfig field (model_config below)
+    vocab_size: int | None = shape_setting("vocab_size", "the checkpoint's, else the data's")
+    block_size: int | None = shape_setting("block_size")
+    n_layer: int | None = shape_setting("n_layer")
+    n_head: int | None = shape_setting("n_head")
+    n_embd: int | None = shape_setting("n_embd")
+    input: str | None = shape_setting("input")
+    layout: str | None = shape_setting("layout")
+    affine_seed: int | None = shape_setting("affine_seed")
+    pad_token_id: int | None = shape_setting("pad_token_id")
+    code_width: int | None = shape_setting("code_width")
+    rope_base: float | None = shape_setting("rope_base")
+    bias: bool | None = shape_setting("bias")
+    dropout: float | None = shape_setting("dropout", "the checkpoint's or preset's; may change")
     # optimisation (the quick start's defaults, from a timed search: docs/quickstart.md; bigger
     # models want less lr)
     batch_size: int = setting(16, "sequences per micro-step per process")
@@ -99,17 +115,32 @@ class TrainConfig:
         return os.path.join(self.out_dir, "ckpt.pt")
 
 
-# --n_layer, --input, ...: an override of each model.GPTConfig field, its default said in its help
-DEFAULT = "the checkpoint's, else the preset's"
-DEFAULTS = {"vocab_size": "the checkpoint's, else the data's",
-            "dropout": "the checkpoint's or preset's; may change"}
-TrainConfig = with_overrides(TrainConfig, GPTConfig, "preset", lambda k: f"model.GPTConfig.{k} "
-                             f"(default: {DEFAULTS.get(k, DEFAULT)})")
+# ---------------------------------------------------------- the model's shape
+def model_config(cfg, meta, ckpt, source, note=print):
+    """The model's shape, lowest to highest precedence: the preset (vocab_size: the data's), the
+    checkpoint's model_config, the overrides (--n_layer=...), which may change its dropout alone."""
+    asked = {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}
+    asked = {k: v for k, v in asked.items() if v is not None}
+    if ckpt is not None:
+        preflight.check_same_shape(ckpt["model_config"], asked, source)
+        try:
+            return replace(GPTConfig(**ckpt["model_config"]), **asked)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: bad model_config in checkpoint: {e}") from None
+    # no all-zeros <pad> row on a token of this data's tokenizer: a preset's is dropped there
+    asked = preflight.pad_off_the_tokens(asked, cfg.preset, meta, note)
+    try:
+        return get_config(cfg.preset, **{"vocab_size": meta["vocab_size"], **asked})
+    except ValueError as e:  # e.g. the paper preset's pad_token_id 57344 with a smaller vocabulary
+        meta_path = os.path.join(cfg.data_dir, "meta.json")
+        vocab = asked.get("vocab_size", meta["vocab_size"])
+        raise ValueError(f"preset {cfg.preset!r} with vocab_size {vocab} (from {meta_path} unless "
+                         f"--vocab_size): {e}") from None
 
 
 # ---------------------------------------------------------- data
 # Each split is cut into windows of block_size+1 tokens at stride block_size, inside each shard
-# (windows.Split). Training reads them in an endless order: epoch e is a permutation of all of them
+# (shards.Split). Training reads them in an endless order: epoch e is a permutation of all of them
 # drawn from (seed, e). A step takes the N = batch_size*grad_accum*world_size positions [p, p+N) of
 # that order, each rank and micro-step its own batch_size of them: ranks read disjoint windows, a
 # global batch is the same however it is split into processes and micro-steps, and a checkpoint only
@@ -130,37 +161,83 @@ def training_order(position, count, n, seed):
 
 
 def micro_batch_start(position, rank, micro, batch_size, grad_accum):
-    """First position in the training order that `rank` reads in micro-step `micro` of the step
-    at `position`."""
+    """The first position `rank` reads in micro-step `micro` of the step at `position`."""
     return position + (rank * grad_accum + micro) * batch_size
 
 
-# ---------------------------------------------------------- model and optimizer
-def set_up(cfg, out_lock, *, rank, world, device, dtype, distributed):
-    """Read and check what the run starts from, claim out_dir, build model and optimizer -> Run,
-    State. Everything before the claim only reads: a refusal writes nothing."""
-    # the settings, the data, the checkpoint to start from, the model's shape, memory
-    start = preflight.read_start(cfg, rank=rank, world=world, device=device, dtype=dtype)
-    mcfg = start.model_config
-    train_split = Split(cfg.data_dir, start.meta, "train", mcfg.block_size, mcfg.vocab_size)
-    val_split = Split(cfg.data_dir, start.meta, "val", mcfg.block_size, mcfg.vocab_size)
-    fingerprint = run_dir.data_fingerprint(cfg.data_dir)  # what a saved data position indexes
-    if cfg.resume:
-        run_dir.check_same_data(start.ckpt, start.source, cfg.data_dir, fingerprint, rank=rank)
-    run_dir.claim_out_dir(cfg, out_lock if rank == 0 else None, start.stamp)  # rank 0, to the end
+# ---------------------------------------------------------- the run's parts and counters
+@dataclass
+class Run:
+    """The parts of one training run that set_up builds and the loop, evaluation and saving use."""
+    cfg: TrainConfig
+    rank: int
+    world: int
+    device: torch.device
+    distributed: bool  # launched by torchrun
+    model: torch.nn.Module  # what forward is called on: raw_model, compiled and/or DDP-wrapped
+    raw_model: GPT  # the plain module: checkpoints, clipping, the optimizer's parameters
+    optimizer: torch.optim.Optimizer
+    train_split: Split
+    val_split: Split
+    autocast: object
+    tokenizer: dict  # the data's, saved with every checkpoint
+    fingerprint: str  # the data's (run_dir.data_fingerprint), saved with every checkpoint
+    windows_per_step: int  # N: batch_size a micro-step, grad_accum of them, every rank
+    log: Log
+    divergence: Divergence  # the checks that stop a diverged run unsaved
 
-    # rank 0's init is every rank's (DDP broadcasts it); dropout draws differ per rank
-    torch.manual_seed(cfg.seed + rank)
+
+@dataclass
+class State:
+    """The loop's counters; a checkpoint holds them, so a resumed run continues each."""
+    step: int = 0  # optimizer steps taken
+    position: int = 0  # position of the next training window in the training order
+    val_loss: float | None = None  # of the last evaluation,
+    eval_step: int | None = None  # taken at this step
+    first_val: float | None = None
+    best_val: float | None = None
+    saved_step: int | None = None  # of ckpt.pt
+
+
+# ---------------------------------------------------------- set-up: what the run starts from, model
+def read_start(cfg, *, rank, world, device, dtype):
+    """What the run starts from, read and checked; nothing written -> Start, GPTConfig, splits."""
+    if cfg.min_lr is None:  # its default follows lr, so that --lr alone never contradicts it
+        cfg.min_lr = cfg.lr / 10
+    preflight.check_settings(asdict(cfg))
+    start = preflight.read_start(cfg.data_dir, out_dir=cfg.out_dir, resume=cfg.resume,
+                                 init_from=cfg.init_from)
+    note = print if rank == 0 else lambda text: None
+    mcfg = model_config(cfg, start.meta, start.ckpt, start.source, note=note)
+    preflight.check_model(mcfg, start.ckpt, start.source, batch_size=cfg.batch_size,
+                          eval_steps=cfg.eval_steps, world=world, device=device, dtype=dtype)
+    if mcfg.vocab_size != start.meta["vocab_size"]:
+        note(f"note: model vocab_size {mcfg.vocab_size} differs from the data's "
+             f"{start.meta['vocab_size']}")
+    splits = [Split(cfg.data_dir, start.meta, name, mcfg.block_size, mcfg.vocab_size)
+              for name in ("train", "val")]
+    if cfg.resume:
+        run_dir.check_same_data(start.ckpt, start.source, cfg.data_dir, start.fingerprint,
+                                rank=rank)
+    return start, mcfg, splits
+
+
+def set_up(cfg, start, mcfg, splits, *, rank, world, device, dtype, distributed):
+    """Build model and optimizer, continue the checkpoint, open the log -> Run, State."""
+    torch.manual_seed(cfg.seed + rank)  # init: rank 0's (DDP broadcasts it); dropout: per rank
     raw_model = GPT(mcfg).to(device)
     betas = (cfg.beta1, cfg.beta2)
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, betas, device.type)
-    flops = raw_model.flops_per_token(mcfg.block_size)
     state = State()
     if start.ckpt is not None:  # its weights, copied into the parameters the optimizer holds
         load_weights(raw_model, start.ckpt["model"], start.source, copy=True)
-    if cfg.resume:  # where the checkpoint stopped: optimizer, step, data position, RNG
-        restore(state, start.ckpt, start.source, optimizer=optimizer, rank=rank, world=world,
-                device=device)
+    if cfg.resume:  # where the checkpoint stopped: optimizer and RNG, step, data position
+        ckpt = start.ckpt
+        restore(ckpt, start.source, optimizer=optimizer, rank=rank, world=world, device=device)
+        state = State(step=ckpt["step"], position=ckpt["data"]["position"],
+                      val_loss=ckpt.get("val_loss"), eval_step=ckpt.get("eval_step"),
+                      best_val=ckpt.get("best_val_loss"), saved_step=ckpt["step"])
+    train_split, val_split = splits
     if rank == 0:  # a warning, printed once; the other ranks wait for it
         preflight.check_window_starts(train_split, start.meta, raw_model, cfg.data_dir)
     ranks.wait_for_all(distributed, device)
@@ -170,20 +247,28 @@ def set_up(cfg, out_lock, *, rank, world, device, dtype, distributed):
     autocast = nullcontext()
     if dtype == "bfloat16":
         autocast = torch.autocast(device.type, dtype=torch.bfloat16)
-    log = Log(cfg=cfg, master=rank == 0, world=world, block_size=mcfg.block_size, flops=flops,
-              peak=cfg.peak_flops or peak_flops(device, dtype))
-    run = Run(cfg=cfg, rank=rank, world=world, device=device, distributed=distributed,
-              model=model, raw_model=raw_model, optimizer=optimizer,
-              train_split=train_split, val_split=val_split, autocast=autocast,
-              tokenizer=start.tokenizer, fingerprint=fingerprint, log=log)
-    log.start(run, state, dtype)  # opens log.jsonl (rank 0), says what is trained
+    windows = cfg.batch_size * cfg.grad_accum * world
+    log = Log(out_dir=cfg.out_dir, master=rank == 0, world=world,
+              tokens_per_step=windows * mcfg.block_size, max_steps=cfg.max_steps,
+              log_interval=cfg.log_interval, eval_interval=cfg.eval_interval,
+              flops=raw_model.flops_per_token(mcfg.block_size),
+              peak=cfg.peak_flops or peak_flops(device, dtype),
+              per_byte=(train_split.tokens_per_byte, val_split.tokens_per_byte))
+    divergence = Divergence(vocab_size=mcfg.vocab_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            warmup_steps=cfg.warmup_steps, ckpt_path=cfg.ckpt_path, log=log)
+    run = Run(cfg=cfg, rank=rank, world=world, device=device, distributed=distributed, model=model,
+              raw_model=raw_model, optimizer=optimizer, train_split=train_split, autocast=autocast,
+              val_split=val_split, tokenizer=start.tokenizer, fingerprint=start.fingerprint,
+              windows_per_step=windows, log=log, divergence=divergence)
+    log.start(config=mcfg, params=raw_model.num_params(), device=device, dtype=dtype,
+              windows=train_split.n, step=state.step, resume=cfg.resume, overwrite=cfg.overwrite,
+              train_config=asdict(cfg))  # opens log.jsonl (rank 0), says what is trained
     return run, state
 
 
 # ---------------------------------------------------------- the training loop
 def loop(run, state):
-    """Evaluate, save, step and log until max_steps or a signal -> (last training loss, stopped
-    by a signal)."""
+    """Evaluate, save, step and log until max_steps or a signal -> (last loss, stopped by one)."""
     cfg = run.cfg
     model = run.model
     loss = None
@@ -195,7 +280,8 @@ def loop(run, state):
             eval_due = every > 0 and (state.step % every == 0 or state.step >= cfg.max_steps)
             if eval_due and state.step != state.eval_step:
                 val_loss = evaluate(run)
-                check_val_loss(run, state, val_loss)  # a diverged state stops the run, unsaved
+                # a diverged state stops the run, unsaved
+                run.divergence.check_val_loss(val_loss, state.step, saved_step=state.saved_step)
                 improved = state.best_val is None or val_loss < state.best_val
                 state.val_loss = val_loss
                 state.eval_step = state.step
@@ -203,7 +289,7 @@ def loop(run, state):
                     state.first_val = val_loss
                 if improved:
                     state.best_val = val_loss
-                run.log.evaluation(state, improved)
+                run.log.evaluation(state.step, val_loss, state.best_val, improved)
                 if improved and state.step > 0:
                     save(run, state, "best.pt")  # its weights only: a resume continues ckpt.pt
             done = state.step >= cfg.max_steps or stopping
@@ -212,7 +298,6 @@ def loop(run, state):
                 save(run, state, "ckpt.pt")
             if done:
                 break
-
             # ---------------------------------------- one optimizer step
             t0 = time.time()
             lr = lr_at(state.step, cfg)
@@ -231,20 +316,28 @@ def loop(run, state):
                         loss = model(x, y)[1]  # the logits are not kept: backward needs none
                     (loss / cfg.grad_accum).backward()
                 loss_sum += loss.detach().float()
-            # the mean over ranks, and whether any rank was asked to stop
-            loss, stopping = mean_loss_and_stop(run, loss_sum / cfg.grad_accum, stop.requested)
+            # the mean loss over ranks and whether any rank was asked to stop, in one all-reduce:
+            # every rank sees the same loss and stops at the same step
+            asked = torch.tensor(float(stop.requested), device=run.device)
+            flags = torch.stack([loss_sum / cfg.grad_accum, asked])
+            if run.distributed:
+                dist.all_reduce(flags)
+                flags[0] /= run.world
+            loss = flags[0].item()
+            stopping = flags[1].item() > 0
             norm = None  # the global gradient norm before clipping
             if cfg.grad_clip > 0:
                 params = run.raw_model.parameters()
                 norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip).item()
-            check_step(run, state, loss, norm)  # a bad loss or gradient stops the run unapplied
+            # a bad loss or gradient stops the run unapplied
+            run.divergence.check_step(loss, norm, state.step + 1, saved_step=state.saved_step)
             run.optimizer.step()
             run.optimizer.zero_grad(set_to_none=True)
             state.step += 1
             state.position += run.windows_per_step
-
-            # ---------------------------------------- log
-            run.log.step(state, loss, norm, lr, time.time() - t0, stopping)
+            tokens = state.position * run.raw_model.config.block_size
+            run.log.step(state.step, loss=loss, norm=norm, lr=lr, dt=time.time() - t0,
+                         tokens=tokens, stopping=stopping)
     return loss, stopping
 
 
@@ -260,81 +353,7 @@ def lr_at(step, cfg):
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Train as cfg says; returns a summary (steps, tokens, first/final/best val loss, ...)."""
-    rank, world, device, distributed = ranks.start_processes(cfg)
-    try:
-        dtype = set_precision(cfg.dtype, device)  # float32 or bfloat16 autocast; TF32 on CUDA
-        t_start = time.time()
-        with ExitStack() as out_lock:  # out_dir's writer lock (rank 0), released when the run ends
-            run, state = set_up(cfg, out_lock, rank=rank, world=world, device=device, dtype=dtype,
-                                distributed=distributed)
-            try:
-                loss, stopping = loop(run, state)
-                tokens = state.position * run.raw_model.config.block_size
-                interrupted = stopping and state.step < cfg.max_steps
-                summary = {"steps": state.step, "tokens": tokens, "first_val_loss": state.first_val,
-                           "final_val_loss": state.val_loss, "best_val_loss": state.best_val,
-                           "final_train_loss": loss, "interrupted": interrupted,
-                           "wall_s": time.time() - t_start, "tokens_per_s": run.log.tokens_per_s(),
-                           "out_dir": cfg.out_dir}
-                run.log.record(event="end", **summary)
-            finally:
-                run.log.close()
-        if rank == 0:
-            print(f"done: step {state.step}, {summary['tokens']:,} tokens, "
-                  f"val loss {state.val_loss}, best {state.best_val}; "
-                  f"{summary['wall_s']:.0f}s; checkpoint {run.cfg.ckpt_path}")
-        return summary
-    finally:
-        if distributed:
-            dist.destroy_process_group()
-
-
-# ---------------------------------------------------------- the run's parts and counters
-@dataclass
-class Run:
-    """The parts of one training run that set_up builds and the loop and its checks use."""
-    cfg: TrainConfig
-    rank: int
-    world: int
-    device: torch.device
-    distributed: bool  # launched by torchrun
-    model: torch.nn.Module  # what forward is called on: raw_model, compiled and/or DDP-wrapped
-    raw_model: GPT  # the plain module: checkpoints, clipping, the optimizer's parameters
-    optimizer: torch.optim.Optimizer
-    train_split: Split
-    val_split: Split
-    autocast: object
-    tokenizer: dict  # the data's, saved with every checkpoint
-    fingerprint: str  # the data's (run_dir.data_fingerprint), saved with every checkpoint
-    log: "Log"
-
-    @property
-    def windows_per_step(self):
-        """N, the training windows one optimizer step reads: batch_size a micro-step, grad_accum
-        of them, every rank."""
-        return self.cfg.batch_size * self.cfg.grad_accum * self.world
-
-
-@dataclass
-class State:
-    """The loop's counters; a checkpoint holds them, so a resumed run continues each."""
-    step: int = 0  # optimizer steps taken
-    position: int = 0  # position of the next training window in the training order
-    val_loss: float | None = None  # of the last evaluation,
-    eval_step: int | None = None  # taken at this step
-    first_val: float | None = None
-    best_val: float | None = None
-    saved_step: int | None = None  # of ckpt.pt
-
-
 # ---------------------------------------------------------- evaluation
-def eval_windows(n, total):
-    """The fixed validation windows: `total` of them spread evenly over the split's n windows."""
-    return (np.arange(total) * n) // total
-
-
 @torch.no_grad()
 def evaluate(run, steps=None):
     """Mean loss over the fixed validation windows (the same ones at every evaluation, each rank its
@@ -344,7 +363,8 @@ def evaluate(run, steps=None):
     # no backward follows, so DDP has nothing to do: call the module it wraps
     model = run.model.module if isinstance(run.model, DDP) else run.model
     model.eval()
-    ids = eval_windows(run.val_split.n, cfg.eval_steps * cfg.batch_size * run.world)
+    count = cfg.eval_steps * cfg.batch_size * run.world  # the fixed windows, spread evenly
+    ids = (np.arange(count) * run.val_split.n) // count
     total = torch.zeros((), device=run.device)
     for k in range(steps):
         start = (run.rank * cfg.eval_steps + k) * cfg.batch_size
@@ -361,42 +381,61 @@ def evaluate(run, steps=None):
 def save(run, state, name):
     """Write out_dir/name only of a good state; every rank takes part and waits for rank 0's write.
     ckpt.pt (the latest) is what --resume continues bit for bit: weights, AdamW state, the position
-    in the training order and every rank's RNG states. best.pt (the best val loss) holds the weights
-    and their evaluation only, a third of the bytes: for sampling, converting or --init_from."""
-    check_state(run, state, lambda: evaluate(run, steps=1))  # a bad state is never saved
+    in the training order, every rank's RNG states. best.pt (the best val loss): the weights and
+    their evaluation, a third of the bytes, for sampling, converting or --init_from."""
+    cfg = run.cfg
+    val_loss = state.val_loss if state.eval_step == state.step else None  # this step's, if any
+    # a bad state is never saved
+    run.divergence.check_state(run.raw_model, val_loss, lambda: evaluate(run, steps=1),
+                               step=state.step, saved_step=state.saved_step)
     rngs = [rng_state(run.device)] * run.world  # for ckpt.pt, each rank's own:
     if name == "ckpt.pt" and run.distributed:
         dist.all_gather_object(rngs, rng_state(run.device))
+    extra = {"saved_as": name}  # best.pt: weights and their evaluation only
     if name == "ckpt.pt":
         state.saved_step = state.step
-    if run.rank == 0:
-        write_checkpoint(run, state, name, rngs)
+        n = run.train_split.n
+        data = {"position": state.position, "global_batch": run.windows_per_step, "windows": n,
+                "epoch": state.position // n, "seed": cfg.seed, "fingerprint": run.fingerprint}
+        extra = dict(optimizer=run.optimizer.state_dict(), rng=rngs, data=data,
+                     best_val_loss=state.best_val, eval_step=state.eval_step, world_size=run.world)
+    if run.rank == 0:  # the unwrapped module's checkpoint_dict, written whole or not at all
+        ckpt = checkpoint_dict(run.raw_model, run.tokenizer, step=state.step,
+                               train_config=asdict(cfg), val_loss=val_loss, **extra)
+        run_dir.save_checkpoint(ckpt, cfg.out_dir, name)
     ranks.wait_for_all(run.distributed, run.device)  # rank 0 alone writes; the others wait for it
 
 
-def write_checkpoint(run, state, name, rngs):
-    """checkpoint_dict of the unwrapped module, atomically: a crash, Ctrl-C or full disk mid-write
-    keeps the old file."""
-    cfg = run.cfg
-    path = os.path.join(cfg.out_dir, name)
-    n = run.train_split.n
-    data = {"position": state.position, "global_batch": run.windows_per_step, "windows": n,
-            "epoch": state.position // n, "seed": cfg.seed, "fingerprint": run.fingerprint}
-    extra = {"saved_as": name}  # best.pt: weights and their evaluation only
-    if name == "ckpt.pt":
-        extra = dict(optimizer=run.optimizer.state_dict(), rng=rngs, data=data,
-                     best_val_loss=state.best_val, eval_step=state.eval_step, world_size=run.world)
-    val_loss = state.val_loss if state.eval_step == state.step else None
-    ckpt = checkpoint_dict(run.raw_model, run.tokenizer, step=state.step, train_config=asdict(cfg),
-                           val_loss=val_loss, **extra)
+# ---------------------------------------------------------- the run, and the command line
+def train(cfg: TrainConfig) -> dict:
+    """Train as cfg says; returns a summary (steps, tokens, first/final/best val loss, ...)."""
+    rank, world, device, distributed = ranks.start_processes(cfg.device, cfg.dist_timeout)
     try:
-        atomic_torch_save(ckpt, path)
-    except OSError as e:  # e.g. a full disk: atomic_open left the previous files as they were
-        kept = run_dir.kept_checkpoints(cfg)
-        raise OSError(f"{path}: not written ({e.strerror or e}); {kept}") from None
+        dtype = set_precision(cfg.dtype, device)  # float32 or bfloat16 autocast; TF32 on CUDA
+        t_start = time.time()
+        start, mcfg, splits = read_start(cfg, rank=rank, world=world, device=device, dtype=dtype)
+        with ExitStack() as out_lock:  # out_dir's writer lock (rank 0), released when the run ends
+            run_dir.claim_out_dir(cfg.out_dir, out_lock if rank == 0 else None, stamp=start.stamp,
+                                  resume=cfg.resume, overwrite=cfg.overwrite)
+            run, state = set_up(cfg, start, mcfg, splits, rank=rank, world=world, device=device,
+                                dtype=dtype, distributed=distributed)
+            try:
+                loss, stopping = loop(run, state)
+                summary = {"steps": state.step, "tokens": state.position * mcfg.block_size,
+                           "first_val_loss": state.first_val, "final_val_loss": state.val_loss,
+                           "best_val_loss": state.best_val, "final_train_loss": loss,
+                           "interrupted": stopping and state.step < cfg.max_steps,
+                           "wall_s": time.time() - t_start, "tokens_per_s": run.log.tokens_per_s(),
+                           "out_dir": cfg.out_dir}
+                run.log.end(summary)  # records it, says it
+            finally:
+                run.log.close()
+        return summary
+    finally:
+        if distributed:
+            dist.destroy_process_group()
 
 
-# ---------------------------------------------------------- command line
 def parse_config(argv=None) -> TrainConfig:
     return parse_settings(config_parser(TrainConfig, __doc__.strip().split("\n\n")[0]), argv)
 

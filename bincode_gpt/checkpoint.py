@@ -202,16 +202,14 @@ def check_resumable(ckpt, source):
                          "start from its weights with --init_from")
 
 
-def restore(state, ckpt, source, *, optimizer, rank, world, device):
-    """Continue where a checkpoint that passed check_resumable stopped: the optimizer's state, the loop's
-    counters (`state`: step, data position, evaluations), the RNG streams (each rank its own, when the
-    number of processes is the same)."""
+def restore(ckpt, source, *, optimizer, rank, world, device):
+    """Continue where a checkpoint that passed check_resumable stopped: the optimizer's state and the RNG
+    streams (each rank its own, when the number of processes is the same). The loop's counters are the
+    caller's to read (step, data position, evaluations)."""
     try:
         load_optimizer_state(optimizer, ckpt["optimizer"])  # moments to the parameters' device, kernel kept
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
         raise ValueError(f"{source}: its optimizer state does not fit this model ({one_line(e, 120)})") from None
-    state.step, state.position, state.best_val = ckpt["step"], ckpt["data"]["position"], ckpt.get("best_val_loss")
-    state.eval_step, state.val_loss, state.saved_step = ckpt.get("eval_step"), ckpt.get("val_loss"), ckpt["step"]
     if len(ckpt["rng"]) == world:
         try:
             set_rng_state(ckpt["rng"][rank], device)

@@ -67,22 +67,23 @@ def largest_batch(config, free, dtype="float32"):
     return max(0, (free - fixed) // per_sequence)
 
 
-def check_training_fits(cfg, mcfg, world, device, dtype):
+def check_training_fits(config, *, batch_size, eval_steps, world, device, dtype):
     """Refuse a model or batch that cannot fit, before building it, with the numbers: training_bytes against the
     device's free memory (naming the largest micro-batch that fits), and the validation windows' ids against the
     CPU's."""
-    need = training_bytes(mcfg, cfg.batch_size, dtype)
+    need = training_bytes(config, batch_size, dtype)
     free = available_memory(device)
     if free is not None and need > free:
-        fits = largest_batch(mcfg, free, dtype)
+        fits = largest_batch(config, free, dtype)
         advice = f"--batch_size {fits} fits (--grad_accum keeps the tokens a step)" if fits else "train a smaller model"
-        raise ValueError(f"this run needs about {need / 2**30:,.1f} GiB ({matrix_params(mcfg):,} parameters with their "
-                         f"gradients and AdamW state, and the activations and logits of {cfg.batch_size:,} x "
-                         f"{mcfg.block_size:,} tokens in {dtype}), but {free / 2**30:,.1f} GiB is free on {device}: "
+        raise ValueError(f"this run needs about {need / 2**30:,.1f} GiB ({matrix_params(config):,} parameters with "
+                         f"their gradients and AdamW state, and the activations and logits of {batch_size:,} x "
+                         f"{config.block_size:,} tokens in {dtype}), but {free / 2**30:,.1f} GiB is free on {device}: "
                          f"{advice}")
-    ids, free = 8 * cfg.eval_steps * cfg.batch_size * world, available_memory(torch.device("cpu"))
+    ids = 8 * eval_steps * batch_size * world
+    free = available_memory(torch.device("cpu"))
     if free is not None and ids > free:
-        raise ValueError(f"eval_steps {cfg.eval_steps:,} x batch_size {cfg.batch_size:,} x {world} process(es) "
+        raise ValueError(f"eval_steps {eval_steps:,} x batch_size {batch_size:,} x {world} process(es) "
                          f"validation windows need {ids / 2**30:,.1f} GiB for their ids alone, but "
                          f"{free / 2**30:,.1f} GiB is free: evaluate fewer batches")
 

@@ -16,24 +16,24 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from bincode_gpt.devices import pick_device
 
 
-def start_processes(cfg):
+def start_processes(device_name, dist_timeout):
     """-> rank, world size, device, distributed. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; each rank
     gets one GPU, cuda:LOCAL_RANK (an explicit --device cuda:N other than that is refused: every rank would
-    share GPU N), and joins the process group, whose collectives wait --dist_timeout minutes."""
-    if not (isinstance(cfg.dist_timeout, (int, float)) and 0 < cfg.dist_timeout < math.inf):
-        raise ValueError(f"dist_timeout must be a number of minutes > 0, got {cfg.dist_timeout}")
+    share GPU N), and joins the process group, whose collectives wait `dist_timeout` minutes."""
+    if not (isinstance(dist_timeout, (int, float)) and 0 < dist_timeout < math.inf):
+        raise ValueError(f"dist_timeout must be a number of minutes > 0, got {dist_timeout}")
     rank, local_rank, world, distributed = launch()
-    device = pick_device(cfg.device)
+    device = pick_device(device_name)
     if distributed and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank)  # one GPU per rank
     if distributed and device.type == "cuda" and device.index != local_rank:
-        raise ValueError(f"--device {cfg.device} under torchrun: this rank's GPU is cuda:{local_rank} (its "
+        raise ValueError(f"--device {device_name} under torchrun: this rank's GPU is cuda:{local_rank} (its "
                          "LOCAL_RANK), and every rank would share the one named: leave --device at auto or cuda")
     if distributed:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(minutes=cfg.dist_timeout))
+                                timeout=timedelta(minutes=dist_timeout))
     return rank, world, device, distributed
 
 

@@ -4,7 +4,6 @@ its help and default from setting(); presets that change several defaults at onc
 """
 
 import argparse
-import dataclasses
 import typing
 from dataclasses import MISSING, field, fields
 
@@ -63,18 +62,6 @@ def resolve_presets(cfg, *switches):
             values = f.metadata["presets"]
             setattr(cfg, f.name, values.get(on[0] if on else None, values[None]))
     return cfg
-
-
-def with_overrides(cls, source, after, help):
-    """Dataclass `cls` with an optional override of each field of dataclass `source` inserted after field `after`:
-    `name: T | None = None` with --help text help(name), so `source` stays the one home of those settings."""
-    new = [(f.name, f.type | None, setting(None, help(f.name))) for f in fields(source)]
-    own = [(f.name, f.type, f) for f in fields(cls)]
-    at = [f.name for f in fields(cls)].index(after) + 1
-    namespace = {k: v for k, v in vars(cls).items() if isinstance(v, property)}
-    out = dataclasses.make_dataclass(cls.__name__, own[:at] + new + own[at:], namespace=namespace)
-    out.__module__, out.__qualname__, out.__doc__ = cls.__module__, cls.__qualname__, cls.__doc__
-    return out
 
 
 def config_parser(cls, description, epilog=None):

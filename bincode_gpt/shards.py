@@ -1,5 +1,6 @@
 """
-The token shard format that prepare_data.py writes and training reads, and meta.json, the folder's index.
+The token shard format that prepare_data.py writes and training reads, meta.json (the folder's index), and
+the windows that training and evaluation read from the shards (Split).
 
 Shard file (little-endian): 32-byte header = b"BCGPTTOK", uint32 version (1), uint32 token width in bytes
 (2 or 4), uint64 token count, 8 zero bytes; then the tokens (uint16 when the vocabulary fits, else uint32).
@@ -162,3 +163,48 @@ def prepare_command(meta: dict, out: str, shard_tokens: int | None = None) -> st
     if shard_tokens is not None:
         flags += ["--shard_tokens", str(shard_tokens)]
     return shlex.join(["python", "prepare_data.py", *flags, "--overwrite"])
+
+
+class Split:
+    """The windows of block_size+1 tokens of one split, at stride block_size, inside each shard."""
+
+    def __init__(self, folder, meta, split, block_size, vocab_size):
+        names = meta["splits"].get(split, {}).get("shards", [])
+        meta_path = os.path.join(folder, "meta.json")
+        if not names:
+            raise ShardError(f"{meta_path}: no {split} shards listed")
+        self.block = block_size
+        # nats per token x tokens per byte = nats per byte, comparable across vocabularies
+        info = meta["splits"][split]
+        self.tokens_per_byte = None
+        if info.get("bytes") and info.get("tokens"):
+            self.tokens_per_byte = info["tokens"] / info["bytes"]
+        self.paths = [os.path.join(folder, n) for n in names]
+        self.shards = [read_shard(path) for path in self.paths]  # ShardError names a bad file
+        for path, tokens in zip(self.paths, self.shards):
+            top = int(tokens.max()) if len(tokens) else -1  # one pass over the data, once
+            if top >= vocab_size:
+                raise ValueError(f"{path}: holds token id {top}, beyond the model's vocab_size "
+                                 f"{vocab_size} ({meta_path} says vocab_size {meta['vocab_size']})")
+        counts = [max(0, (len(t) - 1) // block_size) for t in self.shards]
+        self.starts = np.cumsum([0] + counts)  # index of each shard's first window
+        self.n = int(self.starts[-1])
+        if self.n == 0:
+            raise ShardError(f"{folder}: the {split} split has no shard of block_size+1 = "
+                             f"{block_size + 1} tokens")
+
+    def batch(self, windows, device):
+        """(B,) window ids -> inputs, targets: two (B, block_size) int64 tensors on device."""
+        import torch  # here, not at the top: prepare_data.py writes shards without importing torch
+
+        shard = np.searchsorted(self.starts, windows, side="right") - 1
+        offset = (windows - self.starts[shard]) * self.block
+        rows = [self.shards[s][o : o + self.block + 1] for s, o in zip(shard, offset)]
+        rows = np.stack(rows).astype(np.int64)
+        x = torch.from_numpy(rows[:, :-1].copy())
+        y = torch.from_numpy(rows[:, 1:].copy())
+        if device.type == "cuda":  # pinned, so the copy to the GPU overlaps the work before it
+            x = x.pin_memory().to(device, non_blocking=True)
+            y = y.pin_memory().to(device, non_blocking=True)
+            return x, y
+        return x.to(device), y.to(device)

@@ -1,7 +1,7 @@
 """
-How a run stops early: on a signal it finishes the step, saves and exits 0; on a diverged state (a loss or
-gradient that is not finite, or far above an untrained model's) it stops without saving, so the last checkpoint
-written stays good.
+How a run stops early: on a signal it finishes the step, saves and exits 0; on a diverged state (a
+loss or gradient that is not finite, or far above an untrained model's) it stops without saving, so
+the last checkpoint written stays good.
 """
 
 import math
@@ -9,20 +9,25 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from bincode_gpt.progress import Log
+
 
 class GracefulStop:
-    """SIGINT/SIGTERM set a flag that the loop checks after each step: it saves and exits 0. A second SIGINT
-    raises KeyboardInterrupt at once (exit 130); a checkpoint being written then is dropped and the previous
-    one stays. Under DDP the flag is all-reduced with the loss (mean_loss_and_stop), so every rank stops at
-    the same step. torchrun itself re-raises a signal sent to it and exits 1 even when every rank saved and
-    exited 0: to stop a DDP run cleanly, signal the ranks (pkill -TERM -P <torchrun pid>), and torchrun exits 0."""
+    """SIGINT/SIGTERM set a flag that the loop checks after each step: it saves and exits 0. A
+    second SIGINT raises KeyboardInterrupt at once (exit 130); a checkpoint being written then is
+    dropped and the previous one stays. Under DDP the loop all-reduces the flag with the loss, so
+    every rank stops at the same step. torchrun itself re-raises a signal sent to it and exits 1
+    even when every rank saved and exited 0: to stop a DDP run cleanly, signal the ranks (pkill
+    -TERM -P <torchrun pid>), and torchrun exits 0."""
 
     def __enter__(self):
-        self.requested, self.old = False, {}
+        self.requested = False
+        self.old = {}
         if threading.current_thread() is threading.main_thread():
             self.old = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
@@ -30,9 +35,10 @@ class GracefulStop:
     def handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        first, self.requested = not self.requested, True
-        print(f"\n{signal.Signals(signum).name}: finishing this step, saving, then exiting", file=sys.stderr,
-              flush=True)
+        first = not self.requested
+        self.requested = True
+        print(f"\n{signal.Signals(signum).name}: finishing this step, saving, then exiting",
+              file=sys.stderr, flush=True)
         if first and dist.is_torchelastic_launched() and os.environ.get("RANK") == "0":
             print(TORCHRUN_KILLS, file=sys.stderr, flush=True)
 
@@ -41,26 +47,19 @@ class GracefulStop:
             signal.signal(s, h)
 
 
-# torchrun forwards a signal it gets to its ranks and SIGKILLs those still running --shutdown_timeout seconds later
-TORCHRUN_KILLS = ("torchrun SIGKILLs the ranks --shutdown_timeout seconds after it forwards a signal (default 30): a "
-                  "step and save that take longer are lost, the last ckpt.pt kept; on slow storage start torchrun "
-                  "with --shutdown_timeout=600 (docs/usage.md)")
-
-
-def mean_loss_and_stop(run, loss, requested):
-    """-> (the loss averaged over ranks, whether any rank was signalled), in one all-reduce, so every rank
-    sees the same loss and stops at the same step."""
-    flags = torch.stack([loss, torch.tensor(float(requested), device=run.device)])
-    if run.distributed:
-        dist.all_reduce(flags)
-        flags[0] /= run.world
-    return flags[0].item(), flags[1].item() > 0
+# torchrun forwards a signal it gets to its ranks and SIGKILLs those still running
+# --shutdown_timeout
+# seconds later
+TORCHRUN_KILLS = ("torchrun SIGKILLs the ranks --shutdown_timeout seconds after it forwards a "
+                  "signal (default 30): a step and save that take longer are lost, the last "
+                  "ckpt.pt kept; on slow storage start torchrun with --shutdown_timeout=600 "
+                  "(docs/usage.md)")
 
 
 def why_diverged(loss, norm, vocab_size):
-    """Why a state with this loss and gradient norm cannot be trained on, or None. A state is good when its
-    loss and gradient norm are finite and the loss is at most 2 ln V: an untrained model scores about ln V,
-    a diverged one, finite or not, far more."""
+    """Why a state with this loss and gradient norm cannot be trained on, or None. A state is good
+    when its loss and gradient norm are finite and the loss is at most 2 ln V: an untrained model
+    scores about ln V, a diverged one, finite or not, far more."""
     if not math.isfinite(loss):
         return f"non-finite loss ({loss})"
     if norm is not None and not math.isfinite(norm):
@@ -70,55 +69,70 @@ def why_diverged(loss, norm, vocab_size):
     return None
 
 
-def stop_if_bad(run, state, why, step, **entry):
-    """Stop the run (FloatingPointError, exit 1) without saving: the last checkpoint written stays good."""
-    if why is None:
-        return
-    run.log.record(event="diverged", step=step, problem=why, **entry)
-    last = f"{run.cfg.ckpt_path} (step {state.saved_step})" if state.saved_step is not None else "none was written"
-    raise FloatingPointError(f"{why} at step {step}: stopped without saving; the last good checkpoint is "
-                             f"untouched: {last}. Most likely at fault: {likely_fault(run.cfg, step)}.")
+# an AdamW step moves each weight by up to about lr: here by the weights' own init scale (model.py)
+EXTREME_LR = 0.02
 
 
-EXTREME_LR = 0.02  # an AdamW step moves each weight by up to about lr: here by the weights' own init scale (model.py)
-
-
-def likely_fault(cfg, step):
-    """The setting a divergence at `step` most likely comes from, read from the run's own settings, in this order:
-    a weight decay with lr x weight_decay >= 1 (AdamW's decoupled decay then zeroes or flips the matrices each step)
-    where the decay is what is extreme (above 1) or the lr is not; a divergence soon after a warmup reached a
-    moderate lr (the ramp too short); else the learning rate."""
-    lr, wd, warmup = cfg.lr, cfg.weight_decay, cfg.warmup_steps
-    if lr * wd >= 1 and (wd > 1 or lr < EXTREME_LR):
-        return (f"--weight_decay {wd:g}: AdamW's decoupled decay scales each weight matrix by 1 - lr x weight_decay = "
-                f"{1 - lr * wd:.3g} a step, which zeroes or flips it: use a weight decay far below 1 / lr = "
-                f"{1 / lr:.4g} (0.1 is usual)")
-    if lr < EXTREME_LR and warmup <= step <= warmup + max(warmup, 10):
-        return (f"--warmup_steps {warmup}: the run diverged {step - warmup} step(s) after its warmup reached --lr "
-                f"{lr:g}: a longer warmup (e.g. --warmup_steps {max(4 * warmup, 100)}) ramps up to it more gently, "
-                "or try a lower --lr")
-    when = ", during the warmup (below its peak)" if step < warmup else ""
+def likely_fault(step, *, lr, weight_decay, warmup_steps):
+    """The setting a divergence at `step` most likely comes from, read from the run's own settings,
+    in this order: a weight decay with lr x weight_decay >= 1 (AdamW's decoupled decay then zeroes
+    or flips the matrices each step) where the decay is what is extreme (above 1) or the lr is not;
+    a divergence soon after a warmup reached a moderate lr (the ramp too short); else the learning
+    rate."""
+    lr_wd = lr * weight_decay
+    if lr_wd >= 1 and (weight_decay > 1 or lr < EXTREME_LR):
+        return (f"--weight_decay {weight_decay:g}: AdamW's decoupled decay scales each weight "
+                f"matrix by 1 - lr x weight_decay = {1 - lr_wd:.3g} a step, which zeroes or flips "
+                f"it: use a weight decay far below 1 / lr = {1 / lr:.4g} (0.1 is usual)")
+    if lr < EXTREME_LR and warmup_steps <= step <= warmup_steps + max(warmup_steps, 10):
+        return (f"--warmup_steps {warmup_steps}: the run diverged {step - warmup_steps} step(s) "
+                f"after its warmup reached --lr {lr:g}: a longer warmup (e.g. --warmup_steps "
+                f"{max(4 * warmup_steps, 100)}) ramps up to it more gently, or try a lower --lr")
+    when = ", during the warmup (below its peak)" if step < warmup_steps else ""
     return f"--lr {lr:g}{when}: try a lower --lr, or --grad_clip"
 
 
-def check_step(run, state, loss, norm):
-    """A bad training loss or gradient stops the run before the optimizer step applies it."""
-    why = why_diverged(loss, norm, run.raw_model.config.vocab_size)
-    stop_if_bad(run, state, why, state.step + 1, loss=loss, grad_norm=norm)
+@dataclass
+class Divergence:
+    """The checks that stop a diverged run (FloatingPointError, exit 1) without saving, so the last
+    checkpoint written stays good: each records the event in the log and names the setting most
+    likely at fault. `saved_step`: the step of the last ckpt.pt written, or None."""
+    vocab_size: int
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    ckpt_path: str
+    log: Log
 
+    def check_step(self, loss, norm, step, *, saved_step):
+        """A bad training loss or gradient, at the step it would make, stops the run before the
+        optimizer applies it."""
+        why = why_diverged(loss, norm, self.vocab_size)
+        self.stop_if(why, step, saved_step, loss=loss, grad_norm=norm)
 
-def check_val_loss(run, state, loss):
-    """A bad validation loss stops the run before it is recorded or saved."""
-    why = why_diverged(loss, None, run.raw_model.config.vocab_size)
-    stop_if_bad(run, state, why and f"validation {why}", state.step, val_loss=loss)
+    def check_val_loss(self, loss, step, *, saved_step):
+        """A bad validation loss stops the run before it is recorded or saved."""
+        why = why_diverged(loss, None, self.vocab_size)
+        self.stop_if(why and f"validation {why}", step, saved_step, val_loss=loss)
 
+    def check_state(self, model: torch.nn.Module, val_loss, one_batch_loss, *, step, saved_step):
+        """Stop unless the state about to be saved is good: finite weights, and its validation loss
+        (`val_loss`: this step's evaluation, else None: `one_batch_loss()`) passes why_diverged.
+        Every rank takes part."""
+        finite = torch.stack([p.isfinite().all() for p in model.parameters()]).all().item()
+        if finite and val_loss is None:
+            val_loss = one_batch_loss()
+        why = "non-finite weights" if not finite else why_diverged(val_loss, None, self.vocab_size)
+        self.stop_if(why and f"validation {why}", step, saved_step)
 
-def check_state(run, state, one_batch_loss):
-    """Stop unless the state about to be saved is good: finite weights, and its validation loss (this
-    step's evaluation, else one batch's: `one_batch_loss()`) passes `why_diverged`. Every rank takes part."""
-    finite = torch.stack([p.isfinite().all() for p in run.raw_model.parameters()]).all().item()
-    loss = state.val_loss if state.eval_step == state.step else None
-    if finite and loss is None:
-        loss = one_batch_loss()
-    why = "non-finite weights" if not finite else why_diverged(loss, None, run.raw_model.config.vocab_size)
-    stop_if_bad(run, state, why and f"validation {why}", state.step)
+    def stop_if(self, why, step, saved_step, **entry):
+        if why is None:
+            return
+        self.log.record(event="diverged", step=step, problem=why, **entry)
+        last = "none was written"
+        if saved_step is not None:
+            last = f"{self.ckpt_path} (step {saved_step})"
+        fault = likely_fault(step, lr=self.lr, weight_decay=self.weight_decay,
+                             warmup_steps=self.warmup_steps)
+        raise FloatingPointError(f"{why} at step {step}: stopped without saving; the last good "
+                                 f"checkpoint is untouched: {last}. Most likely at fault: {fault}.")

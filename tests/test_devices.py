@@ -6,7 +6,6 @@ a torchrun rank on its own GPU under --dist_timeout, the MFU table by exact GPU 
 import shutil
 import warnings
 from datetime import timedelta
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -256,7 +255,7 @@ def test_a_gpu_other_than_local_rank_is_refused_under_torchrun(monkeypatch, aske
     """--device cuda:N under torchrun would put every rank on GPU N: refused before the rank joins, naming its own."""
     joined = joined_on(monkeypatch, local_rank=1)
     with pytest.raises(ValueError) as e:
-        ranks.start_processes(SimpleNamespace(device=asked, dist_timeout=30.0))
+        ranks.start_processes(asked, 30.0)
     assert str(e.value) == (f"--device {asked} under torchrun: this rank's GPU is cuda:1 (its LOCAL_RANK), and every "
                             "rank would share the one named: leave --device at auto or cuda")
     assert joined == []
@@ -266,7 +265,7 @@ def test_a_gpu_other_than_local_rank_is_refused_under_torchrun(monkeypatch, aske
 def test_each_rank_takes_its_local_rank_and_waits_dist_timeout(monkeypatch, asked):
     joined = joined_on(monkeypatch, local_rank=1)
     gpu = torch.device("cuda", 1)
-    assert ranks.start_processes(SimpleNamespace(device=asked, dist_timeout=2.5)) == (1, 2, gpu, True)
+    assert ranks.start_processes(asked, 2.5) == (1, 2, gpu, True)
     assert joined == [gpu, ("nccl", {"timeout": timedelta(minutes=2.5)})]
 
 
@@ -274,7 +273,7 @@ def test_each_rank_takes_its_local_rank_and_waits_dist_timeout(monkeypatch, aske
 def test_a_dist_timeout_that_is_no_wait_is_refused(monkeypatch, minutes):
     joined = joined_on(monkeypatch, local_rank=1)
     with pytest.raises(ValueError) as e:
-        ranks.start_processes(SimpleNamespace(device="auto", dist_timeout=minutes))
+        ranks.start_processes("auto", minutes)
     assert str(e.value) == f"dist_timeout must be a number of minutes > 0, got {minutes}" and joined == []
 
 

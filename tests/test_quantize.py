@@ -23,7 +23,7 @@ from model import canonical_code, get_config, GPT
 from bincode_gpt.quantize import (check_quantize, choose_kernel, cpu_summary, drop_pages, file_mappings,
                                    gives_exact_sums, int8_rows, Int8Linear, KERNELS, kernel_line, PACK_MIN_BYTES, quantize_int8, SCHEME,
                                    start_packing, wait_packed, weight_only_copy, widened_sums)
-from bincode_gpt.windows import Split
+from bincode_gpt.shards import Split
 from tools import convert
 from tools.quantize_quality import main as quantize_main
 

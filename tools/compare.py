@@ -51,7 +51,7 @@ from bincode_gpt.files import atomic_write, staged, writer_lock
 from bincode_gpt.devices import pick_dtype
 from bincode_gpt.run_dir import meta_identity
 from bincode_gpt.shards import load_meta
-from bincode_gpt.windows import Split
+from bincode_gpt.shards import Split
 from model import GPT, PRESETS, SMALL_VOCAB, GPTConfig, code_bits, get_config
 from prepare_data import prepare
 from train import TrainConfig, train

@@ -311,7 +311,7 @@ def source_windows(meta):
 @torch.no_grad()
 def source_losses(run_dir, windows, batch_size=16):
     """Mean loss per token on each source's validation windows (block_size + 1 tokens at stride block_size,
-    as windows.Split reads a split), from a run's final checkpoint: {source: (loss, windows)}."""
+    as shards.Split reads a split), from a run's final checkpoint: {source: (loss, windows)}."""
     model, _ = load_checkpoint(run_dir, "cpu")
     model.eval()
     T, out = model.config.block_size, {}

@@ -29,7 +29,7 @@ from bincode_gpt.decode import generate
 from bincode_gpt.tokenizer import check_tokenizer
 from bincode_gpt.quantize import quantize_int8, weight_only_copy
 from bincode_gpt.shards import load_meta
-from bincode_gpt.windows import Split
+from bincode_gpt.shards import Split
 
 
 @dataclass
@@ -43,7 +43,7 @@ class QualityConfig:
 
 def quality(model, val, new_tokens, prompt_tokens, batch_size):
     """float32 against int8 (eager: quantize_int8) and int8 weight-only (compiled: weight_only_copy) on one
-    model, in one pass over every window of `val` (a windows.Split): the mean loss of each and how often each
+    model, in one pass over every window of `val` (a shards.Split): the mean loss of each and how often each
     picks float32's next token (the argmax, fed the same text); then `new_tokens` greedy tokens after its
     first `prompt_tokens` (free-running: after a first difference the texts part ways)."""
     cpu = torch.device("cpu")
