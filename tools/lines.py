@@ -1,6 +1,7 @@
 """
-The reading path's line counts: where GPT.forward starts in model.py, where train.py calls .backward(), and the
-lines of each root file, and the lines wider than 100 and 120 characters in model.py, train.py and sample.py; with the targets the project keeps (tests/test_layout.py holds them).
+The reading path's line counts: where GPT.forward starts in model.py, where train.py calls .backward(), the
+lines of each root file and the lines wider than 100 characters in model.py, train.py and sample.py; with the
+targets the project keeps (tests/test_layout.py holds them).
 
     python -m tools.lines
 """
@@ -12,9 +13,9 @@ from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READING = ("model.py", "train.py", "sample.py")
-# nanoGPT: 330 + 305 = 635 lines to its backward; 31 lines over 100 characters in its model, train and sample
-TARGETS = {"model.py + train.py to backward": 680, "train.py": 480,
-           "lines over 100 chars in model, train, sample": 31, "lines over 120 chars in model, train, sample": 0}
+# issue 51's limits; nanoGPT for scale: 330 + 305 = 635 lines to its backward
+TARGETS = {"model.py": 400, "train.py": 450, "sample.py": 200,
+           "lines over 100 chars in model, train, sample": 0}
 
 
 def line_count(name):
@@ -47,7 +48,6 @@ def counts():
     out = {"GPT.forward at model.py line": forward_line(), "backward at train.py line": backward_line()}
     out["model.py + train.py to backward"] = line_count("model.py") + out["backward at train.py line"]
     out["lines over 100 chars in model, train, sample"] = wide_lines(100)
-    out["lines over 120 chars in model, train, sample"] = wide_lines(120)
     return {**out, **{f: line_count(f) for f in files}}
 
 
