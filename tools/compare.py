@@ -75,6 +75,15 @@ class DataSettings:
 
 
 @dataclass
+class StudyShape:
+    """The decoder shape and batch of the small studies built on this one (share.py, paper_point.py), and
+    --quick's tiny ones."""
+    n_head: int = preset_setting(4, "attention heads", quick=2)
+    block_size: int = preset_setting(128, "context length in tokens", quick=32)
+    batch_size: int = preset_setting(16, "sequences per step", quick=4)
+
+
+@dataclass
 class CompareConfig(DataSettings):
     """CPU-sized defaults: a 4 x 128 decoder, context 128; --quick shortens the run and drops a seed."""
     out: str = setting("runs/compare", "folder of the runs, the table and the plot")

@@ -91,7 +91,7 @@ RULE = ("The gap grows with size only if the larger size's tuned-gap 95% interva
 
 
 @dataclass
-class PaperPointConfig:
+class PaperPointConfig(compare.StudyShape):
     """The study in docs/results.md section 9b. --quick: tiny sizes on tiny Shakespeare, a few minutes."""
     corpus: list[str] = setting(["shakespeare"], "text files, one source each", nargs="+")
     doc_chars: int = preset_setting(20000, "documents of about this many characters (prepare_data.py --doc_chars)",
@@ -113,9 +113,6 @@ class PaperPointConfig:
     controls: str = setting("affine,random,frozen", "inputs run at --control_sizes, at the learned input's tuned lr")
     control_sizes: str = preset_setting("2x64", "sizes that run the controls ('' for none)", quick="1x32")
     control_seeds: int = preset_setting(3, "seeds of each control", quick=2)
-    n_head: int = preset_setting(4, "attention heads", quick=2)
-    block_size: int = preset_setting(128, "context length in tokens", quick=32)
-    batch_size: int = preset_setting(16, "sequences per step", quick=4)
     evals: int = preset_setting(12, "evaluations along each run (the figure's curves)", quick=4)
     eval_batches: int = preset_setting(8, "validation batches per evaluation along a run", quick=2)
     jobs: int = setting(1, "runs in parallel, each with cores/jobs threads")

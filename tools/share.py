@@ -55,7 +55,7 @@ PAPER = {"share": 67_108_864 / 536_937_472, "tokens_per_param": 17e9 / 469_828_6
 
 
 @dataclass
-class ShareConfig:
+class ShareConfig(compare.StudyShape):
     """The study in docs/results.md: Jane Austen, 4 x 128, V from 512 to 8,192, 3 seeds, ~3 h on 2 CPU cores
     with --jobs 2. --quick: tiny Shakespeare at tiny sizes, a few minutes."""
     corpus: list[str] = setting(["shakespeare"], "text to prepare (files, folders, 'shakespeare')", nargs="+")
@@ -77,9 +77,6 @@ class ShareConfig:
     second_steps: int = preset_setting(800, "training steps of the --second point", quick=40)
     seeds: int = preset_setting(3, "seeds per point", quick=2)
     evals: int = preset_setting(16, "evaluations along each run", quick=4)
-    n_head: int = preset_setting(4, "attention heads", quick=2)
-    block_size: int = preset_setting(128, "context length in tokens", quick=32)
-    batch_size: int = preset_setting(16, "sequences per step", quick=4)
     lr: float = setting(2e-3, "peak learning rate (min_lr = lr / 10)")
     eval_batches: int = preset_setting(16, "validation batches per evaluation", quick=2)
     jobs: int = setting(1, "runs in parallel, each with cores/jobs threads")
