@@ -59,7 +59,8 @@ Design choices:
   --overwrite.
 """
 
-import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
+# first: its import makes a Ctrl-C while torch loads one line and exit 130
+from bincode_gpt.exits import run_main
 
 import argparse
 import contextlib
@@ -77,7 +78,6 @@ import numpy as np
 import tiktoken
 
 from bincode_gpt.data_dir import check_prepared, staged_data
-from bincode_gpt.exits import run_main
 from bincode_gpt.files import atomic_write
 from bincode_gpt.inputs import check_inputs, NAMED, read_documents, resolve_input
 from bincode_gpt.settings import config_parser, parse_settings, setting

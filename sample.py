@@ -22,7 +22,8 @@ tokens). A prompt longer than the context keeps its last block_size tokens (with
 stderr).
 """
 
-import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
+# first: its import makes a Ctrl-C while torch loads one line and exit 130
+from bincode_gpt.exits import run_main
 
 import sys
 from dataclasses import dataclass
@@ -32,12 +33,12 @@ import torch
 from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.decode import check_cuda_graphs, check_sampling, drawable, stream
 from bincode_gpt.devices import auto_dtype, pick_device
-from bincode_gpt.exits import run_main
 from bincode_gpt.memory import check_cache_fits
 from bincode_gpt.prompts import (check_sources, check_start, default_prompt, prompt_ids,
                                  read_prompt_file)
 from bincode_gpt.settings import config_parser, parse_settings, setting
-from bincode_gpt.tokenizer import load_text_codec
+from bincode_gpt.tokenizer import Text, load_text_codec
+from model import GPT
 
 
 @dataclass
@@ -76,7 +77,7 @@ class SampleConfig:
                                    "(quantize.py)")
 
 
-def sample_stream(model, codec, prompt_ids, max_new_tokens, **options):
+def sample_stream(model: GPT, codec: Text, prompt_ids, max_new_tokens, **options):
     """Yield text pieces of one continuation as tokens arrive; stops at the end-of-text token. Only
     ids the tokenizer decodes are drawn (decode.drawable). `options`: decode.stream's (temperature,
     top_k, top_p, generator, compile, cuda_graphs)."""

@@ -13,7 +13,8 @@ are importable. It reads as a run goes; what a reader may skip (checks, signals,
 the log) is one call away in bincode_gpt/.
 """
 
-import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
+# first: its import makes a Ctrl-C while torch loads one line and exit 130
+from bincode_gpt.exits import GracefulStop, exit_process, run_main
 
 import math
 import os
@@ -27,14 +28,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bincode_gpt import preflight, ranks, run_dir
-from bincode_gpt.checkpoint import checkpoint_dict, load_weights, restore, rng_state
-from bincode_gpt.devices import peak_flops, set_precision
-from bincode_gpt.exits import exit_process, run_main
-from bincode_gpt.progress import Log
+from bincode_gpt import checks, ranks, run_dir
+from bincode_gpt.checks import Divergence, Start
+from bincode_gpt.run_dir import Log, restore, rng_state
 from bincode_gpt.settings import config_parser, parse_settings, setting
 from bincode_gpt.shards import Split
-from bincode_gpt.stopping import Divergence, GracefulStop
 from model import GPT, PRESETS, GPTConfig, get_config
 
 
@@ -122,13 +120,13 @@ def model_config(cfg, meta, ckpt, source, note=print):
     asked = {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}
     asked = {k: v for k, v in asked.items() if v is not None}
     if ckpt is not None:
-        preflight.check_same_shape(ckpt["model_config"], asked, source)
+        checks.check_same_shape(ckpt["model_config"], asked, source)
         try:
             return replace(GPTConfig(**ckpt["model_config"]), **asked)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{source}: bad model_config in checkpoint: {e}") from None
     # no all-zeros <pad> row on a token of this data's tokenizer: a preset's is dropped there
-    asked = preflight.pad_off_the_tokens(asked, cfg.preset, meta, note)
+    asked = checks.pad_off_the_tokens(asked, cfg.preset, meta, note)
     try:
         return get_config(cfg.preset, **{"vocab_size": meta["vocab_size"], **asked})
     except ValueError as e:  # e.g. the paper preset's pad_token_id 57344 with a smaller vocabulary
@@ -181,7 +179,7 @@ class Run:
     val_split: Split
     autocast: object
     tokenizer: dict  # the data's, saved with every checkpoint
-    fingerprint: str  # the data's (run_dir.data_fingerprint), saved with every checkpoint
+    fingerprint: str  # the data's (shards.data_fingerprint), saved with every checkpoint
     windows_per_step: int  # N: batch_size a micro-step, grad_accum of them, every rank
     log: Log
     divergence: Divergence  # the checks that stop a diverged run unsaved
@@ -204,12 +202,12 @@ def read_start(cfg, *, rank, world, device, dtype):
     """What the run starts from, read and checked; nothing written -> Start, GPTConfig, splits."""
     if cfg.min_lr is None:  # its default follows lr, so that --lr alone never contradicts it
         cfg.min_lr = cfg.lr / 10
-    preflight.check_settings(asdict(cfg))
-    start = preflight.read_start(cfg.data_dir, out_dir=cfg.out_dir, resume=cfg.resume,
+    checks.check_settings(asdict(cfg))
+    start = checks.read_start(cfg.data_dir, out_dir=cfg.out_dir, resume=cfg.resume,
                                  init_from=cfg.init_from)
     note = print if rank == 0 else lambda text: None
     mcfg = model_config(cfg, start.meta, start.ckpt, start.source, note=note)
-    preflight.check_model(mcfg, start.ckpt, start.source, batch_size=cfg.batch_size,
+    checks.check_model(mcfg, start.ckpt, start.source, batch_size=cfg.batch_size,
                           eval_steps=cfg.eval_steps, world=world, device=device, dtype=dtype)
     if mcfg.vocab_size != start.meta["vocab_size"]:
         note(f"note: model vocab_size {mcfg.vocab_size} differs from the data's "
@@ -217,12 +215,12 @@ def read_start(cfg, *, rank, world, device, dtype):
     splits = [Split(cfg.data_dir, start.meta, name, mcfg.block_size, mcfg.vocab_size)
               for name in ("train", "val")]
     if cfg.resume:
-        run_dir.check_same_data(start.ckpt, start.source, cfg.data_dir, start.fingerprint,
+        checks.check_same_data(start.ckpt, start.source, cfg.data_dir, start.fingerprint,
                                 rank=rank)
     return start, mcfg, splits
 
 
-def set_up(cfg, start, mcfg, splits, *, rank, world, device, dtype, distributed):
+def set_up(cfg, start: Start, mcfg, splits, *, rank, world, device, dtype, distributed):
     """Build model and optimizer, continue the checkpoint, open the log -> Run, State."""
     torch.manual_seed(cfg.seed + rank)  # init: rank 0's (DDP broadcasts it); dropout: per rank
     raw_model = GPT(mcfg).to(device)
@@ -230,7 +228,7 @@ def set_up(cfg, start, mcfg, splits, *, rank, world, device, dtype, distributed)
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, betas, device.type)
     state = State()
     if start.ckpt is not None:  # its weights, copied into the parameters the optimizer holds
-        load_weights(raw_model, start.ckpt["model"], start.source, copy=True)
+        raw_model.load_state_dict(start.ckpt["model"])  # they fit: checks.check_model
     if cfg.resume:  # where the checkpoint stopped: optimizer and RNG, step, data position
         ckpt = start.ckpt
         restore(ckpt, start.source, optimizer=optimizer, rank=rank, world=world, device=device)
@@ -239,7 +237,7 @@ def set_up(cfg, start, mcfg, splits, *, rank, world, device, dtype, distributed)
                       best_val=ckpt.get("best_val_loss"), saved_step=ckpt["step"])
     train_split, val_split = splits
     if rank == 0:  # a warning, printed once; the other ranks wait for it
-        preflight.check_window_starts(train_split, start.meta, raw_model, cfg.data_dir)
+        checks.check_window_starts(train_split, start.meta, raw_model, cfg.data_dir)
     ranks.wait_for_all(distributed, device)
     model = torch.compile(raw_model) if cfg.compile else raw_model
     if distributed:
@@ -252,7 +250,7 @@ def set_up(cfg, start, mcfg, splits, *, rank, world, device, dtype, distributed)
               tokens_per_step=windows * mcfg.block_size, max_steps=cfg.max_steps,
               log_interval=cfg.log_interval, eval_interval=cfg.eval_interval,
               flops=raw_model.flops_per_token(mcfg.block_size),
-              peak=cfg.peak_flops or peak_flops(device, dtype),
+              peak=cfg.peak_flops,  # None: the device's, if known (devices.PEAK_FLOPS)
               per_byte=(train_split.tokens_per_byte, val_split.tokens_per_byte))
     divergence = Divergence(vocab_size=mcfg.vocab_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
                             warmup_steps=cfg.warmup_steps, ckpt_path=cfg.ckpt_path, log=log)
@@ -399,19 +397,20 @@ def save(run, state, name):
                 "epoch": state.position // n, "seed": cfg.seed, "fingerprint": run.fingerprint}
         extra = dict(optimizer=run.optimizer.state_dict(), rng=rngs, data=data,
                      best_val_loss=state.best_val, eval_step=state.eval_step, world_size=run.world)
-    if run.rank == 0:  # the unwrapped module's checkpoint_dict, written whole or not at all
-        ckpt = checkpoint_dict(run.raw_model, run.tokenizer, step=state.step,
-                               train_config=asdict(cfg), val_loss=val_loss, **extra)
-        run_dir.save_checkpoint(ckpt, cfg.out_dir, name)
+    if run.rank == 0:  # the unwrapped module, written whole or not at all
+        run_dir.save_checkpoint(run.raw_model, run.tokenizer, out_dir=cfg.out_dir, name=name,
+                                step=state.step, train_config=asdict(cfg), val_loss=val_loss,
+                                **extra)
     ranks.wait_for_all(run.distributed, run.device)  # rank 0 alone writes; the others wait for it
 
 
 # ---------------------------------------------------------- the run, and the command line
 def train(cfg: TrainConfig) -> dict:
     """Train as cfg says; returns a summary (steps, tokens, first/final/best val loss, ...)."""
-    rank, world, device, distributed = ranks.start_processes(cfg.device, cfg.dist_timeout)
+    # dtype: float32, or bfloat16 autocast; TF32 matmuls on CUDA
+    rank, world, device, dtype, distributed = ranks.start_processes(
+        device_name=cfg.device, dtype_name=cfg.dtype, dist_timeout=cfg.dist_timeout)
     try:
-        dtype = set_precision(cfg.dtype, device)  # float32 or bfloat16 autocast; TF32 on CUDA
         t_start = time.time()
         start, mcfg, splits = read_start(cfg, rank=rank, world=world, device=device, dtype=dtype)
         with ExitStack() as out_lock:  # out_dir's writer lock (rank 0), released when the run ends

@@ -1,6 +1,6 @@
 """
 Checkpoints: reading, building the model they hold, and writing them: the one home of every script that
-saves or loads one, and of what --resume reads back (the training state, the RNG streams).
+saves or loads one (what a training run's ckpt.pt holds beyond it for --resume: run_dir.py).
 
 A checkpoint is a dict of plain types, so torch.load(weights_only=True) reads it: "model" (the state
 dict), "model_config" (GPTConfig's fields), "tokenizer" (how to turn ids into text), and training state
@@ -12,11 +12,9 @@ take (AdamW's moments, in sampling) never leaves the file.
 
 import errno
 import os
-import random
 import sys
 from dataclasses import asdict
 
-import numpy as np
 import torch
 
 from bincode_gpt.exits import one_line
@@ -25,7 +23,7 @@ from bincode_gpt.memory import available_memory, memory_bytes
 from model import GPT, GPTConfig
 
 
-def checkpoint_dict(model, tokenizer, **extra):
+def checkpoint_dict(model: GPT, tokenizer, **extra):
     """The plain-typed dict load_checkpoint reads: weights, config, tokenizer, and any training state."""
     return {"model": model.state_dict(), "model_config": asdict(model.config), "tokenizer": tokenizer, **extra}
 
@@ -133,24 +131,14 @@ def all_finite(t):
     return all(bool(torch.isfinite(block.float()).all()) for block in t.reshape(-1).split(2**20))
 
 
-def load_weights(model, state_dict, source, device=None, *, copy=False):
+def load_weights(model, state_dict, source, device=None):
     """Make model's parameters and buffers the state dict's tensors, each on `device` (default: the device of
     the model's parameters) in the model's dtype: assigned, so where both already match (the CPU) no copy is
     made. A model built on the meta device as a placeholder names its real device here. A meta tensor in the
-    state dict is a stand-in that stays one (quantize.split_int8's: pack_int8 replaces it). copy=True copies
-    the values into the model's own tensors instead, so an optimizer made over its parameters keeps them. A
-    missing, unexpected or misshapen tensor is a ValueError naming `source`."""
+    state dict is a stand-in that stays one (quantize.split_int8's: pack_int8 replaces it). A missing,
+    unexpected or misshapen tensor is a ValueError naming `source` (check_fits)."""
     own = model.state_dict()
-    problems = [f"missing {k}" for k in own if k not in state_dict]
-    problems += [f"unexpected {k}" for k in state_dict if k not in own]
-    problems += [f"{k}: {tuple(t.shape)} in the file, {tuple(own[k].shape)} in the model" for k, t in state_dict.items()
-                 if k in own and t.shape != own[k].shape]
-    if problems:
-        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
-        raise ValueError(f"{source}: weights do not fit its model_config: {'; '.join(problems[:4])}{more}")
-    if copy:
-        model.load_state_dict(state_dict)  # each value copied to its tensor's device and dtype
-        return
+    check_fits(own, state_dict, source)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     # assign: the model takes these very tensors (memory-mapped on the CPU), moved only to another device: a
     # parameter left on the file's device would meet the model's buffers (lift, rotary tables) on the GPU
@@ -158,70 +146,19 @@ def load_weights(model, state_dict, source, device=None, *, copy=False):
                            for k, t in state_dict.items()}, assign=True)
 
 
-OPTIMIZER_KERNEL = ("fused", "foreach", "capturable")  # chosen for the device an optimizer runs on, not saved with it
+def check_fits(own, state_dict, source):
+    """Refuse a state dict whose tensors are not those of the model's state dict `own` (names and shapes): a
+    ValueError naming `source` and the first misfits."""
+    problems = [f"missing {k}" for k in own if k not in state_dict]
+    problems += [f"unexpected {k}" for k in state_dict if k not in own]
+    problems += [f"{k}: {tuple(t.shape)} in the file, {tuple(own[k].shape)} in the model" for k, t in state_dict.items()
+                 if k in own and t.shape != own[k].shape]
+    if problems:
+        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
+        raise ValueError(f"{source}: weights do not fit its model_config: {'; '.join(problems[:4])}{more}")
 
 
-def load_optimizer_state(optimizer, state_dict):
-    """optimizer.load_state_dict(state_dict) keeping this optimizer's own kernel choices (OPTIMIZER_KERNEL) in
-    each param group: a checkpoint written on a CPU (fused None) would otherwise make a GPU run's AdamW unfused.
-    Torch moves the state (moments; steps where the kernel needs them there) to the parameters' device."""
-    saved, own = state_dict.get("param_groups"), optimizer.param_groups
-    if isinstance(saved, list) and len(saved) == len(own) and all(isinstance(g, dict) for g in saved):
-        groups = [{**g, **{k: mine[k] for k in OPTIMIZER_KERNEL if k in mine}} for g, mine in zip(saved, own)]
-        state_dict = {**state_dict, "param_groups": groups}
-    optimizer.load_state_dict(state_dict)  # a state of another shape: torch's own error
-
-
-def check_resumable(ckpt, source):
-    """--resume reads a checkpoint's training state: a best.pt (weights only), a checkpoint without that
-    state, or one whose entries have other types than restore reads them as (another writer's, an older
-    version's) is refused before the run claims out_dir, naming the odd entry, not a KeyError later."""
-    if ckpt.get("saved_as") == "best.pt":
-        raise ValueError(f"{source} is a best.pt (step {ckpt.get('step')}'s weights, no optimizer, data position or "
-                         "RNG state): --resume continues out_dir/ckpt.pt; start a run from these weights with "
-                         f"--init_from {source}")
-    if not {"optimizer", "step", "data", "rng"} <= ckpt.keys():
-        raise ValueError(f"{source}: holds weights but no training state to resume; start from it with --init_from")
-    data, rng, optimizer = ckpt["data"], ckpt["rng"], ckpt["optimizer"]
-    number_or_none = (int, float, type(None))
-    odd = [what for what, ok in (
-        ("'step' is not a whole number >= 0", type(ckpt["step"]) is int and ckpt["step"] >= 0),
-        ("'data' has no whole-number 'position' >= 0",
-         isinstance(data, dict) and type(data.get("position")) is int and data["position"] >= 0),
-        ("'optimizer' is not an optimizer state dict",
-         isinstance(optimizer, dict) and {"state", "param_groups"} <= optimizer.keys()),
-        ("'rng' is not a list of RNG states (torch, cuda, python, numpy) per process",
-         isinstance(rng, list) and rng and all(
-             isinstance(r, dict) and {"torch", "cuda", "python", "numpy"} <= r.keys() for r in rng)),
-        ("'eval_step' is not a whole number", type(ckpt.get("eval_step")) in (int, type(None))),
-        ("'val_loss' or 'best_val_loss' is not a number",
-         isinstance(ckpt.get("val_loss"), number_or_none) and isinstance(ckpt.get("best_val_loss"), number_or_none)),
-    ) if not ok]
-    if odd:
-        raise ValueError(f"{source}: cannot resume: {odd[0]} (a checkpoint of another program or version?); "
-                         "start from its weights with --init_from")
-
-
-def restore(ckpt, source, *, optimizer, rank, world, device):
-    """Continue where a checkpoint that passed check_resumable stopped: the optimizer's state and the RNG
-    streams (each rank its own, when the number of processes is the same). The loop's counters are the
-    caller's to read (step, data position, evaluations)."""
-    try:
-        load_optimizer_state(optimizer, ckpt["optimizer"])  # moments to the parameters' device, kernel kept
-    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
-        raise ValueError(f"{source}: its optimizer state does not fit this model ({one_line(e, 120)})") from None
-    if len(ckpt["rng"]) == world:
-        try:
-            set_rng_state(ckpt["rng"][rank], device)
-        except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
-            raise ValueError(f"{source}: its RNG state of rank {rank} is unreadable ({one_line(e, 120)})") from None
-    elif rank == 0:
-        print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {world}: the data order "
-              "continues exactly, but each rank's RNG stays as this run's start set it (seed + rank), so dropout "
-              "draws differ from an unbroken run's")
-
-
-def check_buildable(config, state_dict, source):
+def check_buildable(config: GPTConfig, state_dict, source):
     """Before a model is built from a checkpoint's model_config: its n_layer must be the number of blocks
     its weights hold, and what GPT builds besides the weights (memory_bytes) must fit in memory. A config
     from another writer (n_layer = 10**9, block_size = 10**12) would otherwise build for hours, or end in
@@ -290,25 +227,6 @@ def load_checkpoint(path, device="cpu", *, dtype=None, quantize=None, int8=False
 
         model = quantize_int8(model, pack=pack)
     return model, ckpt
-
-
-def rng_state(device):
-    """Every RNG this process uses (torch, CUDA, python, numpy), as plain types (tensors and lists) that
-    weights_only loading accepts. Saved per rank, so on a CPU a run stopped and resumed logs the same
-    losses, bit for bit, as one never stopped."""
-    py, np_state = random.getstate(), np.random.get_state()
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-            "python": [py[0], list(py[1]), py[2]],
-            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]}
-
-
-def set_rng_state(state, device):
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
-    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
 
 
 def is_int8(ckpt):

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from model import rotary_cos_sin
+from model import GPT, GPTConfig, rotary_cos_sin
 
 MIN_CLASS = 64  # positions of the smallest cache: short generations share one compile
 
@@ -50,7 +50,7 @@ class KVCache:
     static=True marks every tensor as a fixed address for CUDA graphs (torch._dynamo.mark_static_address):
     a recorded graph reads and writes them where they are; reset() readies the cache for the next generation."""
 
-    def __init__(self, config, batch_size, positions, device, dtype, static=False):
+    def __init__(self, config: GPTConfig, batch_size, positions, device, dtype, static=False):
         head_dim = config.n_embd // config.n_head
         self.reach = size_class(positions)
         self.size = min(self.reach, config.block_size)
@@ -158,7 +158,7 @@ def sample_next(logits, temperature=1.0, *, top_k=None, top_p=None, generator=No
 
 
 @torch.inference_mode()  # cheaper per op than no_grad: no version counters, no view tracking
-def stream(model, idx, max_new_tokens, *, temperature=1.0, top_k=None, top_p=None, eos_token_id=None,
+def stream(model: GPT, idx, max_new_tokens, *, temperature=1.0, top_k=None, top_p=None, eos_token_id=None,
            generator=None, compile=False, allowed=None, cuda_graphs=False):
     """Yield the next token of every sequence, (B, 1), one step at a time, with a KV cache.
 
@@ -204,7 +204,7 @@ def check_cuda_graphs(cuda_graphs, compile, device):
                          f"{device}: drop it (--compile alone fuses the step here)")
 
 
-def static_cache(model, batch_size, positions):
+def static_cache(model: GPT, batch_size, positions):
     """The model's one KVCache for CUDA graphs (static=True), kept in its __dict__ and reset for each generation
     of the same batch size and size class: a recorded graph replays on the addresses it recorded, and a new
     address would make it record again. Another batch size or class replaces it (the old one freed first). So a

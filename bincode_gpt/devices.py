@@ -97,6 +97,8 @@ def pick_dtype(name, device):
 
 def set_precision(name, device):
     """-> the run's dtype (pick_dtype); TF32 matmuls on CUDA."""
+    import torch
+
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     return pick_dtype(name, device)

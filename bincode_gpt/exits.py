@@ -1,6 +1,13 @@
 """
 How a script ends: the project's expected errors as one line, Ctrl-C as exit 130 (during the imports too),
-a closed stdout as no error, a torchrun rank's exit at once.
+a signal mid-run as a finished step and a save (GracefulStop), a closed stdout as no error, a torchrun rank's
+exit at once.
+
+A script imports this module first: its import makes a Ctrl-C during the slow imports after it (torch's take
+seconds) end the script with one line and exit 130, as run_main ends one, not with a traceback
+(quiet_interrupt). It does so only where the program is one of this repository's scripts (at the root, or a
+tool): imported under a test runner or by another program, it leaves Ctrl-C as it was. So nothing here
+imports torch.
 """
 
 import contextlib
@@ -9,6 +16,7 @@ import re
 import select
 import signal
 import sys
+import threading
 
 
 def one_line(text, limit=200):
@@ -53,11 +61,12 @@ def run_main(main, argv=None, outlive_stdout=False):
 
 
 def quiet_interrupt():
-    """Called as a script starts (bincode_gpt/quiet_start.py, its first import): a Ctrl-C during the script's imports (torch's take seconds) ends it as run_main ends one, one
-    line and exit 130, not a traceback. The first SIGINT is noted, not raised, and run_main answers it once the
-    imports are done: a KeyboardInterrupt raised inside an import can be lost, or worse (numpy's C import turns
-    it into an ImportError of its own; one in an import lock's callback is "ignored" and the imports go on; one
-    inside torch's C++ start-up aborts the process with a C++ stack). A second SIGINT raises at once. An
+    """Called as a script starts (this module's import, at the end below): a Ctrl-C during the script's
+    imports (torch's take seconds) ends it as run_main ends one, one line and exit 130, not a traceback.
+    The first SIGINT is noted, not raised, and run_main answers it once the imports are done: a
+    KeyboardInterrupt raised inside an import can be lost, or worse (numpy's C import turns it into an
+    ImportError of its own; one in an import lock's callback is "ignored" and the imports go on; one inside
+    torch's C++ start-up aborts the process with a C++ stack). A second SIGINT raises at once. An
     interactive session (python -i) keeps Python's own handling, and so does a handler someone else set."""
     interactive = sys.flags.interactive or hasattr(sys, "ps1")
     if interactive or getattr(sys.excepthook, "quiet", False):
@@ -147,15 +156,66 @@ class OutlivingStream:
     def __getattr__(self, name):  # fileno, isatty, encoding, ...
         return getattr(self.stream, name)
 
+
+class GracefulStop:
+    """SIGINT/SIGTERM set a flag that the training loop checks after each step: it saves and exits 0.
+    A second SIGINT raises KeyboardInterrupt at once (exit 130); a checkpoint being written then is
+    dropped and the previous one stays. Under DDP the loop all-reduces the flag with the loss, so
+    every rank stops at the same step. torchrun itself re-raises a signal sent to it and exits 1
+    even when every rank saved and exited 0: to stop a DDP run cleanly, signal the ranks (pkill
+    -TERM -P <torchrun pid>), and torchrun exits 0."""
+
+    def __enter__(self):
+        self.requested = False
+        self.old = {}
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        first = not self.requested
+        self.requested = True
+        print(f"\n{signal.Signals(signum).name}: finishing this step, saving, then exiting",
+              file=sys.stderr, flush=True)
+        if first and under_torchrun() and os.environ.get("RANK") == "0":
+            print(TORCHRUN_KILLS, file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
+# torchrun forwards a signal it gets to its ranks and SIGKILLs those still running
+# --shutdown_timeout seconds later
+TORCHRUN_KILLS = ("torchrun SIGKILLs the ranks --shutdown_timeout seconds after it forwards a "
+                  "signal (default 30): a step and save that take longer are lost, the last "
+                  "ckpt.pt kept; on slow storage start torchrun with --shutdown_timeout=600 "
+                  "(docs/usage.md)")
+
+
+def under_torchrun():
+    """Whether torchrun started this process (torch.distributed.is_torchelastic_launched's test)."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
 def exit_process(code):
     """Exit with `code`. A torchrun rank leaves at once, its files already written and closed: torch's
     own clean-up at interpreter exit sometimes aborts a finished rank (SIGABRT, about one run in ten
     with gloo), which would turn a run that succeeded into a failed one."""
-    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:  # torchrun's (torch.distributed.is_torchelastic_launched)
+    if under_torchrun():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGRAM = getattr(sys.modules.get("__main__"), "__file__", None)  # None under python -c or -i
+
+if PROGRAM and os.path.dirname(os.path.abspath(PROGRAM)) in (ROOT, os.path.join(ROOT, "tools")):
+    quiet_interrupt()  # a script of this repository imports this module first
 
 
 if __name__ == "__main__":

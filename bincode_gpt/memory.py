@@ -6,6 +6,7 @@ step will take, so that a size that cannot fit is refused up front with the numb
 import torch
 
 from bincode_gpt.decode import size_class
+from model import GPTConfig
 
 
 def available_memory(device):
@@ -22,7 +23,7 @@ def available_memory(device):
     return None
 
 
-def memory_bytes(config, batch_size=0, positions=0, dtype=torch.float32):
+def memory_bytes(config: GPTConfig, batch_size=0, positions=0, dtype=torch.float32):
     """An upper bound on the memory GPT(config) takes besides its weights, built even on the meta device
     (rotary tables of block_size positions, made from float64 angles; the code table; the lift), and with
     batch_size > 0, a KVCache reaching `positions` (keys and values, its rotary tables of every position of its
@@ -44,7 +45,7 @@ ACTIVATION_BYTES = {"float32": 100, "bfloat16": 60}
 LOGIT_BYTES = {"float32": 4, "bfloat16": 8}
 
 
-def training_bytes(config, batch_size, dtype="float32"):
+def training_bytes(config: GPTConfig, batch_size, dtype="float32"):
     """An estimate of one training process's peak in eager mode (torch.compile keeps less): the trainable weights,
     their gradients and AdamW's two moments (16 bytes a parameter: matrix_params), what GPT builds besides them
     (memory_bytes), and for each of batch_size sequences of block_size tokens, the activations backward keeps and
@@ -54,7 +55,7 @@ def training_bytes(config, batch_size, dtype="float32"):
     return 16 * matrix_params(config) + memory_bytes(config) + batch_size * per_sequence
 
 
-def matrix_params(config):
+def matrix_params(config: GPTConfig):
     """The trainable parameters that weigh: the blocks' 12 n_embd^2 a layer, the head, a learned table."""
     d, V = config.n_embd, config.vocab_size
     return config.n_layer * 12 * d * d + V * d * (2 if config.input == "learned" else 1)
@@ -67,7 +68,7 @@ def largest_batch(config, free, dtype="float32"):
     return max(0, (free - fixed) // per_sequence)
 
 
-def check_training_fits(config, *, batch_size, eval_steps, world, device, dtype):
+def check_training_fits(config: GPTConfig, *, batch_size, eval_steps, world, device, dtype):
     """Refuse a model or batch that cannot fit, before building it, with the numbers: training_bytes against the
     device's free memory (naming the largest micro-batch that fits), and the validation windows' ids against the
     CPU's."""

@@ -14,8 +14,8 @@ import stat
 import sys
 
 from bincode_gpt.inputs import decode_text
-from bincode_gpt.tokenizer import without_nul
-from model import constant_input_ids
+from bincode_gpt.tokenizer import Text, without_nul
+from model import GPT, constant_input_ids
 
 CARD_PROMPT = "Question: What is the capital of France?\nAnswer:"  # the released models' card
 PROMPT_FILE_LIMIT = 16 * 2**20  # bytes; a prompt keeps only its last block_size tokens anyway
@@ -60,7 +60,7 @@ def default_prompt(entry):
     return CARD_PROMPT if isinstance(entry, dict) and entry.get("kind") == "hf" else ""
 
 
-def prompt_ids(codec, prompt, block):
+def prompt_ids(codec: Text, prompt, block):
     """The prompt's token ids, and the prompt as printed: its NULs dropped, as prepare_data.py drops
     them from text (NUL's id is 0, the all-zero code); an empty one starts from end-of-text (a
     document boundary); a long one keeps its last `block` tokens."""
@@ -82,7 +82,7 @@ def prompt_ids(codec, prompt, block):
     return ids, prompt
 
 
-def check_start(model, codec, ids):
+def check_start(model: GPT, codec: Text, ids):
     """Say once when the first token is one this model reads as a constant vector
     (model.constant_input_ids): its logits there are exactly 0 whatever the weights. A model whose
     end-of-text has the all-ones code (data prepared with --no-reserve_ones) starts every unprompted

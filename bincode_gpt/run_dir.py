@@ -1,17 +1,25 @@
 """
-The run folder (out_dir): one writer, nothing lost, and the same data on resume. A fresh run refuses
-a folder that holds an earlier run's files; rank 0 holds out_dir's writer lock until the run ends;
---resume reads on only in the data it was reading (data_fingerprint; checkpoint.restore puts back
-the optimizer and RNG streams).
+The run folder (out_dir) and all a training run keeps there, with rank 0 its one writer: its lock (a
+fresh run refuses a folder that holds an earlier run's files), log.jsonl and the progress lines
+(Log), the checkpoints written whole, and what ckpt.pt holds beyond the weights so that --resume
+continues exactly (the optimizer's state, every rank's RNG streams: restore, rng_state).
 """
 
-import hashlib
 import json
 import os
-import sys
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
-from bincode_gpt.checkpoint import atomic_torch_save
-from bincode_gpt.files import LOCK_NAME, file_stamp, writer_lock
+import numpy as np
+import torch
+
+from bincode_gpt.checkpoint import atomic_torch_save, checkpoint_dict
+from bincode_gpt.devices import peak_flops
+from bincode_gpt.exits import one_line
+from bincode_gpt.files import DISK_FULL, LOCK_NAME, file_stamp, writer_lock
+from model import GPT, GPTConfig
 
 # what a run writes in out_dir, and all it ever replaces or removes there
 OUTPUTS = ("ckpt.pt", "best.pt", "log.jsonl")
@@ -60,12 +68,13 @@ def remove_replaced_best(out_dir):
         os.remove(best)
 
 
-def save_checkpoint(ckpt, out_dir, name):
-    """Write out_dir/name atomically (checkpoint.atomic_torch_save): a crash, Ctrl-C or full disk
+def save_checkpoint(model: GPT, tokenizer, *, out_dir, name, **entries):
+    """Write out_dir/name: checkpoint.checkpoint_dict's plain-typed dict of the model, its tokenizer
+    and the run's `entries`, atomically (checkpoint.atomic_torch_save): a crash, Ctrl-C or full disk
     mid-write keeps the old file, and a failed write says what the folder still holds."""
     path = os.path.join(out_dir, name)
     try:
-        atomic_torch_save(ckpt, path)
+        atomic_torch_save(checkpoint_dict(model, tokenizer, **entries), path)
     except OSError as e:  # e.g. a full disk: atomic_open left the previous files as they were
         kept = kept_checkpoints(out_dir)
         raise OSError(f"{path}: not written ({e.strerror or e}); {kept}") from None
@@ -80,41 +89,208 @@ def kept_checkpoints(out_dir):
     return f"kept as they were: {', '.join(kept)}"
 
 
-def meta_identity(raw: bytes, legacy=False) -> bytes:
-    """meta.json's bytes less the paths its text was read from ("inputs", "sources"), canonical:
-    what the data is, wherever the text lay. legacy: the bytes as they are, paths and all (what the
-    fingerprints hashed before)."""
-    if legacy:
-        return raw
-    meta = {k: v for k, v in json.loads(raw).items() if k not in ("inputs", "sources")}
-    return json.dumps(meta, sort_keys=True).encode()
+@dataclass
+class Log:
+    """log.jsonl gets every event (rank 0 writes it, `master`); stdout a line every log_interval
+    steps, with the throughput over those steps."""
+    out_dir: str
+    master: bool
+    world: int
+    tokens_per_step: int  # of one optimizer step, every rank
+    max_steps: int
+    log_interval: int
+    eval_interval: int
+    flops: float  # per token, for MFU
+    peak: float | None  # FLOP/s of one device, for MFU (None: device_peak looks it up)
+    per_byte: tuple = (None, None)  # train and val tokens per byte of text, where the data says
+    fd: int | None = None  # log.jsonl, rank 0 only
+    step_times: list = field(default_factory=list)
+    window_start: int = 0  # the steps since the last printed line
+    mark: float = field(default_factory=time.time)  # when the last step (or the set-up) ended
+    eval_s: float = 0.0  # the last evaluation's time, for the ETA
+    device: torch.device | None = None  # start()'s
+    dtype: str | None = None  # start()'s
+
+    @cached_property
+    def device_peak(self):
+        """FLOP/s of one device, for MFU: `peak`, else the table's figure for start()'s device and
+        dtype (devices.peak_flops), else None: no MFU."""
+        if self.peak or self.device is None:
+            return self.peak
+        return peak_flops(self.device, self.dtype)
+
+    @property
+    def path(self):
+        return os.path.join(self.out_dir, "log.jsonl")
+
+    def start(self, *, config: GPTConfig, params, device, dtype, windows, step, resume, overwrite,
+              train_config):
+        """Open log.jsonl (rank 0, under the lock: appended to by --resume, else new; an --overwrite
+        removes the replaced run's best.pt), say what is trained (`config`: the GPTConfig, `params`:
+        its num_params()), on what, from which step, and record the start."""
+        self.device, self.dtype = torch.device(device), dtype
+        if self.master:
+            if overwrite:
+                remove_replaced_best(self.out_dir)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if resume else os.O_TRUNC)
+            self.fd = os.open(self.path, flags, 0o644)
+            starting = "resuming at" if resume else "starting at"
+            print(f"{config.n_layer} layers x {config.n_embd}, input={config.input}, "
+                  f"vocab {config.vocab_size}: {params['trainable']:,} trainable, "
+                  f"{params['frozen']:,} frozen values | {self.world} process(es) on {device}, "
+                  f"{dtype} | {self.tokens_per_step:,} tokens/step, "
+                  f"{windows:,} train windows/epoch | {starting} step {step}")
+        self.record(event="start", step=step, world_size=self.world, device=str(device),
+                    train_config=train_config, model_config=asdict(config))
+        self.mark = time.time()
+
+    def record(self, **entry):
+        """One event, a whole line or none: a line cut short (a full disk, Ctrl-C mid-write) is
+        taken back, so its readers parse every line and a resumed run appends after whole lines."""
+        if self.fd is None:
+            return
+        data = (json.dumps(entry) + "\n").encode()
+        end = os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            while data:  # a write may take part of it
+                data = data[os.write(self.fd, data):]
+        except BaseException as e:
+            os.ftruncate(self.fd, end)
+            if isinstance(e, OSError) and e.errno in DISK_FULL:
+                raise OSError(f"{self.path}: a line not written (the disk is full: "
+                              f"{os.strerror(e.errno)}): the log keeps its whole lines; "
+                              f"{kept_checkpoints(self.out_dir)}") from None
+            raise
+
+    def end(self, summary):
+        """Record the run's summary (train.train's) and say it in one line."""
+        self.record(event="end", **summary)
+        if self.master:
+            print(f"done: step {summary['steps']}, {summary['tokens']:,} tokens, "
+                  f"val loss {summary['final_val_loss']}, best {summary['best_val_loss']}; "
+                  f"{summary['wall_s']:.0f}s; checkpoint {os.path.join(self.out_dir, 'ckpt.pt')}")
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def evaluation(self, step, val_loss, best_val, improved):
+        self.eval_s = time.time() - self.mark
+        per_byte = val_loss * self.per_byte[1] if self.per_byte[1] else None
+        self.record(event="eval", step=step, val_loss=val_loss, best_val_loss=best_val,
+                    val_loss_per_byte=per_byte)
+        if self.master:
+            print(f"step {step}: val loss {val_loss:.4f}{nats_per_byte(per_byte)}"
+                  f"{' (best)' if improved else ''}")
+
+    def step(self, step, *, loss, norm, lr, dt, tokens, stopping):
+        """Optimizer step `step` is taken: its loss, gradient norm, lr and time; `tokens` read so
+        far."""
+        per_step = self.tokens_per_step
+        peak = self.device_peak
+        mfu = self.flops * per_step / dt / (peak * self.world) if peak else None
+        self.record(event="train", step=step, loss=loss, lr=lr, grad_norm=norm, dt=dt,
+                    tokens_per_s=per_step / dt, mfu=mfu, tokens=tokens)
+        self.step_times.append(dt)
+        self.mark = time.time()
+        due = step % self.log_interval == 0 or step == self.max_steps or stopping
+        if self.master and due:
+            window = self.step_times[self.window_start :]
+            # tokens/s and the ETA from these steps' pace, without this process's first step: its
+            # warm-up (torch.compile compiling, the allocator growing) is not the run's speed
+            steady = window[1:] if self.window_start == 0 and len(window) > 1 else window
+            tok_s = len(steady) * self.tokens_per_step / sum(steady)
+            self.window_start = len(self.step_times)
+            mfu_s = ""
+            if peak:
+                mfu_s = f" | mfu {100 * self.flops * tok_s / (peak * self.world):.1f}%"
+            per_byte = nats_per_byte(loss * self.per_byte[0] if self.per_byte[0] else None)
+            print(f"step {step}/{self.max_steps} | loss {loss:.4f}{per_byte} | lr {lr:.2e} | "
+                  f"{tok_s:,.0f} tok/s{mfu_s} | eta {clock(self.eta(step, steady))}", flush=True)
+
+    def eta(self, step, steady):
+        """Seconds left: the steps to go at these steps' pace, and the evaluations to go at the
+        last one's time."""
+        evals = 0
+        if self.eval_interval > 0:  # at each multiple of eval_interval after this step, and the end
+            evals = self.max_steps // self.eval_interval - step // self.eval_interval
+            evals += self.max_steps % self.eval_interval > 0
+        return (self.max_steps - step) * sum(steady) / len(steady) + evals * self.eval_s
+
+    def tokens_per_s(self):
+        """Over the steps' time (not evaluations or saves), without this process's first step (its
+        warm-up) when there are others."""
+        steady = self.step_times[1:] or self.step_times
+        if not steady:
+            return None
+        return self.tokens_per_step * len(steady) / sum(steady)
 
 
-def data_fingerprint(folder, legacy=False):
-    """A short hash of meta_identity and every shard's name and size: what a checkpoint's data
-    position indexes. Preparing the folder again from other text or settings changes it; from the
-    same text at another path does not."""
-    with open(os.path.join(folder, "meta.json"), "rb") as f:
-        raw = f.read()
-    meta = json.loads(raw)
-    h = hashlib.sha256(meta_identity(raw, legacy))
-    for split in sorted(meta["splits"]):
-        for name in meta["splits"][split]["shards"]:
-            h.update(f"\n{split}/{name}:{os.path.getsize(os.path.join(folder, name))}".encode())
-    return h.hexdigest()[:16]
+def nats_per_byte(x):
+    return f", {x:.4f} nats/byte" if x is not None else ""
 
 
-def check_same_data(ckpt, source, data_dir, fingerprint, *, rank):
-    """--resume reads on at the saved position in the training order, which means the same windows
-    only in the same data: other data (the folder prepared again, or another one; `fingerprint`:
-    data_dir's) is refused. A checkpoint older than the fingerprint cannot be checked: said once
-    (rank 0)."""
-    saved = ckpt["data"].get("fingerprint")
-    if saved is None and rank == 0:
-        print(f"note: {source} predates data fingerprints: cannot check that {data_dir} holds the "
-              "data it was reading", file=sys.stderr)
-    elif saved is not None and saved not in (fingerprint, data_fingerprint(data_dir, legacy=True)):
-        raise ValueError(f"{source} was reading other data than {data_dir} now holds (fingerprint "
-                         f"{saved}, now {fingerprint}: meta.json or the shards changed): its saved "
-                         "position would index other windows. Resume on the data it was reading, "
-                         "or start from its weights with --init_from")
+def clock(seconds):
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m{int(seconds % 60):02d}s"
+
+
+# ---------------------------------------------------------- exact resume
+# chosen for the device an optimizer runs on, not saved with it
+OPTIMIZER_KERNEL = ("fused", "foreach", "capturable")
+
+
+def load_optimizer_state(optimizer, state_dict):
+    """optimizer.load_state_dict(state_dict) keeping this optimizer's own kernel choices
+    (OPTIMIZER_KERNEL) in each param group: a checkpoint written on a CPU (fused None) would
+    otherwise make a GPU run's AdamW unfused. Torch moves the state (moments; steps where the kernel
+    needs them there) to the parameters' device."""
+    saved, own = state_dict.get("param_groups"), optimizer.param_groups
+    fits = isinstance(saved, list) and len(saved) == len(own)
+    if fits and all(isinstance(g, dict) for g in saved):
+        groups = [{**g, **{k: mine[k] for k in OPTIMIZER_KERNEL if k in mine}}
+                  for g, mine in zip(saved, own)]
+        state_dict = {**state_dict, "param_groups": groups}
+    optimizer.load_state_dict(state_dict)  # a state of another shape: torch's own error
+
+
+def restore(ckpt, source, *, optimizer, rank, world, device):
+    """Continue where a checkpoint that passed checks.check_resumable stopped: the optimizer's state
+    and the RNG streams (each rank its own, when the number of processes is the same). The loop's
+    counters are the caller's to read (step, data position, evaluations)."""
+    unfit = (ValueError, KeyError, TypeError, IndexError, RuntimeError)
+    try:  # moments to the parameters' device, kernel kept
+        load_optimizer_state(optimizer, ckpt["optimizer"])
+    except unfit as e:
+        raise ValueError(f"{source}: its optimizer state does not fit this model "
+                         f"({one_line(e, 120)})") from None
+    if len(ckpt["rng"]) == world:
+        try:
+            set_rng_state(ckpt["rng"][rank], device)
+        except unfit as e:
+            raise ValueError(f"{source}: its RNG state of rank {rank} is unreadable "
+                             f"({one_line(e, 120)})") from None
+    elif rank == 0:
+        print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {world}: the data "
+              "order continues exactly, but each rank's RNG stays as this run's start set it (seed "
+              "+ rank), so dropout draws differ from an unbroken run's")
+
+
+def rng_state(device):
+    """Every RNG this process uses (torch, CUDA, python, numpy), as plain types (tensors and lists)
+    that weights_only loading accepts. Saved per rank, so on a CPU a run stopped and resumed logs
+    the same losses, bit for bit, as one never stopped."""
+    py, np_state = random.getstate(), np.random.get_state()
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    numpy = [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]),
+             float(np_state[4])]
+    return {"torch": torch.get_rng_state(), "cuda": cuda, "python": [py[0], list(py[1]), py[2]],
+            "numpy": numpy}
+
+
+def set_rng_state(state, device):
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))

@@ -1,11 +1,13 @@
 """
-The token shard format that prepare_data.py writes and training reads, meta.json (the folder's index), and
-the windows that training and evaluation read from the shards (Split).
+The token shard format that prepare_data.py writes and training reads, meta.json (the folder's index), the
+windows that training and evaluation read from the shards (Split), and the data's fingerprint (what a saved
+position in the training order indexes).
 
 Shard file (little-endian): 32-byte header = b"BCGPTTOK", uint32 version (1), uint32 token width in bytes
 (2 or 4), uint64 token count, 8 zero bytes; then the tokens (uint16 when the vocabulary fits, else uint32).
 """
 
+import hashlib
 import json
 import os
 import shlex
@@ -208,3 +210,27 @@ class Split:
             y = y.pin_memory().to(device, non_blocking=True)
             return x, y
         return x.to(device), y.to(device)
+
+
+def meta_identity(raw: bytes, legacy=False) -> bytes:
+    """meta.json's bytes less the paths its text was read from ("inputs", "sources"), canonical:
+    what the data is, wherever the text lay. legacy: the bytes as they are, paths and all (what the
+    fingerprints hashed before)."""
+    if legacy:
+        return raw
+    meta = {k: v for k, v in json.loads(raw).items() if k not in ("inputs", "sources")}
+    return json.dumps(meta, sort_keys=True).encode()
+
+
+def data_fingerprint(folder, legacy=False):
+    """A short hash of meta_identity and every shard's name and size: what a checkpoint's data
+    position indexes. Preparing the folder again from other text or settings changes it; from the
+    same text at another path does not."""
+    with open(os.path.join(folder, "meta.json"), "rb") as f:
+        raw = f.read()
+    meta = json.loads(raw)
+    h = hashlib.sha256(meta_identity(raw, legacy))
+    for split in sorted(meta["splits"]):
+        for name in meta["splits"][split]["shards"]:
+            h.update(f"\n{split}/{name}:{os.path.getsize(os.path.join(folder, name))}".encode())
+    return h.hexdigest()[:16]

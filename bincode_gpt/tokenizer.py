@@ -253,6 +253,10 @@ class HFText:
         return step
 
 
+# a checkpoint's text codec (load_text_codec): what sampling encodes prompts and decodes ids with
+Text = TiktokenText | HFText
+
+
 def load_text_codec(ckpt, ckpt_path):
     """The text codec of a checkpoint's "tokenizer" entry: {"kind": "tiktoken", "encoding", "vocab_size",
     "reserve_zero", "reserve_ones"} or {"kind": "hf", "file"}, a tokenizer.json in the checkpoint's folder."""

@@ -6,6 +6,7 @@ a torchrun rank on its own GPU under --dist_timeout, the MFU table by exact GPU 
 import shutil
 import warnings
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ import torch.nn.functional as F
 from bincode_gpt import checkpoint, devices, ranks
 import sample
 import train
-from bincode_gpt.checkpoint import (checkpoint_dict, load_checkpoint, load_optimizer_state, load_weights, OPTIMIZER_KERNEL, read_checkpoint)
+from bincode_gpt.checkpoint import checkpoint_dict, load_checkpoint, load_weights, read_checkpoint
+from bincode_gpt.run_dir import load_optimizer_state, OPTIMIZER_KERNEL
 from bincode_gpt.devices import has_bf16, PEAK_FLOPS, peak_flops
 from bincode_gpt.devices import pick_dtype
 from model import GPT, apply_rotary, get_config, rotary_cos_sin
@@ -102,7 +104,7 @@ def started_on_meta(cfg, monkeypatch):
     on the CPU as on a GPU machine; window checks that read the model's values are recorded, not run."""
     monkeypatch.setattr(ranks, "pick_device", lambda name: META)
     seen = {}
-    monkeypatch.setattr(train.preflight, "check_window_starts", lambda split, meta, model, data_dir:
+    monkeypatch.setattr(train.checks, "check_window_starts", lambda split, meta, model, data_dir:
                         seen.update(off=off_device(model, META)))
 
     def loop(run, state):
@@ -247,6 +249,9 @@ def joined_on(monkeypatch, local_rank):
     monkeypatch.setattr(ranks, "pick_device", lambda name: torch.device("cuda" if name == "auto" else name))
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: joined.append(device))
     monkeypatch.setattr(ranks.dist, "init_process_group", lambda backend, **kw: joined.append((backend, kw)))
+    # set_precision's TF32 switches, stood in for: this process's own stay as they are
+    monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(allow_tf32=False))
+    monkeypatch.setattr(torch.backends, "cudnn", SimpleNamespace(allow_tf32=False))
     return joined
 
 
@@ -255,7 +260,7 @@ def test_a_gpu_other_than_local_rank_is_refused_under_torchrun(monkeypatch, aske
     """--device cuda:N under torchrun would put every rank on GPU N: refused before the rank joins, naming its own."""
     joined = joined_on(monkeypatch, local_rank=1)
     with pytest.raises(ValueError) as e:
-        ranks.start_processes(asked, 30.0)
+        ranks.start_processes(device_name=asked, dtype_name="float32", dist_timeout=30.0)
     assert str(e.value) == (f"--device {asked} under torchrun: this rank's GPU is cuda:1 (its LOCAL_RANK), and every "
                             "rank would share the one named: leave --device at auto or cuda")
     assert joined == []
@@ -263,17 +268,20 @@ def test_a_gpu_other_than_local_rank_is_refused_under_torchrun(monkeypatch, aske
 
 @pytest.mark.parametrize("asked", ["auto", "cuda", "cuda:1"])
 def test_each_rank_takes_its_local_rank_and_waits_dist_timeout(monkeypatch, asked):
+    """... and computes in the dtype asked for, with TF32 matmuls on its GPU."""
     joined = joined_on(monkeypatch, local_rank=1)
     gpu = torch.device("cuda", 1)
-    assert ranks.start_processes(asked, 2.5) == (1, 2, gpu, True)
+    started = ranks.start_processes(device_name=asked, dtype_name="float32", dist_timeout=2.5)
+    assert started == (1, 2, gpu, "float32", True)
     assert joined == [gpu, ("nccl", {"timeout": timedelta(minutes=2.5)})]
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
 
 
 @pytest.mark.parametrize("minutes", [0, -1.0, float("nan"), float("inf")])
 def test_a_dist_timeout_that_is_no_wait_is_refused(monkeypatch, minutes):
     joined = joined_on(monkeypatch, local_rank=1)
     with pytest.raises(ValueError) as e:
-        ranks.start_processes("auto", minutes)
+        ranks.start_processes(device_name="auto", dtype_name="float32", dist_timeout=minutes)
     assert str(e.value) == f"dist_timeout must be a number of minutes > 0, got {minutes}" and joined == []
 
 

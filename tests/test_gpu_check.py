@@ -377,7 +377,7 @@ def test_the_paper_row_on_cuda_compares_the_peak_with_the_estimate_and_times_the
             "paper", ok, tokens_per_s=2500.0, mfu=0.25, peak=f"{peak / 2**30:.2f} GiB", wall_s=30.0,
             note=f"32 x 1024, context 1024, V 65,536, eager bfloat16: batch 8 of 16 first tried (16 faulted); 64, 32 "
             f"not tried (2^31 logits or more overflow cross_entropy); peak {peak / 2**30:.1f} GiB and 2,500 tokens/s "
-            f"beside preflight's estimate {estimate / 2**30:.1f} GiB{below}; {mfu}{stop}")
+            f"beside the memory check's estimate {estimate / 2**30:.1f} GiB{below}; {mfu}{stop}")
 
 
 def test_one_gpu_skips_the_torchrun_rows_with_the_reason(tmp_path, monkeypatch):

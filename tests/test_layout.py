@@ -1,7 +1,9 @@
 """The layout README promises (issues 26, 33): README lists the three files a learner reads (model, train, sample),
 then the plumbing they import, then tools/, each table in the order its files depend on each other, so no file is
 used before it is read; no root file imports a tool; sampling pulls in no training code and training no int8 code;
-README stays a front door (<= 160 lines), and the reading path stays short (tools/lines.py)."""
+README stays a front door (<= 160 lines), and the reading path stays short (tools/lines.py); train.py imports at
+most 6 package modules (issue 51), and no module reads another's objects by attribute name through an untyped
+parameter."""
 
 import ast
 import os
@@ -119,6 +121,75 @@ def test_the_reading_path_is_short():
         tree = ast.parse(open(os.path.join(ROOT, name), encoding="utf-8").read())
         starts = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.stmt) and not hasattr(node, "body")]
         assert len(starts) == len(set(starts)), f"{name}: two statements on one line"
+
+
+def package_modules(path):
+    """The bincode_gpt modules a file imports, in the order it first names them."""
+    found = []
+    for node in ast.walk(ast.parse(open(os.path.join(ROOT, path), encoding="utf-8").read())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module == "bincode_gpt":
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bincode_gpt."):
+            names = [node.module.split(".")[1]]
+        elif isinstance(node, ast.Import):
+            names = [a.name.split(".")[1] for a in node.names if a.name.startswith("bincode_gpt.")]
+        found += [n for n in names if n not in found]
+    return found
+
+
+def test_train_py_imports_at_most_6_package_modules_exits_first():
+    """exits first: its import makes a Ctrl-C while torch loads one line and exit 130 (exits.quiet_interrupt)."""
+    found = package_modules("train.py")
+    assert found == ["exits", "checks", "ranks", "run_dir", "settings", "shards"]
+    for script in ("train.py", "sample.py", "prepare_data.py"):
+        tree = ast.parse(open(os.path.join(ROOT, script), encoding="utf-8").read())
+        first = next(node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)))
+        assert isinstance(first, ast.ImportFrom) and first.module == "bincode_gpt.exits", script
+
+
+def project_attributes(path):
+    """The attribute names a file's classes define (fields, self.x = ..., methods)."""
+    names = set()
+    for cls in ast.walk(ast.parse(open(os.path.join(ROOT, path), encoding="utf-8").read())):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for node in ast.walk(cls):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.FunctionDef) and not node.name.startswith("__"):
+                names.add(node.name)
+    return names
+
+
+def test_no_module_reads_anothers_objects_through_an_untyped_parameter():
+    """A function that reads `p.x`, x an attribute of another file's class, names that class in p's annotation, so
+    the coupling shows. Left out: a tensor's attributes (dtype, device, ...), and model.py's `cache`: model.py
+    stands alone, and update/advance are its own interface, which decode.KVCache implements."""
+    import torch
+
+    files = [f"bincode_gpt/{f}" for f in os.listdir(os.path.join(ROOT, "bincode_gpt")) if f.endswith(".py")]
+    files += ["model.py", "train.py", "sample.py", "prepare_data.py"]
+    owned = {f: project_attributes(f) for f in files}
+    tensor = set(dir(torch.Tensor))
+    found = []
+    for f in files:
+        for fn in ast.walk(ast.parse(open(os.path.join(ROOT, f), encoding="utf-8").read())):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            params = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+            untyped = {a.arg for a in params if a.annotation is None} - {"self", "cls"}
+            if f == "model.py":
+                untyped -= {"cache"}
+            for node in ast.walk(fn):
+                if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
+                    continue
+                x = node.attr
+                if node.value.id in untyped and x not in owned[f] and x not in tensor:
+                    found += [f"{f}:{fn.name}: {node.value.id}.{x} ({g})" for g in files if x in owned[g]]
+    assert found == []
 
 
 def test_sampling_pulls_in_no_training_or_tool_code():

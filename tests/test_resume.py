@@ -15,7 +15,7 @@ import torch
 
 import prepare_data
 import train
-from bincode_gpt import run_dir
+from bincode_gpt import run_dir, shards
 from bincode_gpt.exits import run_main
 from prepare_data import prepare
 # the run's helpers, and its fixtures: data_dir, one_thread (autouse: one thread a process)
@@ -167,7 +167,7 @@ def test_resume_beside_the_same_text_prepared_elsewhere_continues(data_dir, tmp_
     a, b = (torch.load(tmp_path / r / "ckpt.pt", weights_only=True)["model"] for r in ("whole", "run"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     ckpt = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)
-    ckpt["data"]["fingerprint"] = run_dir.data_fingerprint(str(tmp_path / "again"), legacy=True)
+    ckpt["data"]["fingerprint"] = shards.data_fingerprint(str(tmp_path / "again"), legacy=True)
     torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
     assert train.train(config(tmp_path / "again", tmp_path / "run", max_steps=7, resume=True))["steps"] == 7
 

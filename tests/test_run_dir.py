@@ -1,6 +1,8 @@
 """Tests of bincode_gpt/run_dir.py: out_dir has one writer and loses nothing (claim_out_dir, check_out_dir,
-kept_checkpoints), and a resume reads on only in the same data (data_fingerprint, check_same_data)."""
+kept_checkpoints); log.jsonl written a whole line at a time, the stdout line's throughput and ETA (its
+arithmetic), the time format (Log); the exact-resume parts are in test_resume.py and test_devices.py."""
 
+import errno
 import json
 import os
 import re
@@ -18,6 +20,8 @@ import train
 from bincode_gpt import run_dir
 from bincode_gpt.exits import run_main
 from bincode_gpt.files import LOCK_NAME, file_stamp
+from bincode_gpt.run_dir import Log, clock, nats_per_byte
+from model import get_config
 # the run's helpers, and its fixtures: data_dir, one_thread (autouse: one thread a process)
 from test_train import cli, config, data_dir, files, flags, one_thread, ROOT, train_log
 
@@ -137,21 +141,112 @@ def test_kept_checkpoints_names_what_a_failed_write_left(tmp_path):
     assert run_dir.kept_checkpoints(str(tmp_path)) == f"kept as they were: {tmp_path / 'ckpt.pt'}, {tmp_path / 'best.pt'}"
 
 
-def test_the_data_fingerprint_is_the_content_not_the_path(data_dir, tmp_path, capsys):
-    moved = Path(shutil.copytree(data_dir, tmp_path / "moved"))
-    meta = json.loads((moved / "meta.json").read_text())
-    (moved / "meta.json").write_text(json.dumps({**meta, "inputs": ["/elsewhere/corpus.txt"]}))
-    fingerprint = run_dir.data_fingerprint(str(data_dir))
-    assert re.fullmatch("[0-9a-f]{16}", fingerprint) and run_dir.data_fingerprint(str(moved)) == fingerprint
-    assert run_dir.data_fingerprint(str(moved), legacy=True) != fingerprint  # the paths were hashed too
-    with open(moved / "val_000000.bin", "ab") as f:
-        f.write(b"\0\0")
-    assert run_dir.data_fingerprint(str(moved)) != fingerprint
-    ckpt = {"data": {"fingerprint": fingerprint}}
-    run_dir.check_same_data(ckpt, "c.pt", str(data_dir), fingerprint, rank=0)
-    with pytest.raises(ValueError, match=f"c.pt was reading other data than {re.escape(str(moved))} now holds"):
-        run_dir.check_same_data(ckpt, "c.pt", str(moved), run_dir.data_fingerprint(str(moved)), rank=0)
-    run_dir.check_same_data({"data": {}}, "c.pt", str(moved), "x", rank=1)
-    assert capsys.readouterr().err == ""  # said once, by rank 0
-    run_dir.check_same_data({"data": {}}, "c.pt", str(moved), "x", rank=0)
-    assert "c.pt predates data fingerprints" in capsys.readouterr().err
+def test_the_eta_and_tokens_per_s_leave_out_the_warm_up_step(capsys):
+    log = stdout_log(max_steps=200, eval_interval=50)
+    log.eval_s = 4.0  # the last evaluation's time
+    for step, dt in enumerate([9.0] + [0.5] * 9, start=1):  # a slow first step (warm-up), then 0.5 s a step
+        log.step(step, loss=1.0, norm=None, lr=1e-3, dt=dt, tokens=step * 32, stopping=False)
+    # 190 steps at 0.5 s, and the evaluations at 50, 100, 150 and 200 at 4 s each: 111 s; the tokens/s of
+    # the 9 steady steps (16 x 32 tokens in 0.5 s), the warm-up left out of it and of the run's summary
+    assert capsys.readouterr().out.endswith("| 1,024 tok/s | eta 0h01m51s\n")
+    assert log.tokens_per_s() == 1024
+    assert stdout_log(max_steps=210, eval_interval=50).eta(200, [1.0]) == 10
+    assert clock(3 * 3600 + 62.7) == "3h01m02s"
+
+
+def stdout_log(max_steps, eval_interval, out_dir="", peak=None):
+    """A Log of one process that prints every 10 steps (16 x 32 tokens a step) and writes no log.jsonl."""
+    return Log(out_dir=out_dir, master=True, world=1, tokens_per_step=16 * 32, max_steps=max_steps,
+               log_interval=10, eval_interval=eval_interval, flops=1.0, peak=peak)
+
+
+def test_the_eta_counts_the_steps_and_the_evaluations_to_go():
+    log = stdout_log(max_steps=210, eval_interval=50)
+    log.eval_s = 3.0
+    assert log.eta(200, [1.0, 3.0]) == 10 * 2.0 + 1 * 3.0  # 10 steps at their mean; the end's evaluation
+    assert log.eta(149, [1.0]) == 61 + 3 * 3.0  # at 150, 200 and the end (210)
+    assert log.eta(150, [1.0]) == 60 + 2 * 3.0  # 150's is taken: 200 and the end
+    assert stdout_log(max_steps=200, eval_interval=50).eta(150, [1.0]) == 50  # 200 is the end: one, at 0 s
+    never = stdout_log(max_steps=20, eval_interval=0)
+    never.eval_s = 100.0
+    assert never.eta(10, [2.0]) == 20  # no evaluations
+
+
+def test_the_printed_line_has_the_mfu_where_the_peak_is_known(capsys):
+    log = stdout_log(max_steps=20, eval_interval=0, peak=1024.0)
+    for step in range(1, 11):
+        log.step(step, loss=2.0, norm=1.0, lr=1e-3, dt=0.5, tokens=step * 512, stopping=False)
+    out = capsys.readouterr().out
+    # 512 tokens in 0.5 s at 1 FLOP a token: 1,024 FLOP/s, all of the 1,024 peak
+    assert out == "step 10/20 | loss 2.0000 | lr 1.00e-03 | 1,024 tok/s | mfu 100.0% | eta 0h00m05s\n"
+    assert clock(59.9) == "0h00m59s" and nats_per_byte(None) == "" and nats_per_byte(0.5) == ", 0.5000 nats/byte"
+
+
+def test_without_a_peak_the_mfu_is_against_the_devices_figure_from_the_table(tmp_path, monkeypatch, capsys):
+    """--peak_flops unset: the started device's figure (devices.peak_flops), looked up for its dtype; none, no MFU."""
+    asked = []
+    monkeypatch.setattr(run_dir, "peak_flops", lambda device, dtype: asked.append((device, dtype)) or 2048.0)
+    log = stdout_log(max_steps=20, eval_interval=0, out_dir=str(tmp_path))
+    log.start(config=get_config("tiny", vocab_size=512), params={"trainable": 1, "frozen": 2}, device="cpu",
+              dtype="bfloat16", windows=7, step=0, resume=False, overwrite=False, train_config={})
+    for step in range(1, 11):
+        log.step(step, loss=2.0, norm=1.0, lr=1e-3, dt=0.5, tokens=step * 512, stopping=False)
+    assert capsys.readouterr().out.endswith("1,024 tok/s | mfu 50.0% | eta 0h00m05s\n")
+    assert asked == [(torch.device("cpu"), "bfloat16")]  # once, at the first step
+    with_none = stdout_log(max_steps=20, eval_interval=0, out_dir=str(tmp_path))
+    monkeypatch.setattr(run_dir, "peak_flops", lambda device, dtype: None)
+    with_none.start(config=get_config("tiny", vocab_size=512), params={"trainable": 1, "frozen": 2},
+                    device="cpu", dtype="float32", windows=7, step=0, resume=False, overwrite=False,
+                    train_config={})
+    for step in range(1, 11):
+        with_none.step(step, loss=2.0, norm=1.0, lr=1e-3, dt=0.5, tokens=step * 512, stopping=False)
+    assert capsys.readouterr().out.endswith("1,024 tok/s | eta 0h00m05s\n")
+
+
+def started(tmp_path, *, resume=False, overwrite=False):
+    log = stdout_log(max_steps=10, eval_interval=0, out_dir=str(tmp_path))
+    log.start(config=get_config("tiny", vocab_size=512), params={"trainable": 1, "frozen": 2}, device="cpu",
+              dtype="float32", windows=7, step=0, resume=resume, overwrite=overwrite, train_config={"lr": 1.0})
+    return log
+
+
+def test_log_jsonl_is_new_appended_on_resume_and_an_overwrite_drops_the_replaced_best(tmp_path, capsys):
+    log = started(tmp_path)
+    log.record(event="train", step=1)
+    log.close()
+    assert capsys.readouterr().out.endswith("| 512 tokens/step, 7 train windows/epoch | starting at step 0\n")
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["event"] for line in lines] == ["start", "train"]
+    started(tmp_path, resume=True).close()
+    assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 3
+    (tmp_path / "best.pt").write_bytes(b"the replaced run's")
+    started(tmp_path, overwrite=True).close()
+    assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 1 and not (tmp_path / "best.pt").exists()
+
+
+def test_a_line_cut_short_by_a_full_disk_is_taken_back(tmp_path, monkeypatch):
+    log = started(tmp_path)
+    write = os.write
+
+    def half_then_full(fd, data):
+        write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError) as info:
+        log.record(event="train", step=1, loss=2.0)
+    monkeypatch.undo()
+    log.close()
+    assert str(info.value) == (f"{tmp_path / 'log.jsonl'}: a line not written (the disk is full: No space left on "
+                               "device): the log keeps its whole lines; no checkpoint of this run is on disk yet")
+    assert [json.loads(line)["event"] for line in (tmp_path / "log.jsonl").read_text().splitlines()] == ["start"]
+
+
+def test_other_ranks_write_and_print_nothing(tmp_path, capsys):
+    log = Log(out_dir=str(tmp_path), master=False, world=2, tokens_per_step=512, max_steps=10, log_interval=1,
+              eval_interval=0, flops=1.0, peak=None)
+    log.start(config=get_config("tiny", vocab_size=512), params={"trainable": 1, "frozen": 2}, device="cpu",
+              dtype="float32", windows=7, step=0, resume=False, overwrite=False, train_config={})
+    log.step(1, loss=2.0, norm=None, lr=1.0, dt=1.0, tokens=512, stopping=False)
+    log.close()
+    assert capsys.readouterr().out == "" and not (tmp_path / "log.jsonl").exists()

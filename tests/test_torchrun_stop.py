@@ -5,7 +5,7 @@ step it is in, rank 0 announces it, says once what torchrun's timeout means, and
 import json
 import os
 
-from bincode_gpt.stopping import TORCHRUN_KILLS
+from bincode_gpt.exits import TORCHRUN_KILLS
 from tools.gpu_check import announced, run, saved_step, torchrun
 
 

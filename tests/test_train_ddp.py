@@ -78,12 +78,12 @@ def test_every_rank_waits_for_rank_0s_writes_under_the_timeout(data_dir, tmp_pat
         monkeypatch.setenv(k, v)
     events, groups, made = [], [], []
     init, barrier, save, scan = (train.dist.init_process_group, train.dist.barrier, run_dir.atomic_torch_save,
-                                 train.preflight.check_window_starts)
+                                 train.checks.check_window_starts)
     monkeypatch.setattr(train.dist, "init_process_group", lambda *a, **kw: groups.append(kw) or init(*a, **kw))
     monkeypatch.setattr(train.dist, "barrier", lambda *a, **kw: events.append("barrier") or barrier(*a, **kw))
     monkeypatch.setattr(run_dir, "atomic_torch_save", lambda obj, path: events.append(os.path.basename(path))
                         or save(obj, path))
-    monkeypatch.setattr(train.preflight, "check_window_starts", lambda *a: events.append("scan") or scan(*a))
+    monkeypatch.setattr(train.checks, "check_window_starts", lambda *a: events.append("scan") or scan(*a))
 
     class DDP(ranks.DDP):
         def __init__(self, *args, **kw):

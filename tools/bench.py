@@ -69,7 +69,8 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
+# first: its import makes a Ctrl-C while torch loads one line and exit 130
+from bincode_gpt.exits import run_main
 
 import contextlib
 import copy
@@ -93,7 +94,6 @@ import bincode_gpt.quantize as Q
 import train as T
 from bincode_gpt.checkpoint import checkpoint_dict
 from bincode_gpt.settings import check_at_least_1, config_parser, parse_int, parse_settings, setting
-from bincode_gpt.exits import run_main
 from bincode_gpt.devices import has_bf16, peak_flops, pick_device
 from bincode_gpt.tokenizer import get_tokenizer
 from tools.quickstart import NANOGPT_URL

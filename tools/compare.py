@@ -31,7 +31,8 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
+# first: its import makes a Ctrl-C while torch loads one line and exit 130
+from bincode_gpt.exits import run_main
 
 import hashlib
 import json
@@ -45,11 +46,10 @@ import torch
 
 from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.settings import check_at_least_1, parse_command_line, preset_setting, setting
-from bincode_gpt.exits import run_main
 from bincode_gpt.devices import pick_device
 from bincode_gpt.files import atomic_write, staged, writer_lock
 from bincode_gpt.devices import pick_dtype
-from bincode_gpt.run_dir import meta_identity
+from bincode_gpt.shards import meta_identity
 from bincode_gpt.shards import load_meta
 from bincode_gpt.shards import Split
 from model import GPT, PRESETS, SMALL_VOCAB, GPTConfig, code_bits, get_config
@@ -192,7 +192,7 @@ def check_settings(cfg):
 
 
 def data_hash(data_dir, legacy=False):
-    """A fingerprint of a prepared folder's contents: run_dir.meta_identity (meta.json: the tokenizer, every shard,
+    """A fingerprint of a prepared folder's contents: shards.meta_identity (meta.json: the tokenizer, every shard,
     each split's token, byte and document counts; not the paths the text was read from), so the same text prepared
     elsewhere matches. legacy: the hash of meta.json's bytes, paths and all, that final.json held before."""
     with open(os.path.join(data_dir, "meta.json"), "rb") as f:

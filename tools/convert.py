@@ -38,7 +38,8 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
+# first: its import makes a Ctrl-C while torch loads one line and exit 130
+from bincode_gpt.exits import one_line, run_main
 
 import hashlib
 import json
@@ -50,7 +51,6 @@ import torch
 from bincode_gpt.checkpoint import (atomic_torch_save, check_finite, checkpoint_dict, checkpoint_file, load_checkpoint,
                                    model_from_weights)
 from bincode_gpt.settings import config_parser, parse_settings, setting
-from bincode_gpt.exits import one_line, run_main
 from bincode_gpt.files import atomic_write, file_problem, LOCK_NAME, staged, writer_lock
 from bincode_gpt.quantize import int8_checkpoint
 from bincode_gpt.tokenizer import file_in, load_text_codec, mergeable_ranks

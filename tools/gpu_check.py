@@ -48,11 +48,11 @@ Design choices, up front:
   (the same weights on the same windows; on a GPU within 1e-3, as bfloat16 kernels may order sums otherwise).
 - The paper row: the paper preset (32 x 1024, context 1,024, V = 65,536), eager bfloat16, PAPER_STEPS steps at
   the paper-size runs' --lr 6e-4, at the largest batch that runs: the first tried is the largest of BATCHES
-  that preflight's estimate fits in free memory and that gives cross_entropy fewer than 2^31 logits (batch 32
-  gives it exactly 2^31, which overflows its 32-bit indexing), then smaller ones while a try fails with a CUDA
-  fault (out of memory, an illegal memory access, ...) before its last step. Its peak (max_memory_allocated)
-  and tokens/s are written beside preflight's estimate, and the peak must not exceed it (else preflight could
-  not warn before an out-of-memory); the time from its last step to the end (the one-batch check, the RNG
+  that the memory check's estimate fits in free memory and that gives cross_entropy fewer than 2^31 logits
+  (batch 32 gives it exactly 2^31, which overflows its 32-bit indexing), then smaller ones while a try fails
+  with a CUDA fault (out of memory, an illegal memory access, ...) before its last step. Its peak
+  (max_memory_allocated) and tokens/s are written beside the memory check's estimate, and the peak must not
+  exceed it (else the check could not warn before an out-of-memory); the time from its last step to the end (the one-batch check, the RNG
   states, the fsync'd ~5.6 GB ckpt.pt, written under --work) is what a stop under torchrun must fit in its
   --shutdown_timeout (docs/usage.md). On a CPU the tiny preset stands in, its RSS not compared.
 - The CUDA-graphs row counts the graphs recorded: train.py and sample.py run under CHILD, which counts each
@@ -454,8 +454,8 @@ def mfu_basis(device):
 
 
 def estimated_bytes(mcfg, batch_size):
-    """preflight's estimate of what training at batch_size holds (the paper row trains in bfloat16, eager): the one
-    place the check asks for it."""
+    """The memory check's estimate of what training at batch_size holds (the paper row trains in bfloat16,
+    eager): the one place the check asks for it."""
     from bincode_gpt.memory import training_bytes
 
     return training_bytes(mcfg, batch_size, "bfloat16")
@@ -473,7 +473,7 @@ def first_batch(mcfg, free):
 
 
 def faulted_early(done):
-    """Whether a paper-row try failed with a CUDA fault, or preflight's refusal, before its last step: a smaller
+    """Whether a paper-row try failed with a CUDA fault, or the memory check's refusal, before its last step: a smaller
     batch may run. A fault after it (saving) is no batch's."""
     return done.failed and announced(done.out) != PAPER_STEPS and CUDA_FAULT.search(done.err) is not None
 
@@ -492,7 +492,7 @@ def largest_batch_that_runs(attempt, first):
 
 def check_paper(ctx, name, until):
     """The paper preset (tiny on a CPU) at the largest batch that runs: its speed and peak memory beside
-    preflight's estimate, and how long its stop path after the last step took (the save under torchrun's
+    the memory check's estimate, and how long its stop path after the last step took (the save under torchrun's
     --shutdown_timeout)."""
     import torch
 
@@ -530,12 +530,12 @@ def check_paper(ctx, name, until):
     if kind != "cuda":
         return Row(name, True, tokens_per_s=tok, mfu=mfu, peak=peak_of(done.err), wall_s=done.wall,
                    note=f"dry run, tiny preset ({what}): batch {batch} of {first} first tried{tried}; {speed_s} "
-                   f"beside preflight's estimate {estimate / 2**20:.1f} MiB (an RSS holds the interpreter: not "
+                   f"beside the memory check's estimate {estimate / 2**20:.1f} MiB (an RSS holds the interpreter: not "
                    f"compared){save}")
     fits = peak <= estimate
     return Row(name, fits, tokens_per_s=tok, mfu=mfu, peak=peak_of(done.err), wall_s=done.wall,
                note=f"{what}: batch {batch} of {first} first tried{tried}; peak {peak / 2**30:.1f} GiB and "
-               f"{speed_s} beside preflight's estimate {estimate / 2**30:.1f} GiB"
+               f"{speed_s} beside the memory check's estimate {estimate / 2**30:.1f} GiB"
                f"{'' if fits else ' (below the peak: cannot warn before an OOM)'}; {mfu_basis(device)}{save}")
 
 

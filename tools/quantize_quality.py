@@ -15,7 +15,8 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
+# first: its import makes a Ctrl-C while torch loads one line and exit 130
+from bincode_gpt.exits import run_main
 
 from dataclasses import dataclass
 
@@ -24,7 +25,6 @@ import torch
 
 from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.settings import config_parser, parse_settings, setting
-from bincode_gpt.exits import run_main
 from bincode_gpt.decode import generate
 from bincode_gpt.tokenizer import check_tokenizer
 from bincode_gpt.quantize import quantize_int8, weight_only_copy

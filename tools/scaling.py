@@ -37,7 +37,8 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
+# first: its import makes a Ctrl-C while torch loads one line and exit 130
+from bincode_gpt.exits import run_main
 
 import json
 import math
@@ -52,7 +53,6 @@ import numpy as np
 import torch
 
 from bincode_gpt.settings import check_at_least_1, parse_command_line, preset_setting, setting
-from bincode_gpt.exits import run_main
 from bincode_gpt.files import writer_lock
 from bincode_gpt.shards import load_meta
 from model import GPT, get_config

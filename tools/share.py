@@ -35,7 +35,8 @@ import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bincode_gpt.quiet_start  # first: a Ctrl-C while torch loads is one line and exit 130
+# first: its import makes a Ctrl-C while torch loads one line and exit 130
+from bincode_gpt.exits import run_main
 
 import math
 import statistics
@@ -45,7 +46,6 @@ from types import SimpleNamespace
 import numpy as np
 
 from bincode_gpt.settings import check_at_least_1, parse_command_line, preset_setting, setting
-from bincode_gpt.exits import run_main
 from bincode_gpt.files import writer_lock
 from model import code_bits
 from tools import compare, scaling
