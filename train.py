@@ -204,11 +204,11 @@ def read_start(cfg, *, rank, world, device, dtype):
         cfg.min_lr = cfg.lr / 10
     checks.check_settings(asdict(cfg))
     start = checks.read_start(cfg.data_dir, out_dir=cfg.out_dir, resume=cfg.resume,
-                                 init_from=cfg.init_from)
+                              init_from=cfg.init_from)
     note = print if rank == 0 else lambda text: None
     mcfg = model_config(cfg, start.meta, start.ckpt, start.source, note=note)
     checks.check_model(mcfg, start.ckpt, start.source, batch_size=cfg.batch_size,
-                          eval_steps=cfg.eval_steps, world=world, device=device, dtype=dtype)
+                       eval_steps=cfg.eval_steps, world=world, device=device, dtype=dtype)
     if mcfg.vocab_size != start.meta["vocab_size"]:
         note(f"note: model vocab_size {mcfg.vocab_size} differs from the data's "
              f"{start.meta['vocab_size']}")
@@ -216,7 +216,7 @@ def read_start(cfg, *, rank, world, device, dtype):
               for name in ("train", "val")]
     if cfg.resume:
         checks.check_same_data(start.ckpt, start.source, cfg.data_dir, start.fingerprint,
-                                rank=rank)
+                               rank=rank)
     return start, mcfg, splits
 
 
