@@ -17,7 +17,7 @@ from dataclasses import asdict
 
 import torch
 
-from bincode_gpt.exits import one_line
+from bincode_gpt.exits import one_line, say
 from bincode_gpt.files import atomic_open, DISK_FULL, disk_full, file_problem
 from bincode_gpt.memory import available_memory, memory_bytes
 from model import GPT, GPTConfig
@@ -105,8 +105,8 @@ def read_checkpoint(path, int8=False):
         raise ValueError(f"{file}: an int8 checkpoint for sampling (tools/convert.py native2int8 of {made_from}): only "
                          "sample.py reads it; train, convert or evaluate the float32 checkpoint it was made from")
     if os.path.isdir(path) and os.path.basename(file) == "best.pt":
-        print(f"note: {path} holds no ckpt.pt: reading {file}, the weights of the run's best evaluation (step "
-              f"{ckpt.get('step')})", file=sys.stderr)
+        say(f"note: {path} holds no ckpt.pt: reading {file}, the weights of the run's best evaluation (step "
+            f"{ckpt.get('step')})")
     return ckpt
 
 

@@ -10,7 +10,6 @@ values (settings by name, paths, the data's meta.json, a checkpoint dict, a GPTC
 
 import math
 import os
-import sys
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 from bincode_gpt.checkpoint import check_buildable, check_finite, check_fits, read_checkpoint
+from bincode_gpt.exits import say
 from bincode_gpt.files import file_stamp
 from bincode_gpt.memory import check_training_fits
 from bincode_gpt.run_dir import Log
@@ -204,10 +204,9 @@ def check_window_starts(split: Split, meta: dict, model: GPT, data_dir: str):
         fix = ("; the model's input puts them there (its pad_token_id row, or an affine A and b "
                "drawn before the affine input kept its constant codes on ids 0 and 2^K - 1)")
     names = [f"{i} (end-of-text)" if i == meta.get("eot_token") else str(i) for i in found]
-    print(f"warning: {int(hit.sum()):,} of {split.n:,} training windows start with token id "
-          f"{', '.join(names)}, which this model (no biases, {model.config.input} input) reads as "
-          f"a constant vector: a deep model diverges on them (docs/zero-code.md){fix}",
-          file=sys.stderr)
+    say(f"warning: {int(hit.sum()):,} of {split.n:,} training windows start with token id "
+        f"{', '.join(names)}, which this model (no biases, {model.config.input} input) reads as "
+        f"a constant vector: a deep model diverges on them (docs/zero-code.md){fix}")
 
 
 def check_same_data(ckpt, source, data_dir, fingerprint, *, rank):
@@ -217,8 +216,8 @@ def check_same_data(ckpt, source, data_dir, fingerprint, *, rank):
     (rank 0)."""
     saved = ckpt["data"].get("fingerprint")
     if saved is None and rank == 0:
-        print(f"note: {source} predates data fingerprints: cannot check that {data_dir} holds the "
-              "data it was reading", file=sys.stderr)
+        say(f"note: {source} predates data fingerprints: cannot check that {data_dir} holds the "
+            "data it was reading")
     elif saved is not None and saved not in (fingerprint, data_fingerprint(data_dir, legacy=True)):
         raise ValueError(f"{source} was reading other data than {data_dir} now holds (fingerprint "
                          f"{saved}, now {fingerprint}: meta.json or the shards changed): its saved "

@@ -25,6 +25,14 @@ def one_line(text, limit=200):
     return re.sub(r"\x1b\[[0-9;]*m", "", " ".join(str(text).split()))[:limit]
 
 
+def say(line):
+    """Write `line` to stderr in one write: the ranks of a torchrun run share one stderr, whose Python layer
+    passes each write straight to the file (print writes the text and its newline apart), so two ranks'
+    lines printed at once would run together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def run_main(main, argv=None, outlive_stdout=False):
     """Run a script's main(argv) and return its exit code (0 unless main returns an int). The project's expected
     errors (bad input, missing or corrupt files, a full disk, a diverged run: ValueError, OSError,
@@ -35,7 +43,7 @@ def run_main(main, argv=None, outlive_stdout=False):
     if signal.getsignal(signal.SIGINT) is _note_interrupt:  # a script's imports are over: Ctrl-C raises again
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if _interrupted:  # and one came during them (quiet_interrupt)
-        print("interrupted", file=sys.stderr)
+        say("interrupted")
         return 130
     if outlive_stdout:
         saved = sys.stdout, sys.stderr
@@ -50,10 +58,10 @@ def run_main(main, argv=None, outlive_stdout=False):
             return 0
         if os.environ.get("TRACEBACK", "").lower() in ("1", "true", "yes", "on"):
             raise
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}")
         return 1
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        say("interrupted")
         return 130
     finally:
         if outlive_stdout:
@@ -80,7 +88,7 @@ def quiet_interrupt():
         if issubclass(kind, KeyboardInterrupt) or _interrupted:  # whatever ends the imports after a Ctrl-C
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
-                print("interrupted", file=sys.stderr, flush=True)
+                say("interrupted")
             os._exit(130)  # else Python ends itself by SIGINT, after the traceback
         hook(kind, value, tb)
 
@@ -150,8 +158,7 @@ class OutlivingStream:
         silence(self.stream)
         if self.name == "stdout":
             with contextlib.suppress(OSError, ValueError):
-                print("note: stdout was closed by its reader; the run goes on, its log and checkpoints are the record",
-                      file=sys.stderr, flush=True)
+                say("note: stdout was closed by its reader; the run goes on, its log and checkpoints are the record")
 
     def __getattr__(self, name):  # fileno, isatty, encoding, ...
         return getattr(self.stream, name)
@@ -177,10 +184,9 @@ class GracefulStop:
             raise KeyboardInterrupt
         first = not self.requested
         self.requested = True
-        print(f"\n{signal.Signals(signum).name}: finishing this step, saving, then exiting",
-              file=sys.stderr, flush=True)
+        say(f"\n{signal.Signals(signum).name}: finishing this step, saving, then exiting")
         if first and under_torchrun() and os.environ.get("RANK") == "0":
-            print(TORCHRUN_KILLS, file=sys.stderr, flush=True)
+            say(TORCHRUN_KILLS)
 
     def __exit__(self, *exc):
         for s, h in self.old.items():

@@ -3,6 +3,7 @@ for each (a tool: `python -m tools.X --help` from the repository root, or `pytho
 that style last (prepare_data, compare, scaling) read a command line into the values they read before it,
 --quick's and --gpu's included."""
 
+import io
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 import prepare_data
+from bincode_gpt import exits
 from tools import compare, scaling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
@@ -95,6 +97,35 @@ def test_one_ctrl_c_during_the_imports_is_answered_when_they_end(tmp_path):
     r = subprocess.run([sys.executable, "prepare_data.py", "--help"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120, preexec_fn=as_in_a_terminal)
     assert (r.returncode, r.stdout, r.stderr) == (130, "", "interrupted\n") and (tmp_path / "numpy.py.done").exists()
+
+
+class Recorder(io.RawIOBase):
+    """A file that keeps each write it is given, as the operating system would get them."""
+
+    def __init__(self):
+        self.writes = []
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        self.writes.append(bytes(data))
+        return len(data)
+
+
+@pytest.mark.parametrize("outlive_stdout", [False, True])
+def test_an_error_line_is_one_write_so_two_ranks_lines_never_run_together(monkeypatch, outlive_stdout):
+    """Python's stderr passes each write straight to the file, and print writes a line's text and its newline apart:
+    two torchrun ranks failing at once printed `error: X` `error: X` `\n` `\n` (a CI run saw it). run_main's line is one
+    write, as long as the pipe's atomic limit (4 KiB), whatever stream train.py's run puts in front (outlive_stdout)."""
+    recorder = Recorder()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(recorder, write_through=True))
+
+    def main(argv):
+        raise ValueError("lr must be a finite number >= 0, got -1.0")
+
+    assert exits.run_main(main, [], outlive_stdout=outlive_stdout) == 1
+    assert recorder.writes == [b"error: lr must be a finite number >= 0, got -1.0\n"]
 
 
 # the values each command line gave before the common style (argparse, DEFAULTS dicts, --quick/--gpu presets)
