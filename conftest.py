@@ -11,6 +11,14 @@ from prepare_data import prepare
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "shared" / "data" / "tinyshakespeare.txt"
 
+# the repository's scripts (a `__main__` guard), and the libraries whose guard says what to run instead
+SCRIPTS = ["model.py", "prepare_data.py", "sample.py", "train.py", "tools/bench.py", "tools/code_figure.py",
+           "tools/compare.py", "tools/convert.py", "tools/gpu_check.py", "tools/lines.py", "tools/paper_point.py",
+           "tools/quantize_quality.py", "tools/quickstart.py", "tools/scaling.py", "tools/share.py"]
+LIBRARIES = {"bincode_gpt/checkpoint.py": "python sample.py --ckpt FILE", "bincode_gpt/exits.py": "python -m tools.NAME --help",
+             "bincode_gpt/quantize.py": "python -m tools.quantize_quality --ckpt X --data_dir 'D D'",
+             "bincode_gpt/tokenizer.py": "python prepare_data.py --help"}
+
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):

@@ -1,6 +1,6 @@
 """Text as users have it (issue 53): files in UTF-16 or UTF-32 with a byte-order mark prepare to the tokens of
 their UTF-8 copy; unmarked or 8-bit text is refused naming its likely encoding and the command that converts
-it; U+0000 never reaches a shard (every shipped cut: tests/test_cuts.py)."""
+it; U+0000 never reaches a shard (every shipped cut: tests/test_tokenizer.py)."""
 
 import gzip
 import io

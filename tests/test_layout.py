@@ -2,8 +2,8 @@
 then the plumbing they import, then tools/, each table in the order its files depend on each other, so no file is
 used before it is read; no root file imports a tool; sampling pulls in no training code and training no int8 code;
 README stays a front door (<= 160 lines), and the reading path stays short (tools/lines.py); train.py imports at
-most 6 package modules (issue 51), and no module reads another's objects by attribute name through an untyped
-parameter."""
+most 6 package modules (issue 51), no module reads another's objects by attribute name through an untyped
+parameter, and each package module has its test file."""
 
 import ast
 import os
@@ -190,6 +190,12 @@ def test_no_module_reads_anothers_objects_through_an_untyped_parameter():
                 if node.value.id in untyped and x not in owned[f] and x not in tensor:
                     found += [f"{f}:{fn.name}: {node.value.id}.{x} ({g})" for g in files if x in owned[g]]
     assert found == []
+
+
+def test_each_package_module_has_its_test_file():
+    """Where a newcomer looks for a module's tests (issue 51): bincode_gpt/X.py's are in tests/test_X.py."""
+    modules = sorted(f for f in os.listdir(os.path.join(ROOT, "bincode_gpt")) if f.endswith(".py") and f != "__init__.py")
+    assert [m for m in modules if not os.path.isfile(os.path.join(ROOT, "tests", f"test_{m}"))] == []
 
 
 def test_sampling_pulls_in_no_training_or_tool_code():

@@ -1,4 +1,7 @@
-"""Every tokenizer cut, end to end: each shipped encoding at the sizes where encodings differ, through the
+"""bincode_gpt/tokenizer.py: its cuts, its decoding (token by token, an id past it, old checkpoints' plain ids), and
+the memory a cut holds.
+
+Every tokenizer cut, end to end: each shipped encoding at the sizes where encodings differ, through the
 real commands: prepare_data.py on a short text -> train.py one step -> sample.py a few tokens ->
 tools.convert native2hf -> the exported tokenizer.json encodes and decodes as tiktoken -> hf2native.
 
@@ -8,7 +11,7 @@ all-ones id moves to 0xFF's), one either side of every special token and hole (G
 50,256; cl100k_base's hole at 100,256, its specials at 100,257-100,260 and 100,276, its holes at
 100,261-100,275), the full size, one past it, and uncut. The table runs in-process through each script's
 main(argv) (the cl100k heads are 100k x 32: a tiny width), but for two cases (REAL), a process per command.
-Needs tokenizers and safetensors (requirements-extras.txt) for the export: skipped without them."""
+The export needs tokenizers and safetensors (requirements-extras.txt): its tests skip without them."""
 
 import json
 import subprocess
@@ -28,7 +31,16 @@ from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.exits import run_main
 from bincode_gpt.files import LOCK_NAME
 from bincode_gpt.shards import read_shard
-from bincode_gpt.tokenizer import TiktokenText, all_ones_id, constant_ids, get_tokenizer, token_ids
+from bincode_gpt.tokenizer import (
+    TiktokenText,
+    all_ones_id,
+    constant_ids,
+    encoding_parts,
+    get_tokenizer,
+    load_text_codec,
+    mergeable_ranks,
+    token_ids,
+)
 from tools import convert
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,3 +237,50 @@ def test_a_hole_below_the_cut(holey, vocab_size):
             TiktokenText(enc).decoder()(300)
     with pytest.raises(ValueError, match=r"^vocab_size must be in \[257, 50258\] for gpt2, got 50259"):
         get_tokenizer("gpt2", 50259, True, True)
+
+
+def test_an_id_past_the_tokenizer_is_a_clear_error():
+    """A model with more ids than its tokenizer (a padded vocabulary, a mismatched checkpoint) can emit
+    an id nothing decodes: one clear error, not tiktoken's KeyError."""
+    codec = TiktokenText(tiktoken.get_encoding("gpt2"))
+    with pytest.raises(ValueError, match="^the model produced token id 50300, but its tokenizer has 50,257 tokens"):
+        codec.decoder()(50300)
+
+
+def test_streams_pieces_and_utf8():
+    enc = tiktoken.get_encoding("gpt2")
+    codec = TiktokenText(enc)
+    text = "naïve 日本語 🎉 — done"
+    step = codec.decoder()
+    pieces = [step(i) for i in enc.encode(text)] + [step()]
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+    assert sum(bool(p) for p in pieces) > 5  # text arrives token by token, not at the end
+
+
+def test_a_checkpoint_entry_without_reserve_zero_decodes_the_plain_ids():
+    """Checkpoints written before prepare_data.py reserved id 0 name no reserve_zero: their ids are the
+    encoding's own ("!" = 0); new ones say reserve_zero, "!" = 188 and NUL = 0."""
+    old = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512}
+    assert load_text_codec({"tokenizer": old}, "old.pt").encode("!\x00") == [0, 188]
+    assert load_text_codec({"tokenizer": {**old, "reserve_zero": True}}, "new.pt").encode("!\x00") == [188, 0]
+
+
+def test_a_cut_tokenizer_holds_no_uncut_encoding():
+    """Issue 35: sample.py on a cut held tiktoken's cached uncut encoding too (~57 MiB for cl100k_base)."""
+    code = ("import tiktoken.registry; from bincode_gpt import tokenizer; tokenizer.get_tokenizer('gpt2', 4096, True, True); "
+            "print(sorted(tiktoken.registry.ENCODINGS))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "[]\n", "")
+
+
+def test_a_cut_holds_its_ranks_once():
+    """The cut's ranks live in its encoder alone (tiktoken's Python copy, ~7 MB at 65,536 tokens, kept only to pickle
+    it, goes): tokenizer.mergeable_ranks reads them back, and every id below the cut's size decodes."""
+    plain, reserved = get_tokenizer("gpt2", 4096), get_tokenizer("gpt2", 4096, True, True)
+    assert plain._mergeable_ranks is None and reserved._mergeable_ranks is None
+    assert mergeable_ranks(plain) == {b: r for b, r in encoding_parts("gpt2")["mergeable_ranks"].items() if r < 4095}
+    ranks = mergeable_ranks(reserved)
+    assert sorted(ranks.values()) == [i for i in range(4096) if i != reserved.eot_token] and ranks[b"\x00"] == 0
+    assert all(reserved.decode_single_token_bytes(i) == b for b, i in ranks.items()) and ranks[b"\xff"] == 4095
+    assert TiktokenText(reserved).token_ids() == set(range(4096))
+    assert TiktokenText(get_tokenizer("gpt2")).token_ids() == set(range(50257))  # uncut: tiktoken's own, ranks kept

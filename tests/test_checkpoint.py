@@ -1,6 +1,7 @@
-"""A GPT built on the meta device (shapes only: no memory, nothing drawn): the counts model.py
-and the tools take from it, and checkpoint loading (checkpoint.model_from_weights), which builds
-there, assigns the file's weights and builds the tables no checkpoint holds (GPT.build_tables)."""
+"""bincode_gpt/checkpoint.py's loading, and the meta-device build it rests on. A GPT built on the
+meta device (shapes only: no memory, nothing drawn): the counts model.py and the tools take from it,
+and checkpoint loading (checkpoint.model_from_weights), which builds there, assigns the file's weights
+and builds the tables no checkpoint holds (GPT.build_tables)."""
 
 import pytest
 import torch
