@@ -31,8 +31,6 @@ def as_in_a_terminal():
 
 
 FAST = {"tools/gpu_check.py", "tools/lines.py"}  # import neither torch nor numpy: no slow import to interrupt
-
-
 PLAIN = {"model.py"}  # standalone: torch and the standard library only, so Python's own Ctrl-C (a traceback)
 
 
