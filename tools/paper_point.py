@@ -88,6 +88,24 @@ RULE = ("The gap grows with size only if the larger size's tuned-gap 95% interva
         "is claimed, the report says what was found. A seed's tuned gap is loss(binary at its tuned lr) - "
         "loss(learned at its tuned lr) on the whole validation split; both lrs interior to their grids; decided "
         "only once both sizes have --seeds paired seeds (before that: not yet).")
+TIE_RULE = ("An lr ties with its grid's best when its score (the mean whole-split loss over the grid seeds) exceeds "
+            "the best's by at most one seed standard deviation: the sd of the whole-split loss across seeds at one "
+            "lr, pooled over that size and input's grid lrs with 2+ finished seeds. Every tied lr (the best "
+            "included) runs to --seeds paired seeds. Each verdict (a row's sign against 0, the size rule, the depth "
+            "rule) is computed under every combination of tied lrs, one per input per size; it is robust when every "
+            "combination gives the same verdict, otherwise not robust, and only robust verdicts are findings.")
+SEED_RULE = ("While a size's tuned gap (binary vs learned at their tuned lrs) has a 95% interval wider than +-2 "
+             "perplexity points (half of expm1(hi) - expm1(lo) above 0.02), one more paired seed runs at the tuned "
+             "lrs, up to --max_seeds (10); tied lrs that are not the tuned one stay at --seeds.")
+DEPTH_RULE = ("Depth, width or size, from 4x32 and 2x64 (V 257) and 8x32 (V 513), all at share 12.5% and T 36: "
+              "each size's tuned gap per byte (a seed's loss(binary) - loss(learned) times its validation split's "
+              "tokens per byte: bytes, because V differs), its 95% t interval over paired seeds. X above (below) Y: "
+              "X's interval lies entirely above (below) Y's; else they overlap. 8x32 has 2x64's trainable size at "
+              "four times its depth, and 4x32's width at twice its depth and size. 'size': 8x32 overlaps 2x64 and "
+              "lies above 4x32. 'depth' (the gap shrinks as depth grows): 8x32 lies below 2x64 and below 4x32. "
+              "'width': 8x32 lies below 2x64 and overlaps 4x32. Anything else: 'undecided', the two comparisons "
+              "reported. 8x32 differs from both V 257 sizes also in V and K (513 and 10 bits against 257 and 9), "
+              "in the text's tokens per byte and in epochs: a verdict names these beside it.")
 
 
 @dataclass
