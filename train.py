@@ -27,13 +27,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.utils import clip_grad_norm_
 
-from bincode_gpt import checks, ranks, run_dir
-from bincode_gpt.checks import Divergence, Start
-from bincode_gpt.run_dir import Log, restore, rng_state
+from bincode_gpt import devices, ranks, run_dir
+from bincode_gpt.divergence import Divergence
+from bincode_gpt.run_dir import Log, Start, rng_state
 from bincode_gpt.settings import config_parser, parse_settings, setting
-from bincode_gpt.shards import Split
-from model import GPT, PRESETS, GPTConfig, get_config
+from model import GPT, PRESETS, GPTConfig, constant_input_ids
 
 
 # ---------------------------------------------------------- settings
@@ -50,7 +50,7 @@ class TrainConfig:
     out_dir: str = setting("out", "where ckpt.pt, best.pt and log.jsonl go "
                                   "(one run at a time: a second is refused)")
     preset: str = setting("mini", f"model preset from model.PRESETS: {' | '.join(PRESETS)}")
-    # the model's shape: an override of each model.GPTConfig field (model_config below)
+    # the model's shape: an override of each model.GPTConfig field (checkpoint.model_config)
     vocab_size: int | None = shape_setting("vocab_size", "the checkpoint's, else the data's")
     block_size: int | None = shape_setting("block_size")
     n_layer: int | None = shape_setting("n_layer")
@@ -113,29 +113,6 @@ class TrainConfig:
         return os.path.join(self.out_dir, "ckpt.pt")
 
 
-# ---------------------------------------------------------- the model's shape
-def model_config(cfg, meta, ckpt, source, note=print):
-    """The model's shape, lowest to highest precedence: the preset (vocab_size: the data's), the
-    checkpoint's model_config, the overrides (--n_layer=...), which may change its dropout alone."""
-    asked = {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}
-    asked = {k: v for k, v in asked.items() if v is not None}
-    if ckpt is not None:
-        checks.check_same_shape(ckpt["model_config"], asked, source)
-        try:
-            return replace(GPTConfig(**ckpt["model_config"]), **asked)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{source}: bad model_config in checkpoint: {e}") from None
-    # no all-zeros <pad> row on a token of this data's tokenizer: a preset's is dropped there
-    asked = checks.pad_off_the_tokens(asked, cfg.preset, meta, note)
-    try:
-        return get_config(cfg.preset, **{"vocab_size": meta["vocab_size"], **asked})
-    except ValueError as e:  # e.g. the paper preset's pad_token_id 57344 with a smaller vocabulary
-        meta_path = os.path.join(cfg.data_dir, "meta.json")
-        vocab = asked.get("vocab_size", meta["vocab_size"])
-        raise ValueError(f"preset {cfg.preset!r} with vocab_size {vocab} (from {meta_path} unless "
-                         f"--vocab_size): {e}") from None
-
-
 # ---------------------------------------------------------- data
 # Each split is cut into windows of block_size+1 tokens at stride block_size, inside each shard
 # (shards.Split). Training reads them in an endless order: epoch e is a permutation of all of them
@@ -175,11 +152,8 @@ class Run:
     model: torch.nn.Module  # what forward is called on: raw_model, compiled and/or DDP-wrapped
     raw_model: GPT  # the plain module: checkpoints, clipping, the optimizer's parameters
     optimizer: torch.optim.Optimizer
-    train_split: Split
-    val_split: Split
-    autocast: object
-    tokenizer: dict  # the data's, saved with every checkpoint
-    fingerprint: str  # the data's (shards.data_fingerprint), saved with every checkpoint
+    start: Start  # the data (its splits, tokenizer, fingerprint) and the checkpoint it started from
+    autocast: object  # bfloat16 autocast, or nullcontext: float32
     windows_per_step: int  # N: batch_size a micro-step, grad_accum of them, every rank
     log: Log
     divergence: Divergence  # the checks that stop a diverged run unsaved
@@ -197,70 +171,41 @@ class State:
     saved_step: int | None = None  # of ckpt.pt
 
 
-# ---------------------------------------------------------- set-up: what the run starts from, model
-def read_start(cfg, *, rank, world, device, dtype):
-    """What the run starts from, read and checked; nothing written -> Start, GPTConfig, splits."""
-    if cfg.min_lr is None:  # its default follows lr, so that --lr alone never contradicts it
-        cfg.min_lr = cfg.lr / 10
-    checks.check_settings(asdict(cfg))
-    start = checks.read_start(cfg.data_dir, out_dir=cfg.out_dir, resume=cfg.resume,
-                              init_from=cfg.init_from)
-    note = print if rank == 0 else lambda text: None
-    mcfg = model_config(cfg, start.meta, start.ckpt, start.source, note=note)
-    checks.check_model(mcfg, start.ckpt, start.source, batch_size=cfg.batch_size,
-                       eval_steps=cfg.eval_steps, world=world, device=device, dtype=dtype)
-    if mcfg.vocab_size != start.meta["vocab_size"]:
-        note(f"note: model vocab_size {mcfg.vocab_size} differs from the data's "
-             f"{start.meta['vocab_size']}")
-    splits = [Split(cfg.data_dir, start.meta, name, mcfg.block_size, mcfg.vocab_size)
-              for name in ("train", "val")]
-    if cfg.resume:
-        checks.check_same_data(start.ckpt, start.source, cfg.data_dir, start.fingerprint,
-                               rank=rank)
-    return start, mcfg, splits
-
-
-def set_up(cfg, start: Start, mcfg, splits, *, rank, world, device, dtype, distributed):
+# ---------------------------------------------------------- set-up: model, optimizer, resume, log
+def set_up(cfg, start: Start, *, rank, world, device, dtype, autocast, distributed):
     """Build model and optimizer, continue the checkpoint, open the log -> Run, State."""
     torch.manual_seed(cfg.seed + rank)  # init: rank 0's (DDP broadcasts it); dropout: per rank
-    raw_model = GPT(mcfg).to(device)
+    raw_model = GPT(start.config).to(device)
     betas = (cfg.beta1, cfg.beta2)
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.lr, betas, device.type)
     state = State()
     if start.ckpt is not None:  # its weights, copied into the parameters the optimizer holds
-        raw_model.load_state_dict(start.ckpt["model"])  # they fit: checks.check_model
+        raw_model.load_state_dict(start.ckpt["model"])  # they fit: checkpoint.check_weights
     if cfg.resume:  # where the checkpoint stopped: optimizer and RNG, step, data position
-        ckpt = start.ckpt
-        restore(ckpt, start.source, optimizer=optimizer, rank=rank, world=world, device=device)
-        state = State(step=ckpt["step"], position=ckpt["data"]["position"],
-                      val_loss=ckpt.get("val_loss"), eval_step=ckpt.get("eval_step"),
-                      best_val=ckpt.get("best_val_loss"), saved_step=ckpt["step"])
-    train_split, val_split = splits
+        state = State(**run_dir.restore(start.ckpt, start.source, optimizer=optimizer, rank=rank,
+                                        world=world, device=device))
     if rank == 0:  # a warning, printed once; the other ranks wait for it
-        checks.check_window_starts(train_split, start.meta, raw_model, cfg.data_dir)
+        start.train_split.check_window_starts(constant_input_ids(raw_model), start.config.input)
     ranks.wait_for_all(distributed, device)
     model = torch.compile(raw_model) if cfg.compile else raw_model
     if distributed:
         model = ranks.data_parallel(model, device, compiled=cfg.compile)  # DDP
-    autocast = nullcontext()
-    if dtype == "bfloat16":
-        autocast = torch.autocast(device.type, dtype=torch.bfloat16)
     windows = cfg.batch_size * cfg.grad_accum * world
     log = Log(out_dir=cfg.out_dir, master=rank == 0, world=world,
-              tokens_per_step=windows * mcfg.block_size, max_steps=cfg.max_steps,
+              tokens_per_step=windows * start.config.block_size, max_steps=cfg.max_steps,
               log_interval=cfg.log_interval, eval_interval=cfg.eval_interval,
-              flops=raw_model.flops_per_token(mcfg.block_size),
+              flops=raw_model.flops_per_token(start.config.block_size),
               peak=cfg.peak_flops,  # None: the device's, if known (devices.PEAK_FLOPS)
-              per_byte=(train_split.tokens_per_byte, val_split.tokens_per_byte))
-    divergence = Divergence(vocab_size=mcfg.vocab_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                            warmup_steps=cfg.warmup_steps, ckpt_path=cfg.ckpt_path, log=log)
+              per_byte=(start.train_split.tokens_per_byte, start.val_split.tokens_per_byte))
+    divergence = Divergence(vocab_size=start.config.vocab_size, lr=cfg.lr,
+                            weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
+                            ckpt_path=cfg.ckpt_path, log=log)
     run = Run(cfg=cfg, rank=rank, world=world, device=device, distributed=distributed, model=model,
-              raw_model=raw_model, optimizer=optimizer, train_split=train_split, autocast=autocast,
-              val_split=val_split, tokenizer=start.tokenizer, fingerprint=start.fingerprint,
+              raw_model=raw_model, optimizer=optimizer, start=start, autocast=autocast,
               windows_per_step=windows, log=log, divergence=divergence)
-    log.start(config=mcfg, params=raw_model.num_params(), device=device, dtype=dtype,
-              windows=train_split.n, step=state.step, resume=cfg.resume, overwrite=cfg.overwrite,
-              train_config=asdict(cfg))  # opens log.jsonl (rank 0), says what is trained
+    log.start(config=start.config, params=raw_model.num_params(), device=device, dtype=dtype,
+              windows=start.train_split.n, step=state.step, resume=cfg.resume,
+              overwrite=cfg.overwrite, train_config=asdict(cfg))  # opens log.jsonl (rank 0)
     return run, state
 
 
@@ -305,8 +250,8 @@ def loop(run, state):
             for micro in range(cfg.grad_accum):
                 start = micro_batch_start(state.position, run.rank, micro, cfg.batch_size,
                                           cfg.grad_accum)
-                ids = training_order(start, cfg.batch_size, run.train_split.n, cfg.seed)
-                x, y = run.train_split.batch(ids, run.device)
+                ids = training_order(start, cfg.batch_size, run.start.train_split.n, cfg.seed)
+                x, y = run.start.train_split.batch(ids, run.device)
                 last_micro = micro == cfg.grad_accum - 1
                 # DDP all-reduces in backward: on the last micro-step only, once all are summed
                 with model.no_sync() if run.distributed and not last_micro else nullcontext():
@@ -314,8 +259,7 @@ def loop(run, state):
                         loss = model(x, y)[1]  # the logits are not kept: backward needs none
                     (loss / cfg.grad_accum).backward()
                 loss_sum += loss.detach().float()
-            # the mean loss over ranks and whether any rank was asked to stop, in one all-reduce:
-            # every rank sees the same loss and stops at the same step
+            # one all-reduce: every rank sees the mean loss, and stops when any rank is asked to
             asked = torch.tensor(float(stop.requested), device=run.device)
             flags = torch.stack([loss_sum / cfg.grad_accum, asked])
             if run.distributed:
@@ -325,8 +269,7 @@ def loop(run, state):
             stopping = flags[1].item() > 0
             norm = None  # the global gradient norm before clipping
             if cfg.grad_clip > 0:
-                params = run.raw_model.parameters()
-                norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip).item()
+                norm = clip_grad_norm_(run.raw_model.parameters(), cfg.grad_clip).item()
             # a bad loss or gradient stops the run unapplied
             run.divergence.check_step(loss, norm, state.step + 1, saved_step=state.saved_step)
             run.optimizer.step()
@@ -362,11 +305,12 @@ def evaluate(run, steps=None):
     model = run.model.module if isinstance(run.model, DDP) else run.model
     model.eval()
     count = cfg.eval_steps * cfg.batch_size * run.world  # the fixed windows, spread evenly
-    ids = (np.arange(count) * run.val_split.n) // count
+    split = run.start.val_split
+    ids = (np.arange(count) * split.n) // count
     total = torch.zeros((), device=run.device)
     for k in range(steps):
         start = (run.rank * cfg.eval_steps + k) * cfg.batch_size
-        x, y = run.val_split.batch(ids[start : start + cfg.batch_size], run.device)
+        x, y = split.batch(ids[start : start + cfg.batch_size], run.device)
         with run.autocast:
             total += model(x, y)[1].float()
     model.train()
@@ -390,15 +334,15 @@ def save(run, state, name):
     if name == "ckpt.pt" and run.distributed:
         dist.all_gather_object(rngs, rng_state(run.device))
     extra = {"saved_as": name}  # best.pt: weights and their evaluation only
-    if name == "ckpt.pt":
+    if name == "ckpt.pt":  # the resume state: what --resume continues from
         state.saved_step = state.step
-        n = run.train_split.n
-        data = {"position": state.position, "global_batch": run.windows_per_step, "windows": n,
-                "epoch": state.position // n, "seed": cfg.seed, "fingerprint": run.fingerprint}
-        extra = dict(optimizer=run.optimizer.state_dict(), rng=rngs, data=data,
-                     best_val_loss=state.best_val, eval_step=state.eval_step, world_size=run.world)
+        extra = run_dir.training_state(optimizer=run.optimizer, rngs=rngs, position=state.position,
+                                       windows_per_step=run.windows_per_step,
+                                       windows=run.start.train_split.n, seed=cfg.seed,
+                                       fingerprint=run.start.fingerprint, best_val=state.best_val,
+                                       eval_step=state.eval_step, world=run.world)
     if run.rank == 0:  # the unwrapped module, written whole or not at all
-        run_dir.save_checkpoint(run.raw_model, run.tokenizer, out_dir=cfg.out_dir, name=name,
+        run_dir.save_checkpoint(run.raw_model, run.start.tokenizer, out_dir=cfg.out_dir, name=name,
                                 step=state.step, train_config=asdict(cfg), val_loss=val_loss,
                                 **extra)
     ranks.wait_for_all(run.distributed, run.device)  # rank 0 alone writes; the others wait for it
@@ -407,20 +351,31 @@ def save(run, state, name):
 # ---------------------------------------------------------- the run, and the command line
 def train(cfg: TrainConfig) -> dict:
     """Train as cfg says; returns a summary (steps, tokens, first/final/best val loss, ...)."""
-    # dtype: float32, or bfloat16 autocast; TF32 matmuls on CUDA
-    rank, world, device, dtype, distributed = ranks.start_processes(
-        device_name=cfg.device, dtype_name=cfg.dtype, dist_timeout=cfg.dist_timeout)
+    rank, world, device, distributed = ranks.start_processes(device_name=cfg.device,
+                                                             dist_timeout=cfg.dist_timeout)
     try:
         t_start = time.time()
-        start, mcfg, splits = read_start(cfg, rank=rank, world=world, device=device, dtype=dtype)
+        # the precision: "float32" (TF32 matmuls on CUDA) or "bfloat16" (autocast: the matmuls in
+        # bfloat16, the weights and the optimizer in float32), by the one rule of devices.py
+        dtype = devices.set_precision(cfg.dtype, device)
+        autocast = nullcontext()
+        if dtype == "bfloat16":
+            autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+        cfg = checked(cfg)
+        # what the run starts from, read and checked before anything is written
+        shape = {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}  # the overrides
+        start = run_dir.read_start(cfg.data_dir, out_dir=cfg.out_dir, resume=cfg.resume,
+                                   init_from=cfg.init_from, preset=cfg.preset, asked=shape,
+                                   batch_size=cfg.batch_size, eval_steps=cfg.eval_steps, rank=rank,
+                                   world=world, device=device, dtype=dtype)
         with ExitStack() as out_lock:  # out_dir's writer lock (rank 0), released when the run ends
             run_dir.claim_out_dir(cfg.out_dir, out_lock if rank == 0 else None, stamp=start.stamp,
                                   resume=cfg.resume, overwrite=cfg.overwrite)
-            run, state = set_up(cfg, start, mcfg, splits, rank=rank, world=world, device=device,
-                                dtype=dtype, distributed=distributed)
+            run, state = set_up(cfg, start, rank=rank, world=world, device=device, dtype=dtype,
+                                autocast=autocast, distributed=distributed)
             try:
                 loss, stopping = loop(run, state)
-                summary = {"steps": state.step, "tokens": state.position * mcfg.block_size,
+                summary = {"steps": state.step, "tokens": state.position * start.config.block_size,
                            "first_val_loss": state.first_val, "final_val_loss": state.val_loss,
                            "best_val_loss": state.best_val, "final_train_loss": loss,
                            "interrupted": stopping and state.step < cfg.max_steps,
@@ -433,6 +388,50 @@ def train(cfg: TrainConfig) -> dict:
     finally:
         if distributed:
             dist.destroy_process_group()
+
+
+def checked(cfg: TrainConfig) -> TrainConfig:
+    """cfg with min_lr's default filled in (lr / 10, so that --lr alone never contradicts it), or a
+    ValueError for a setting the run cannot use, never read as 'off' or 'never': TrainConfig's own
+    checks, as model.check_config is GPTConfig's."""
+    if cfg.min_lr is None:
+        cfg = replace(cfg, min_lr=cfg.lr / 10)
+    for name in ("batch_size", "grad_accum", "eval_steps", "log_interval"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("max_steps", "eval_interval", "save_interval", "warmup_steps"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
+    # finite in float32, where AdamW uses them
+    for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+        if not (0 <= getattr(cfg, name) <= torch.finfo(torch.float32).max):
+            off = " (0: no clipping)" if name == "grad_clip" else ""
+            raise ValueError(f"{name} must be a finite number >= 0{off}, got {getattr(cfg, name)}")
+    for name in ("beta1", "beta2"):
+        if not 0 <= getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
+    # numpy's data order takes no negative seed, torch none past 2**64
+    if not 0 <= cfg.seed < 2**63:
+        raise ValueError(f"seed must be in [0, 2**63), got {cfg.seed}")
+    if cfg.lr_decay_steps is not None and cfg.lr_decay_steps < 1:
+        raise ValueError("lr_decay_steps must be at least 1 (or none: max_steps), got "
+                         f"{cfg.lr_decay_steps}")
+    peak = cfg.peak_flops
+    if peak is not None and not (math.isfinite(peak) and peak > 0):
+        raise ValueError(f"peak_flops must be a finite number > 0 (or none), got {peak}")
+    if cfg.resume and cfg.overwrite:
+        raise ValueError("--resume continues the checkpoint in out_dir and --overwrite replaces "
+                         "it: pass one of them")
+    if cfg.resume and cfg.init_from is not None:
+        raise ValueError("--resume continues out_dir's ckpt.pt and --init_from starts afresh from "
+                         "another checkpoint's weights: pass one of them")
+    if cfg.min_lr > cfg.lr:
+        raise ValueError(f"min_lr {cfg.min_lr:g} is above lr {cfg.lr:g}: the cosine decays from lr "
+                         "down to min_lr")
+    for name, what in (("out_dir", "folder"), ("init_from", "file")):  # --data_dir: load_meta's
+        if getattr(cfg, name) == "":
+            raise ValueError(f"--{name} is '' (empty): name a {what}")
+    return cfg
 
 
 def parse_config(argv=None) -> TrainConfig:

@@ -13,14 +13,14 @@ take (AdamW's moments, in sampling) never leaves the file.
 import errno
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
 from bincode_gpt.exits import one_line, say
 from bincode_gpt.files import atomic_open, DISK_FULL, disk_full, file_problem
 from bincode_gpt.memory import available_memory, memory_bytes
-from model import GPT, GPTConfig
+from model import GPT, PRESETS, GPTConfig, get_config
 
 
 def checkpoint_dict(model: GPT, tokenizer, **extra):
@@ -172,6 +172,63 @@ def check_buildable(config: GPTConfig, state_dict, source):
         raise ValueError(f"{source}: its model_config (block_size {config.block_size:,}, vocab_size "
                          f"{config.vocab_size:,}, n_embd {config.n_embd:,}) needs {need / 2**30:,.1f} GiB of tables "
                          f"besides its weights; {free / 2**30:,.1f} GiB is free")
+
+
+def check_weights(config: GPTConfig, state_dict, source, doing):
+    """A checkpoint's weights, before a model of `config` takes them: finite (check_finite, naming the tensor),
+    buildable (check_buildable: another writer's config may ask for 10**9 blocks), and those of GPT(config)
+    (names and shapes: check_fits, against a model built on the meta device, so no memory, no values drawn)."""
+    check_finite(state_dict, source, doing)
+    check_buildable(config, state_dict, source)
+    with torch.device("meta"):
+        check_fits(GPT(config).state_dict(), state_dict, source)
+
+
+def model_config(preset, asked, *, meta, meta_path, ckpt, source, note=print) -> GPTConfig:
+    """A training run's model shape, lowest to highest precedence: the preset (vocab_size: the data's, `meta`
+    its meta.json, read from `meta_path`), the checkpoint's model_config (`ckpt`, read from `source`, or None),
+    the overrides (`asked`: GPTConfig fields by name, None: unset), which may change a checkpoint's dropout
+    alone."""
+    asked = {k: v for k, v in asked.items() if v is not None}
+    if ckpt is not None:
+        check_same_shape(ckpt["model_config"], asked, source)
+        try:
+            return replace(GPTConfig(**ckpt["model_config"]), **asked)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: bad model_config in checkpoint: {e}") from None
+    # no all-zeros <pad> row on a token of this data's tokenizer: a preset's is dropped there
+    asked = pad_off_the_tokens(asked, preset, meta, note)
+    try:
+        return get_config(preset, **{"vocab_size": meta["vocab_size"], **asked})
+    except ValueError as e:  # e.g. the paper preset's pad_token_id 57344 with a smaller vocabulary
+        vocab = asked.get("vocab_size", meta["vocab_size"])
+        raise ValueError(f"preset {preset!r} with vocab_size {vocab} (from {meta_path} unless --vocab_size): "
+                         f"{e}") from None
+
+
+def check_same_shape(theirs, asked, source):
+    """An override (`asked`: GPTConfig fields by name) must agree with the checkpoint's model_config (`theirs`);
+    dropout alone may change."""
+    clash = [f"{k}={theirs.get(k)!r} (asked {v!r})" for k, v in asked.items() if k != "dropout" and theirs.get(k) != v]
+    if clash:
+        raise ValueError(f"{source}: the checkpoint has another shape than this run asks for: {', '.join(clash)}")
+
+
+def pad_off_the_tokens(asked, preset, meta, note):
+    """`asked` (GPTConfig fields by name, over the preset's) with no <pad> on a token: an all-zeros <pad> row must
+    be an id text cannot produce (the rule above model.BinaryCodeInput), and a tiktoken vocabulary has no <pad>,
+    every id below the data's vocab_size being a token or end-of-text. A preset's pad_token_id there (the paper
+    preset's 57344, the released tokenizer's) is dropped with a note; an asked one is refused."""
+    pad = asked.get("pad_token_id", PRESETS.get(preset, {}).get("pad_token_id"))
+    if pad is None or not 0 <= pad < meta["vocab_size"]:
+        return asked
+    if "pad_token_id" in asked:
+        raise ValueError(f"--pad_token_id {pad} is a token of the data's tokenizer ({meta['encoding']}, "
+                         f"{meta['vocab_size']:,} ids): its code row would be all zeros, so that token would enter "
+                         "the model as a constant vector (docs/zero-code.md); leave --pad_token_id unset")
+    note(f"note: preset {preset}'s pad_token_id {pad} (the released tokenizer's <pad>) is a token of this data's "
+         "tokenizer: every id keeps its own code (pad_token_id none)")
+    return {**asked, "pad_token_id": None}
 
 
 def model_from_weights(config, state_dict, source):

@@ -1,7 +1,6 @@
 """
-torchrun's processes, one per GPU (else one): each rank's device (and the number format it computes in) and
-process group, the DDP wrapper, and the waits for rank 0's work alone (its checkpoint writes, its data scan),
-on purpose and under --dist_timeout.
+torchrun's processes, one per GPU (else one): each rank's device and process group, the DDP wrapper, and the
+waits for rank 0's work alone (its checkpoint writes, its data scan), on purpose and under --dist_timeout.
 """
 
 import inspect
@@ -14,15 +13,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bincode_gpt.devices import pick_device, set_precision
+from bincode_gpt.devices import pick_device
 
 
-def start_processes(*, device_name, dtype_name, dist_timeout):
-    """-> rank, world size, device, dtype, distributed. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; each
-    rank gets one GPU, cuda:LOCAL_RANK (an explicit --device cuda:N other than that is refused: every rank
-    would share GPU N), and joins the process group, whose collectives wait `dist_timeout` minutes. The dtype
-    (devices.set_precision, "float32" or "bfloat16" autocast) is the one rule's for `dtype_name` on that
-    device, TF32 matmuls on CUDA."""
+def start_processes(*, device_name, dist_timeout):
+    """-> rank, world size, device, distributed. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; each rank gets one
+    GPU, cuda:LOCAL_RANK (an explicit --device cuda:N other than that is refused: every rank would share GPU N), and
+    joins the process group, whose collectives wait `dist_timeout` minutes."""
     if not (isinstance(dist_timeout, (int, float)) and 0 < dist_timeout < math.inf):
         raise ValueError(f"dist_timeout must be a number of minutes > 0, got {dist_timeout}")
     rank, local_rank, world, distributed = launch()
@@ -32,13 +29,12 @@ def start_processes(*, device_name, dtype_name, dist_timeout):
     if distributed and device.type == "cuda" and device.index != local_rank:
         raise ValueError(f"--device {device_name} under torchrun: this rank's GPU is cuda:{local_rank} (its "
                          "LOCAL_RANK), and every rank would share the one named: leave --device at auto or cuda")
-    dtype = set_precision(dtype_name, device)
     if distributed:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 timeout=timedelta(minutes=dist_timeout))
-    return rank, world, device, dtype, distributed
+    return rank, world, device, distributed
 
 
 def data_parallel(model, device, compiled=False):

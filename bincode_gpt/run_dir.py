@@ -11,18 +11,74 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from bincode_gpt.checkpoint import atomic_torch_save, checkpoint_dict
+from bincode_gpt.checkpoint import atomic_torch_save, check_weights, checkpoint_dict, model_config, read_checkpoint
 from bincode_gpt.devices import peak_flops
-from bincode_gpt.exits import one_line
+from bincode_gpt.exits import one_line, say
 from bincode_gpt.files import DISK_FULL, LOCK_NAME, file_stamp, writer_lock
+from bincode_gpt.memory import check_training_fits
+from bincode_gpt.shards import Split, data_fingerprint, load_meta
+from bincode_gpt.tokenizer import check_tokenizer, tiktoken_entry
 from model import GPT, GPTConfig
 
 # what a run writes in out_dir, and all it ever replaces or removes there
 OUTPUTS = ("ckpt.pt", "best.pt", "log.jsonl")
+
+
+class Start(NamedTuple):
+    """What a run starts from, read and checked by read_start."""
+    meta: dict  # the data's meta.json
+    source: str | None  # the checkpoint: --resume's out_dir/ckpt.pt, --init_from's file, or None
+    ckpt: dict | None  # that checkpoint, read
+    stamp: tuple | None  # which file --resume read (files.file_stamp): claim_out_dir checks it
+    tokenizer: dict  # the data's tokenizer entry, saved with every checkpoint
+    fingerprint: str  # the data's (shards.data_fingerprint): what a saved data position indexes
+    config: GPTConfig  # the model's shape (checkpoint.model_config)
+    train_split: Split  # the windows training reads
+    val_split: Split  # the windows evaluation reads
+
+
+def read_start(data_dir, *, out_dir, resume, init_from, preset, asked, batch_size, eval_steps, rank, world, device,
+               dtype) -> Start:
+    """What a run starts from, read and checked in the order a run meets it, before anything is written -> Start:
+    the data's meta.json; the checkpoint (--resume: out_dir's ckpt.pt and its training state, check_resumable;
+    --init_from: its file) and its tokenizer against the data's; the model's shape (checkpoint.model_config: the
+    `preset`, the checkpoint's, the overrides `asked`) and the checkpoint's weights against it; training's memory;
+    the splits; on --resume, the data against the data the checkpoint was reading (check_same_data)."""
+    meta = load_meta(data_dir)  # a ShardError names what is missing or malformed
+    fingerprint = data_fingerprint(data_dir)
+    source = os.path.join(out_dir, "ckpt.pt") if resume else init_from
+    stamp = file_stamp(source) if resume else None
+    best = os.path.join(out_dir, "best.pt")
+    if resume and stamp is None and os.path.isfile(best):
+        raise FileNotFoundError(f"{source}: no checkpoint there to resume; {best} holds weights only (no optimizer, "
+                                f"data position or RNG state): start a run from them with --init_from {best}")
+    ckpt = read_checkpoint(source) if source else None
+    if resume:
+        check_resumable(ckpt, source)  # its training state, with the types restore reads
+    if ckpt is not None:
+        check_tokenizer(ckpt, meta, source, data_dir)
+    tokenizer = tiktoken_entry(meta)
+    note = print if rank == 0 else lambda text: None
+    config = model_config(preset, asked, meta=meta, meta_path=os.path.join(data_dir, "meta.json"), ckpt=ckpt,
+                          source=source, note=note)
+    if ckpt is not None:
+        check_weights(config, ckpt["model"], source, "train from")
+    # refused with the numbers, not built until OOM
+    check_training_fits(config, batch_size=batch_size, eval_steps=eval_steps, world=world, device=device,
+                        dtype=dtype)
+    if config.vocab_size != meta["vocab_size"]:
+        note(f"note: model vocab_size {config.vocab_size} differs from the data's {meta['vocab_size']}")
+    train_split, val_split = [Split(data_dir, meta, name, config.block_size, config.vocab_size)
+                              for name in ("train", "val")]
+    if resume:
+        check_same_data(ckpt, source, data_dir, fingerprint, rank=rank)
+    return Start(meta=meta, source=source, ckpt=ckpt, stamp=stamp, tokenizer=tokenizer,
+                 fingerprint=fingerprint, config=config, train_split=train_split, val_split=val_split)
 
 
 def claim_out_dir(out_dir, lock, *, stamp, resume, overwrite):
@@ -234,7 +290,64 @@ def clock(seconds):
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m{int(seconds % 60):02d}s"
 
 
-# ---------------------------------------------------------- exact resume
+# ---------------------------------------------------------- the resume state
+def training_state(*, optimizer, rngs, position, windows_per_step, windows, seed, fingerprint, best_val, eval_step,
+                   world):
+    """What ckpt.pt holds beyond the weights, as plain types, for an exact --resume: the optimizer's state, each
+    rank's RNG states (`rngs`: rng_state's), the data position in the training order (`position`, with the
+    global batch, the epoch, the seed and the data's `fingerprint` it indexes), the best validation loss so far
+    and the step of the last evaluation, the number of processes."""
+    data = {"position": position, "global_batch": windows_per_step, "windows": windows,
+            "epoch": position // windows, "seed": seed, "fingerprint": fingerprint}
+    return dict(optimizer=optimizer.state_dict(), rng=rngs, data=data, best_val_loss=best_val, eval_step=eval_step,
+                world_size=world)
+
+
+def check_resumable(ckpt, source):
+    """--resume reads a checkpoint's training state: a best.pt (weights only), a checkpoint without that state, or
+    one whose entries have other types than restore reads them as (another writer's, an older version's) is
+    refused before the run claims out_dir, naming the odd entry, not a KeyError later."""
+    if ckpt.get("saved_as") == "best.pt":
+        step = ckpt.get("step")
+        raise ValueError(f"{source} is a best.pt (step {step}'s weights, no optimizer, data position or RNG state): "
+                         "--resume continues out_dir/ckpt.pt; start a run from these weights with --init_from "
+                         f"{source}")
+    if not {"optimizer", "step", "data", "rng"} <= ckpt.keys():
+        raise ValueError(f"{source}: holds weights but no training state to resume; start from it with --init_from")
+    data, rng, optimizer = ckpt["data"], ckpt["rng"], ckpt["optimizer"]
+    number_or_none = (int, float, type(None))
+    scores = ckpt.get("val_loss"), ckpt.get("best_val_loss")
+    odd = [what for what, ok in (
+        ("'step' is not a whole number >= 0", type(ckpt["step"]) is int and ckpt["step"] >= 0),
+        ("'data' has no whole-number 'position' >= 0",
+         isinstance(data, dict) and type(data.get("position")) is int and data["position"] >= 0),
+        ("'optimizer' is not an optimizer state dict",
+         isinstance(optimizer, dict) and {"state", "param_groups"} <= optimizer.keys()),
+        ("'rng' is not a list of RNG states (torch, cuda, python, numpy) per process",
+         isinstance(rng, list) and rng and all(
+             isinstance(r, dict) and {"torch", "cuda", "python", "numpy"} <= r.keys() for r in rng)),
+        ("'eval_step' is not a whole number", type(ckpt.get("eval_step")) in (int, type(None))),
+        ("'val_loss' or 'best_val_loss' is not a number", all(isinstance(score, number_or_none) for score in scores)),
+    ) if not ok]
+    if odd:
+        raise ValueError(f"{source}: cannot resume: {odd[0]} (a checkpoint of another program or version?); start "
+                         "from its weights with --init_from")
+
+
+def check_same_data(ckpt, source, data_dir, fingerprint, *, rank):
+    """--resume reads on at the saved position in the training order, which means the same windows only in the
+    same data: other data (the folder prepared again, or another one; `fingerprint`: data_dir's) is refused. A
+    checkpoint older than the fingerprint cannot be checked: said once (rank 0). The fingerprint of a checkpoint
+    written before it left the paths out is computed only for it (legacy)."""
+    saved = ckpt["data"].get("fingerprint")
+    if saved is None and rank == 0:
+        say(f"note: {source} predates data fingerprints: cannot check that {data_dir} holds the data it was reading")
+    elif saved not in (None, fingerprint) and saved != data_fingerprint(data_dir, legacy=True):
+        raise ValueError(f"{source} was reading other data than {data_dir} now holds (fingerprint {saved}, now "
+                         f"{fingerprint}: meta.json or the shards changed): its saved position would index other "
+                         "windows. Resume on the data it was reading, or start from its weights with --init_from")
+
+
 # chosen for the device an optimizer runs on, not saved with it
 OPTIMIZER_KERNEL = ("fused", "foreach", "capturable")
 
@@ -253,10 +366,10 @@ def load_optimizer_state(optimizer, state_dict):
     optimizer.load_state_dict(state_dict)  # a state of another shape: torch's own error
 
 
-def restore(ckpt, source, *, optimizer, rank, world, device):
-    """Continue where a checkpoint that passed checks.check_resumable stopped: the optimizer's state
-    and the RNG streams (each rank its own, when the number of processes is the same). The loop's
-    counters are the caller's to read (step, data position, evaluations)."""
+def restore(ckpt, source, *, optimizer, rank, world, device) -> dict:
+    """Continue where a checkpoint that passed check_resumable stopped: the optimizer's state and the RNG streams
+    (each rank its own, when the number of processes is the same) -> the loop's counters there: step, position
+    (in the training order), val_loss and eval_step (of the last evaluation), best_val, saved_step."""
     unfit = (ValueError, KeyError, TypeError, IndexError, RuntimeError)
     try:  # moments to the parameters' device, kernel kept
         load_optimizer_state(optimizer, ckpt["optimizer"])
@@ -273,6 +386,8 @@ def restore(ckpt, source, *, optimizer, rank, world, device):
         print(f"note: {source} was written by {len(ckpt['rng'])} processes, not {world}: the data "
               "order continues exactly, but each rank's RNG stays as this run's start set it (seed "
               "+ rank), so dropout draws differ from an unbroken run's")
+    return dict(step=ckpt["step"], position=ckpt["data"]["position"], val_loss=ckpt.get("val_loss"),
+                eval_step=ckpt.get("eval_step"), best_val=ckpt.get("best_val_loss"), saved_step=ckpt["step"])
 
 
 def rng_state(device):

@@ -1,7 +1,8 @@
 """
 The token shard format that prepare_data.py writes and training reads, meta.json (the folder's index), the
-windows that training and evaluation read from the shards (Split), and the data's fingerprint (what a saved
-position in the training order indexes).
+windows that training and evaluation read from the shards (Split, with its warning for windows that start on a
+token the model reads as a constant vector), and the data's fingerprint (what a saved position in the training
+order indexes).
 
 Shard file (little-endian): 32-byte header = b"BCGPTTOK", uint32 version (1), uint32 token width in bytes
 (2 or 4), uint64 token count, 8 zero bytes; then the tokens (uint16 when the vocabulary fits, else uint32).
@@ -16,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bincode_gpt.exits import say
 from bincode_gpt.files import atomic_open, file_problem
 from bincode_gpt.inputs import HUB
+from bincode_gpt.tokenizer import all_ones_id, tiktoken_entry
 
 # prepare_data.py's defaults of the settings meta.json records, which prepare_command leaves out
 PREPARED_DEFAULTS = {"val_fraction": 0.1, "text_field": "text", "max_tokens": None, "seed": 0, "doc_chars": 0}
@@ -175,7 +178,7 @@ class Split:
         meta_path = os.path.join(folder, "meta.json")
         if not names:
             raise ShardError(f"{meta_path}: no {split} shards listed")
-        self.block = block_size
+        self.folder, self.meta, self.block = folder, meta, block_size
         # nats per token x tokens per byte = nats per byte, comparable across vocabularies
         info = meta["splits"][split]
         self.tokens_per_byte = None
@@ -210,6 +213,36 @@ class Split:
             y = y.pin_memory().to(device, non_blocking=True)
             return x, y
         return x.to(device), y.to(device)
+
+    def check_window_starts(self, constant: list[int], model_input: str):
+        """Warn, before the first step, when a bias-free binary or affine model would read training windows
+        that start with a token it reads as a constant vector (`constant`: model.constant_input_ids, on a model
+        of `model_input` input): a deep model diverges on a step that holds one (docs/zero-code.md). A warning,
+        not a refusal: shallow models train on such data, and data prepared before the tokenizer kept text off
+        the constant codes must still train and resume as it did. Names the count and, where the tokenizer's
+        ids are the cause, the command that prepares the data again with the ids that keep text off them."""
+        if not constant:
+            return
+        firsts = np.concatenate([t[: n * self.block : self.block] for t, n in zip(self.shards, np.diff(self.starts))])
+        hit = np.isin(firsts, constant)
+        if not hit.any():
+            return
+        found = np.unique(firsts[hit]).tolist()
+        meta = self.meta
+        entry = tiktoken_entry(meta)
+        reserved = {0: entry["reserve_zero"], all_ones_id(meta["vocab_size"]): entry["reserve_ones"]}
+        # text sits there only because the data predates a default
+        if all(reserved.get(i) is False for i in found):
+            shard = len(self.shards[0]) if len(self.shards) > 1 else None
+            fix = ("; prepare the data with the ids that keep text off them: "
+                   f"{prepare_command(meta, self.folder, shard)}")
+        else:
+            fix = ("; the model's input puts them there (its pad_token_id row, or an affine A and b drawn before the "
+                   "affine input kept its constant codes on ids 0 and 2^K - 1)")
+        names = [f"{i} (end-of-text)" if i == meta.get("eot_token") else str(i) for i in found]
+        say(f"warning: {int(hit.sum()):,} of {self.n:,} training windows start with token id {', '.join(names)}, "
+            f"which this model (no biases, {model_input} input) reads as a constant vector: a deep model diverges "
+            f"on them (docs/zero-code.md){fix}")
 
 
 def meta_identity(raw: bytes, legacy=False) -> bytes:

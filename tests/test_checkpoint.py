@@ -1,11 +1,15 @@
 """bincode_gpt/checkpoint.py's loading, and the meta-device build it rests on. A GPT built on the
 meta device (shapes only: no memory, nothing drawn): the counts model.py and the tools take from it,
 and checkpoint loading (checkpoint.model_from_weights), which builds there, assigns the file's weights
-and builds the tables no checkpoint holds (GPT.build_tables)."""
+and builds the tables no checkpoint holds (GPT.build_tables). A training run's shape rule's refusals: an override
+against the checkpoint's shape, a <pad> row on a token (checkpoint.model_config's)."""
+
+import re
 
 import pytest
 import torch
 
+from bincode_gpt import checkpoint
 from bincode_gpt.checkpoint import checkpoint_dict, load_checkpoint, model_from_weights
 from bincode_gpt.decode import generate
 from model import GPT, GPTConfig, canonical_code, get_config, lift_index, rotary_cos_sin
@@ -197,3 +201,24 @@ def test_truncated_and_mismatched_checkpoints_are_refused_naming_the_file(tmp_pa
     torch.save({**state, "model_config": {**state["model_config"], "n_experts": 4}}, path)
     with pytest.raises(ValueError, match=rf"{path}: its model_config does not fit GPTConfig"):
         load_checkpoint(str(path))
+
+
+def test_an_override_must_agree_with_the_checkpoints_shape_but_for_dropout():
+    theirs = {"n_layer": 2, "n_embd": 32, "dropout": 0.0}
+    checkpoint.check_same_shape(theirs, {"n_layer": 2, "dropout": 0.1}, "c.pt")
+    with pytest.raises(ValueError, match=re.escape("c.pt: the checkpoint has another shape than this run asks for: "
+                                                   "n_embd=32 (asked 64), input=None (asked 'affine')")):
+        checkpoint.check_same_shape(theirs, {"n_embd": 64, "input": "affine"}, "c.pt")
+
+
+def test_a_pad_row_on_a_token_is_dropped_from_a_preset_and_refused_when_asked_for():
+    meta = {"encoding": "gpt2", "vocab_size": 512}
+    notes = []
+    assert checkpoint.pad_off_the_tokens({"n_layer": 2}, "tiny", meta, notes.append) == {"n_layer": 2}
+    assert checkpoint.pad_off_the_tokens({}, "paper", {**meta, "vocab_size": 65536}, notes.append) == {
+        "pad_token_id": None}  # 57344, the released tokenizer's <pad>, is a token here: dropped
+    assert notes == ["note: preset paper's pad_token_id 57344 (the released tokenizer's <pad>) is a token of this "
+                     "data's tokenizer: every id keeps its own code (pad_token_id none)"]
+    assert checkpoint.pad_off_the_tokens({}, "paper", meta, notes.append) == {}  # past the data's ids: kept
+    with pytest.raises(ValueError, match=r"^--pad_token_id 5 is a token of the data's tokenizer \(gpt2, 512 ids\)"):
+        checkpoint.pad_off_the_tokens({"pad_token_id": 5}, "tiny", meta, notes.append)

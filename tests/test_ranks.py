@@ -1,5 +1,5 @@
 """bincode_gpt/ranks.py, tested on a CPU with GPUs stood in for: a torchrun rank joins on its own GPU (its LOCAL_RANK)
-under --dist_timeout, in the dtype asked for; every rank builds the same buffers, so DDP need not broadcast them; DDP's
+under --dist_timeout (and computes in the dtype train.py asks devices.set_precision for on it); every rank builds the same buffers, so DDP need not broadcast them; DDP's
 gradient buckets over a compiled model. Training under torchrun itself: tests/test_train_ddp.py."""
 
 from datetime import timedelta
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bincode_gpt import ranks
+from bincode_gpt import devices, ranks
 from model import GPT, get_config
 
 INPUTS = ("learned", "binary", "affine")
@@ -33,7 +33,7 @@ def test_a_gpu_other_than_local_rank_is_refused_under_torchrun(monkeypatch, aske
     """--device cuda:N under torchrun would put every rank on GPU N: refused before the rank joins, naming its own."""
     joined = joined_on(monkeypatch, local_rank=1)
     with pytest.raises(ValueError) as e:
-        ranks.start_processes(device_name=asked, dtype_name="float32", dist_timeout=30.0)
+        ranks.start_processes(device_name=asked, dist_timeout=30.0)
     assert str(e.value) == (f"--device {asked} under torchrun: this rank's GPU is cuda:1 (its LOCAL_RANK), and every "
                             "rank would share the one named: leave --device at auto or cuda")
     assert joined == []
@@ -44,9 +44,10 @@ def test_each_rank_takes_its_local_rank_and_waits_dist_timeout(monkeypatch, aske
     """... and computes in the dtype asked for, with TF32 matmuls on its GPU."""
     joined = joined_on(monkeypatch, local_rank=1)
     gpu = torch.device("cuda", 1)
-    started = ranks.start_processes(device_name=asked, dtype_name="float32", dist_timeout=2.5)
-    assert started == (1, 2, gpu, "float32", True)
+    started = ranks.start_processes(device_name=asked, dist_timeout=2.5)
+    assert started == (1, 2, gpu, True)
     assert joined == [gpu, ("nccl", {"timeout": timedelta(minutes=2.5)})]
+    assert devices.set_precision("float32", started[2]) == "float32"  # as train.py asks on the rank's GPU
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
 
 
@@ -54,7 +55,7 @@ def test_each_rank_takes_its_local_rank_and_waits_dist_timeout(monkeypatch, aske
 def test_a_dist_timeout_that_is_no_wait_is_refused(monkeypatch, minutes):
     joined = joined_on(monkeypatch, local_rank=1)
     with pytest.raises(ValueError) as e:
-        ranks.start_processes(device_name="auto", dtype_name="float32", dist_timeout=minutes)
+        ranks.start_processes(device_name="auto", dist_timeout=minutes)
     assert str(e.value) == f"dist_timeout must be a number of minutes > 0, got {minutes}" and joined == []
 
 

@@ -1,6 +1,8 @@
 """Tests of bincode_gpt/run_dir.py: out_dir has one writer and loses nothing (claim_out_dir, check_out_dir,
 kept_checkpoints); log.jsonl written a whole line at a time, the stdout line's throughput and ETA (its
-arithmetic), the time format (Log); the exact-resume parts are in test_resume.py and test_devices.py."""
+arithmetic), the time format (Log); what a run starts from (read_start) and the resume's data check
+(check_same_data, on the data's fingerprint); the rest of the exact-resume parts are in test_resume.py and
+test_devices.py."""
 
 import errno
 import json
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 import train
-from bincode_gpt import run_dir
+from bincode_gpt import run_dir, shards
 from bincode_gpt.exits import run_main
 from bincode_gpt.files import LOCK_NAME, file_stamp
 from bincode_gpt.run_dir import Log, clock, nats_per_byte
@@ -250,3 +252,42 @@ def test_other_ranks_write_and_print_nothing(tmp_path, capsys):
     log.step(1, loss=2.0, norm=None, lr=1.0, dt=1.0, tokens=512, stopping=False)
     log.close()
     assert capsys.readouterr().out == "" and not (tmp_path / "log.jsonl").exists()
+
+
+def read_start(data, out_dir, resume):
+    """run_dir.read_start as train.py calls it for the tiny preset on one CPU process, no overrides."""
+    return run_dir.read_start(data, out_dir=str(out_dir), resume=resume, init_from=None, preset="tiny", asked={},
+                              batch_size=8, eval_steps=2, rank=0, world=1, device=torch.device("cpu"),
+                              dtype="float32")
+
+
+def test_a_resume_from_a_folder_with_best_pt_alone_says_to_init_from_it(tiny_data, tmp_path):
+    (tmp_path / "best.pt").write_bytes(b"weights")
+    with pytest.raises(FileNotFoundError, match=re.escape(f"{tmp_path / 'ckpt.pt'}: no checkpoint there to resume; "
+                                                          f"{tmp_path / 'best.pt'} holds weights only")):
+        read_start(tiny_data, tmp_path, resume=True)
+    start = read_start(tiny_data, tmp_path, resume=False)
+    assert (start.source, start.ckpt, start.stamp) == (None, None, None)
+    assert start.meta["vocab_size"] == 512 and start.tokenizer["kind"] == "tiktoken"
+    assert start.fingerprint == shards.data_fingerprint(tiny_data)
+    assert (start.config.vocab_size, start.train_split.n > 0, start.val_split.block) == (512, True, 32)
+
+
+def test_the_data_fingerprint_is_the_content_not_the_path(data_dir, tmp_path, capsys):
+    moved = Path(shutil.copytree(data_dir, tmp_path / "moved"))
+    meta = json.loads((moved / "meta.json").read_text())
+    (moved / "meta.json").write_text(json.dumps({**meta, "inputs": ["/elsewhere/corpus.txt"]}))
+    fingerprint = shards.data_fingerprint(str(data_dir))
+    assert re.fullmatch("[0-9a-f]{16}", fingerprint) and shards.data_fingerprint(str(moved)) == fingerprint
+    assert shards.data_fingerprint(str(moved), legacy=True) != fingerprint  # the paths were hashed too
+    with open(moved / "val_000000.bin", "ab") as f:
+        f.write(b"\0\0")
+    assert shards.data_fingerprint(str(moved)) != fingerprint
+    ckpt = {"data": {"fingerprint": fingerprint}}
+    run_dir.check_same_data(ckpt, "c.pt", str(data_dir), fingerprint, rank=0)
+    with pytest.raises(ValueError, match=f"c.pt was reading other data than {re.escape(str(moved))} now holds"):
+        run_dir.check_same_data(ckpt, "c.pt", str(moved), shards.data_fingerprint(str(moved)), rank=0)
+    run_dir.check_same_data({"data": {}}, "c.pt", str(moved), "x", rank=1)
+    assert capsys.readouterr().err == ""  # said once, by rank 0
+    run_dir.check_same_data({"data": {}}, "c.pt", str(moved), "x", rank=0)
+    assert "c.pt predates data fingerprints" in capsys.readouterr().err

@@ -1,17 +1,27 @@
 """bincode_gpt/shards.py: the token shard format (header, round trip, damaged shards, a crash mid-write); meta.json,
 the prepared folder's index, malformed or missing; and Split, the windows of block_size+1 tokens that training and
-evaluation read, at stride block_size inside each shard, and the data it refuses by name."""
+evaluation read, at stride block_size inside each shard, the data it refuses by name, and its warning for windows
+that start on a token the model reads as a constant vector (Split.check_window_starts, through train.py's own
+runs)."""
 import json
+import math
 import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+import prepare_data
+import train
 from bincode_gpt import shards
+from bincode_gpt.exits import run_main
 from bincode_gpt.shards import ShardError, Split, write_shard
+from bincode_gpt.tokenizer import get_tokenizer
 from test_prepare_data import prepared  # noqa: F401 (a fixture)
+from test_train import ROOT, config, flags, one_thread, train_log  # noqa: F401 (one_thread: a fixture)
 
 
 # ---------------------------------------------------------------- shard format
@@ -140,3 +150,85 @@ def test_a_split_it_cannot_read_is_refused_by_name(tmp_path):
         Split(str(tmp_path), meta, "train", 3, 9)
     with pytest.raises(ShardError, match="the train split has no shard of block_size\\+1 = 11 tokens"):
         Split(str(tmp_path), meta, "train", 10, 100)
+
+
+@pytest.mark.parametrize("reserve_zero", [False, True])
+def test_deep_binary_model_on_windows_that_start_with_the_formerly_zero_coded_token(tmp_path, reserve_zero):
+    """GPT-2's id 0 is "!": its code is all zeros, a window that starts with it keeps a zero residual
+    stream in a bias-free model, and a deep binary model diverges on it (docs/zero-code.md). With id 0
+    reserved for the NUL byte (prepare_data.py's default), "!" has a nonzero code and the same training
+    stays finite. Every window here starts with "!"; 32 layers x 32, lr 2e-3, train.py's own loop."""
+    enc = get_tokenizer("gpt2", 512, reserve_zero)
+    bang, = enc.encode_ordinary("!")
+    assert bang == (188 if reserve_zero else 0)
+    T, n = 32, 64
+    body = enc.encode_ordinary(("the quick brown fox, jumps over the lazy dog. " * 400).replace("!", "."))
+    ids = np.array([t for k in range(n) for t in [bang, *body[k * (T - 1):(k + 1) * (T - 1)]]] + [bang])
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):
+        write_shard(data / f"{split}_000000.bin", ids)
+    (data / "meta.json").write_text(json.dumps({
+        "version": 1, "encoding": "gpt2", "vocab_size": 512, "eot_token": 511, "reserve_zero": reserve_zero,
+        "dtype": "uint16", "splits": {s: {"shards": [f"{s}_000000.bin"], "tokens": len(ids)} for s in ("train", "val")}}))
+    cfg = config(data, tmp_path / "out", n_layer=32, n_embd=32, n_head=2, block_size=T, batch_size=8, max_steps=20,
+                 lr=2e-3, min_lr=2e-4, warmup_steps=2, eval_interval=0, save_interval=0, seed=0, bias=False, input="binary")
+    if reserve_zero:
+        assert train.train(cfg)["steps"] == 20
+        assert all(math.isfinite(e["grad_norm"]) for e in train_log(tmp_path / "out"))
+    else:
+        with pytest.raises(FloatingPointError, match="non-finite gradient norm"):
+            train.train(cfg)
+
+
+def test_windows_that_start_with_a_constant_input_are_counted_before_the_first_step(tmp_path, capsys):
+    """Data prepared before end-of-text left the all-ones code (--no-reserve_ones, many short documents):
+    before the first step train.py says how many training windows start with a token a bias-free binary
+    model reads as a constant vector, and the command that prepares the data again; that command, run as
+    printed, gives data with no such window. A learned input or a model with biases: nothing to say."""
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"Letter {i}. " + "My dear sister, the ball was long. " * (i % 4)}) + "\n"
+                            for i in range(400)))
+    data, out = tmp_path / "data", tmp_path / "out"
+    assert run_main(prepare_data.main, [str(docs), "--out", str(data), "--vocab_size", "512", "--workers", "1",
+                                        "--no-reserve_ones"]) == 0
+    tokens = shards.read_shard(data / "train_000000.bin")
+    n = (len(tokens) - 1) // 32
+    count = int((tokens[: n * 32 : 32] == 511).sum())  # windows of 33 tokens at stride 32 (tiny: block_size 32)
+    assert count > 10
+    capsys.readouterr()
+    assert run_main(train.main, flags(data, out, max_steps=1, eval_interval=0)) == 0
+    command = f"python prepare_data.py {docs} --out {data} --encoding gpt2 --vocab_size 512 --overwrite"
+    assert capsys.readouterr().err == (
+        f"warning: {count:,} of {n:,} training windows start with token id 511 (end-of-text), which this model (no "
+        "biases, binary input) reads as a constant vector: a deep model diverges on them (docs/zero-code.md); prepare "
+        f"the data with the ids that keep text off them: {command}\n")
+    for quiet in (dict(input="learned"), dict(bias=True)):
+        assert run_main(train.main, flags(data, out, max_steps=1, eval_interval=0, overwrite=True, **quiet)) == 0
+        assert capsys.readouterr().err == ""
+    assert run_main(prepare_data.main, [*command.split()[2:], "--workers", "1"]) == 0
+    assert shards.load_meta(data)["eot_token"] == 187
+    capsys.readouterr()
+    assert run_main(train.main, flags(data, out, max_steps=1, eval_interval=0, overwrite=True, input="affine")) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_the_re_prepare_command_names_the_recorded_source_or_says_it_is_unknown(tmp_path, capsys, monkeypatch):
+    """Data prepared from a relative path in another folder (by the real command line there): the command train.py
+    prints names the file as meta.json records it, a path from any folder; data whose meta.json records no inputs
+    (prepared before it did, from a relative path) gets a command that says its inputs are unknown."""
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": f"Letter {i}. " + "My dear sister. " * (i % 3)})
+                                                 + "\n" for i in range(300)))
+    made = subprocess.run([sys.executable, str(ROOT / "prepare_data.py"), "docs.jsonl", "--out", "data", "--vocab_size",
+                           "512", "--workers", "1", "--no-reserve_ones"], cwd=tmp_path, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    data, meta_path = tmp_path / "data", tmp_path / "data" / "meta.json"
+    assert json.loads(meta_path.read_text())["inputs"] == [str(tmp_path / "docs.jsonl")]
+    monkeypatch.chdir(ROOT)
+    fix = "prepare the data with the ids that keep text off them: python prepare_data.py"
+    for inputs in (str(tmp_path / "docs.jsonl"), "'<INPUTS: unknown, its meta.json does not record them>'"):
+        capsys.readouterr()
+        assert run_main(train.main, flags(data, tmp_path / "out", max_steps=1, eval_interval=0, overwrite=True)) == 0
+        assert f"{fix} {inputs} --out {data} --encoding gpt2 --vocab_size 512 --overwrite\n" in capsys.readouterr().err
+        old = {k: v for k, v in json.loads(meta_path.read_text()).items() if k != "inputs"}
+        meta_path.write_text(json.dumps({**old, "sources": ["docs.jsonl"]}))

@@ -1,6 +1,6 @@
 """Tests of train.py's run and its log: learning, the pinned 30-step trajectory, the data order, checkpoints,
 the settings on the command line. Refusals are in test_train_settings.py, resume in test_resume.py, torchrun in
-test_train_ddp.py; the package's parts of a run in test_checks.py and test_run_dir.py.
+test_train_ddp.py; the package's parts of a run in test_run_dir.py, test_divergence.py, test_shards.py.
 
 Everything runs on the CPU with the 'tiny' preset on a slice of tiny Shakespeare tokenized at vocab 512.
 """

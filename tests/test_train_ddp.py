@@ -58,8 +58,8 @@ def test_two_gloo_processes_stopped_by_sigterm_equal_gradient_accumulation(data_
     meta = shards.load_meta(data_dir)
     val = Split(str(data_dir), meta, "val", 32, 512)
     cfg = config(data_dir, tmp_path, batch_size=4, eval_steps=4)  # 1 process, the same 16 windows
-    run = SimpleNamespace(model=model, val_split=val, cfg=cfg, rank=0, world=1, device=torch.device("cpu"),
-                          autocast=train.nullcontext())  # the parts of a train.Run that evaluate reads
+    run = SimpleNamespace(model=model, start=SimpleNamespace(val_split=val), cfg=cfg, rank=0, world=1,
+                          device=torch.device("cpu"), autocast=train.nullcontext())  # what train.evaluate reads
     assert train.evaluate(run) == pytest.approx(v2, abs=1e-6)
 
 
@@ -78,12 +78,12 @@ def test_every_rank_waits_for_rank_0s_writes_under_the_timeout(data_dir, tmp_pat
         monkeypatch.setenv(k, v)
     events, groups, made = [], [], []
     init, barrier, save, scan = (train.dist.init_process_group, train.dist.barrier, run_dir.atomic_torch_save,
-                                 train.checks.check_window_starts)
+                                 Split.check_window_starts)
     monkeypatch.setattr(train.dist, "init_process_group", lambda *a, **kw: groups.append(kw) or init(*a, **kw))
     monkeypatch.setattr(train.dist, "barrier", lambda *a, **kw: events.append("barrier") or barrier(*a, **kw))
     monkeypatch.setattr(run_dir, "atomic_torch_save", lambda obj, path: events.append(os.path.basename(path))
                         or save(obj, path))
-    monkeypatch.setattr(train.checks, "check_window_starts", lambda *a: events.append("scan") or scan(*a))
+    monkeypatch.setattr(Split, "check_window_starts", lambda *a: events.append("scan") or scan(*a))
 
     class DDP(ranks.DDP):
         def __init__(self, *args, **kw):

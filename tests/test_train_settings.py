@@ -1,17 +1,20 @@
 """Tests of train.py's refusals before anything is written: data, shards, devices, settings that cannot work,
-memory, the model's shape (preset < checkpoint < overrides: train.model_config), the command line."""
+memory, the model's shape (preset < checkpoint < overrides: checkpoint.model_config), the settings' own checks
+(train.checked), the command line."""
 
 import json
+import math
 import re
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import torch
 
 import train
+from bincode_gpt.checkpoint import model_config
 from bincode_gpt.exits import run_main
 from bincode_gpt.shards import ShardError
-from model import canonical_code
+from model import GPTConfig, canonical_code
 # the run's helpers, and its fixtures: data_dir, one_thread (autouse: one thread a process)
 from test_train import cli, config, copy_data, data_dir, expect_error, flags, one_thread
 
@@ -140,8 +143,12 @@ def test_no_pad_row_on_a_token_the_data_can_produce(data_dir, tmp_path, monkeypa
     and one past the data's ids (a model vocabulary larger than the data's) stays."""
     meta = json.loads((data_dir / "meta.json").read_text())
     paper = config(data_dir, tmp_path, preset="paper", block_size=None)
-    assert train.model_config(paper, {**meta, "vocab_size": 65536}, None, "x").pad_token_id is None
-    assert train.model_config(replace(paper, vocab_size=65536), meta, None, "x").pad_token_id == 57344  # past id 511
+    def shape(cfg, meta):  # the model's shape as train.py asks for it (train.train: the overrides)
+        asked = {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}
+        return model_config(cfg.preset, asked, meta=meta, meta_path="m", ckpt=None, source="x")
+
+    assert shape(paper, {**meta, "vocab_size": 65536}).pad_token_id is None
+    assert shape(replace(paper, vocab_size=65536), meta).pad_token_id == 57344  # past id 511
     expect_error(config(data_dir, tmp_path, pad_token_id=5), "--pad_token_id 5 is a token of the data's tokenizer")
     monkeypatch.setitem(train.PRESETS, "tiny", {**train.PRESETS["tiny"], "pad_token_id": 5})
     train.train(config(data_dir, tmp_path, max_steps=1, eval_interval=1))
@@ -149,3 +156,22 @@ def test_no_pad_row_on_a_token_the_data_can_produce(data_dir, tmp_path, monkeypa
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert ckpt["model_config"]["pad_token_id"] is None
     assert torch.equal(ckpt["model"]["embed.weight"], canonical_code(512))
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(batch_size=0), "batch_size must be at least 1, got 0"),
+    (dict(save_interval=-1), "save_interval must be 0 or more, got -1"),
+    (dict(weight_decay=math.nan), "weight_decay must be a finite number >= 0, got nan"),
+    (dict(beta1=1.0), "beta1 must be in [0, 1), got 1.0"),
+    (dict(lr_decay_steps=0), "lr_decay_steps must be at least 1 (or none: max_steps), got 0"),
+    (dict(peak_flops=0.0), "peak_flops must be a finite number > 0 (or none), got 0.0"),
+    (dict(resume=True, overwrite=True), "--resume continues the checkpoint in out_dir and --overwrite replaces it"),
+    (dict(out_dir=""), "--out_dir is '' (empty): name a folder"),
+])
+def test_settings_that_cannot_work_are_refused(changes, message):
+    """TrainConfig's own checks (train.checked): the defaults pass, with min_lr's default filled in (lr / 10) on a
+    copy, the caller's config left as it was; a value the run cannot use is refused with its name."""
+    cfg = train.TrainConfig()
+    assert train.checked(cfg) == replace(cfg, min_lr=cfg.lr / 10) and cfg.min_lr is None
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train.checked(replace(cfg, **changes))
