@@ -148,15 +148,22 @@ def check_headers(folder, meta: dict) -> None:
 
 
 def tokenizer_named(tag: int, meta: dict) -> str:
-    """The tokenizer a header's tag stands for, told where it is meta.json's encoding with some reservation
-    of ids (an edited reserve_zero, reserve_ones); else the tag itself."""
-    for zero in (True, False):
-        for ones in (True, False):
-            made_with = {**meta, "reserve_zero": zero, "reserve_ones": ones}
-            if tokenizer_tag(made_with) == tag:
-                return (f"{meta['encoding']} at vocab_size {meta['vocab_size']}, reserve_zero {zero}, "
-                        f"reserve_ones {ones}")
-    return f"tag {tag:08x} (another encoding)"
+    """The tokenizer a header's tag stands for at meta.json's vocab_size, told where it is meta.json's encoding or
+    one tiktoken knows, with any reservation of ids; else the tag itself."""
+    encodings = [meta["encoding"]]
+    try:  # only to name another encoding: reading shards never needs tiktoken
+        import tiktoken
+
+        encodings += tiktoken.list_encoding_names()
+    except ImportError:
+        pass
+    for encoding in encodings:
+        for zero in (True, False):
+            for ones in (True, False):
+                made_with = {**meta, "encoding": encoding, "reserve_zero": zero, "reserve_ones": ones}
+                if tokenizer_tag(made_with) == tag:
+                    return f"{encoding} at vocab_size {meta['vocab_size']}, reserve_zero {zero}, reserve_ones {ones}"
+    return f"tag {tag:08x} (an encoding tiktoken does not know here)"
 
 
 def is_meta(meta) -> bool:
