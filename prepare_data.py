@@ -298,7 +298,8 @@ def prepare(inputs: list[str], out_dir: str, *, encoding: str = "gpt2",
         dtype = token_dtype(enc.n_vocab)
         made_with = {"encoding": encoding, "vocab_size": enc.n_vocab, "reserve_zero": reserve_zero,
                      "reserve_ones": reserve_ones}  # what each shard's header records of meta.json
-        writers = {s: ShardWriter(staging, s, shard_tokens, dtype, made_with) for s in ("train", "val")}
+        writers = {s: ShardWriter(staging, s, shard_tokens, dtype, made_with)
+                   for s in ("train", "val")}
         jobs = batches(split_documents(docs, val_fraction))
         # closing the generator stops the pool now
         with contextlib.closing(encoded(jobs, tok, workers)) as results:

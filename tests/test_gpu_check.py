@@ -430,6 +430,24 @@ def test_the_paper_row_on_cuda_compares_the_peak_with_the_estimate_and_times_the
             f"beside the memory check's estimate {estimate / 2**30:.1f} GiB{below}; {mfu}{stop}")
 
 
+def test_the_paper_row_keeps_its_speed_when_a_later_step_of_it_fails(tmp_path, monkeypatch):
+    """Its train.py run stood in: 3 steps logged, then the save fails (a full disk): a FAIL row with its tokens/s."""
+    monkeypatch.setattr("bincode_gpt.memory.available_memory", lambda device: 140 * 2**30)
+
+    def run(cmd, timeout):
+        out_dir = next(a.split("=", 1)[1] for a in cmd if a.startswith("--out_dir="))
+        os.makedirs(out_dir)
+        entries = [dict(event="train", step=s, tokens_per_s=1000.0 * s, mfu=0.1 * s) for s in (1, 2, 3)]
+        (tmp_path / out_dir / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+        return Done(1, "step 3/3 | loss 11.0\n", "error: ckpt.pt: not saved: the disk is full\n", 30.0, cmd=cmd)
+
+    monkeypatch.setattr(gpu_check, "run", run)
+    ctx = gpu_check.Context(gpu_check.CheckConfig(steps=100, compile=True), True, "data", str(tmp_path))
+    row = gpu_check.check_paper(ctx, "paper", time.monotonic() + 100)
+    assert (row.ok, row.tokens_per_s, row.mfu) == (False, 2500.0, 0.25)
+    assert row.note.endswith(": exit 1: error: ckpt.pt: not saved: the disk is full")
+
+
 def test_one_gpu_skips_the_torchrun_rows_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     ctx = context(tmp_path)

@@ -17,13 +17,20 @@ Design choices, up front:
   none is set. Another encoding (--data_dir) must be in the user's cache: else the check stops at once.
 - Written as it goes (--out, default $OUT): as each row ends, its own file NN-name.md (the row; for a failure,
   the last lines its process wrote to stderr) and gpu_check.md (the table so far), each written atomically, so a
-  job stopped at its time limit keeps every row that ended. A row skipped gets no file: on one GPU, 7 row files
+  job stopped at its time limit keeps every row that ended. A row skipped gets no file: on one GPU, 10 row files
   and the table at most. --work (default: a temp folder, removed at the end) must be new or empty, and --out
   must hold no gpu_check.md: a second run there is refused before any work.
-- Rows in the order of their value, each as independent of the others as it can be: the paper row (eager,
-  from the data alone); the quick start, whose checkpoint the rows after it start from (where its compiled
-  run fails, the row fails and an eager run stands in for it, and the rows after it train eager); sampling,
-  eager, compiled and as CUDA graphs; the stop and resume; --init_from; torchrun.
+- Whatever the box lacks, the table comes: its first row is the environment (torch, CUDA, the card and its
+  compute mode, the compiler and Python's headers, numpy and tiktoken, free disk). Each row declares what it
+  needs beyond torch (ROWS): the scripts' rows numpy and tiktoken (their data and tokenizer), the compiled rows a
+  compiler (C for Triton on CUDA, C++ for inductor on a CPU, on PATH). A row whose needs are absent is skipped
+  naming them, and the training runs go eager where no compiler is found. Two rows need torch alone: the paper
+  preset's speed, MFU and peak on token ids they make (eager), and the mini model compiled (made_ids_steps).
+- Rows in the order of their value, each as independent of the others as it can be: the torch-only rows; the
+  paper row (eager, from the data alone; its speed kept when a later step of it fails); the quick start, whose
+  checkpoint the rows after it start from (where its compiled run fails, the row fails and an eager run stands
+  in for it, and the rows after it train eager); sampling, eager, compiled and as CUDA graphs; the stop and
+  resume; --init_from; torchrun.
 - Time: each row has a share of seconds (ROWS), the processes it starts included: a process still running
   GRACE seconds before the end of its row's share gets SIGTERM, then SIGKILL at the end; and no row runs past
   --time_limit (570 s), under a 600 s job. A CPU dry run's shares are 5 times as long (--time_scale): its
