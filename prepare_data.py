@@ -296,7 +296,10 @@ def prepare(inputs: list[str], out_dir: str, *, encoding: str = "gpt2",
         docs = documents(groups, text_field=text_field, doc_chars=doc_chars, weights=weights,
                          seed=seed, dry=dry)
         dtype = token_dtype(enc.n_vocab)
-        writers = {s: ShardWriter(staging, s, shard_tokens, dtype) for s in ("train", "val")}
+        made_with = {"encoding": encoding, "vocab_size": enc.n_vocab, "reserve_zero": reserve_zero,
+                     "reserve_ones": reserve_ones}  # what each shard's header records of meta.json
+        writers = {s: ShardWriter(staging, s, shard_tokens, dtype, made_with)
+                   for s in ("train", "val")}
         jobs = batches(split_documents(docs, val_fraction))
         # closing the generator stops the pool now
         with contextlib.closing(encoded(jobs, tok, workers)) as results:

@@ -92,9 +92,14 @@ def read_checkpoint(path, int8=False):
         raise ValueError(f"{file}: cannot read this checkpoint, truncated or not a PyTorch file "
                          f"({type(e).__name__}: {one_line(e)})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
-        raise ValueError(f"{file}: not a checkpoint of this project (needs 'model' and 'model_config')")
+        what = f"a {type(ckpt).__name__}"
+        if isinstance(ckpt, dict) and ckpt and all(isinstance(t, torch.Tensor) for t in ckpt.values()):
+            what = f"a bare state dict ({len(ckpt)} tensor{'s' * (len(ckpt) != 1)}, no model_config)"
+        raise ValueError(f"{file}: not a checkpoint of this project (needs 'model' and 'model_config'; it holds "
+                         f"{what})")
     if not (isinstance(ckpt["model"], dict) and all(isinstance(t, torch.Tensor) for t in ckpt["model"].values())):
         raise ValueError(f"{file}: its 'model' entry is not a dict of tensors (a {type(ckpt['model']).__name__})")
+    ckpt["model"] = unwrapped(ckpt["model"], file)
     if not (isinstance(ckpt["model_config"], dict) and all(isinstance(k, str) for k in ckpt["model_config"])):
         raise ValueError(f"{file}: its 'model_config' entry is not a dict of GPTConfig fields "
                          f"(a {type(ckpt['model_config']).__name__})")
@@ -108,6 +113,31 @@ def read_checkpoint(path, int8=False):
         say(f"note: {path} holds no ckpt.pt: reading {file}, the weights of the run's best evaluation (step "
             f"{ckpt.get('step')})")
     return ckpt
+
+
+def unwrapped(state_dict, file):
+    """The state dict of a model saved through a wrapper, its keys as the model's own: torch.compile's
+    `_orig_mod.` (on the model or any of its modules) and DDP's or DataParallel's leading `module.` dropped,
+    said once on stderr. A ValueError where two keys come to name one tensor."""
+    keys, dropped = {}, []
+    for key in state_dict:
+        parts = key.split(".")
+        lead = 0
+        while lead < len(parts) - 1 and parts[lead] in ("module", "_orig_mod"):
+            lead += 1
+        kept = [p for p in parts[lead:-1] if p != "_orig_mod"] + parts[-1:]
+        own = ".".join(kept)
+        if own != key:
+            dropped += [p for p in parts[:-1] if p in ("module", "_orig_mod") and p not in dropped]
+        if own in keys:
+            raise ValueError(f"{file}: its weights hold both {keys[own]} and {key}, one tensor of the model under a "
+                             "wrapper's prefix and not")
+        keys[own] = key
+    if not dropped:
+        return state_dict
+    say(f"note: {file}: its weights were saved from a wrapped model (torch.compile, DDP): read without their "
+        f"{' and '.join(repr(p + '.') for p in dropped)} prefixes")
+    return {own: state_dict[key] for own, key in keys.items()}
 
 
 def check_finite(tensors, what, doing):
@@ -148,25 +178,38 @@ def load_weights(model, state_dict, source, device=None):
 
 def check_fits(own, state_dict, source):
     """Refuse a state dict whose tensors are not those of the model's state dict `own` (names and shapes): a
-    ValueError naming `source` and the first misfits."""
-    problems = [f"missing {k}" for k in own if k not in state_dict]
-    problems += [f"unexpected {k}" for k in state_dict if k not in own]
-    problems += [f"{k}: {tuple(t.shape)} in the file, {tuple(own[k].shape)} in the model" for k, t in state_dict.items()
-                 if k in own and t.shape != own[k].shape]
+    ValueError naming `source` and the first misfits (misfits)."""
+    problems = misfits(own, state_dict)
     if problems:
-        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
-        raise ValueError(f"{source}: weights do not fit its model_config: {'; '.join(problems[:4])}{more}")
+        raise ValueError(f"{source}: weights do not fit its model_config: {problems}")
+
+
+def misfits(own, state_dict):
+    """The first unexpected key of a state dict, its first missing key and its first misshapen tensor against
+    the model's state dict `own`, each with how many more there are, in one line; '' where it fits."""
+    unexpected = [k for k in state_dict if k not in own]
+    missing = [k for k in own if k not in state_dict]
+    misshapen = [f"{k}: {tuple(t.shape)} in the file, {tuple(own[k].shape)} in the model" for k, t in state_dict.items()
+                 if k in own and t.shape != own[k].shape]
+    said = []
+    for what, found in (("unexpected", unexpected), ("missing", missing), ("misshapen", misshapen)):
+        if found:
+            more = f" (and {len(found) - 1} more {what})" if len(found) > 1 else ""
+            said.append(f"{what} {found[0]}{more}")
+    return "; ".join(said)
 
 
 def check_buildable(config: GPTConfig, state_dict, source):
     """Before a model is built from a checkpoint's model_config: its n_layer must be the number of blocks
-    its weights hold, and what GPT builds besides the weights (memory_bytes) must fit in memory. A config
-    from another writer (n_layer = 10**9, block_size = 10**12) would otherwise build for hours, or end in
-    the allocator."""
+    its weights hold (else the first keys that differ are named), and what GPT builds besides the weights
+    (memory_bytes) must fit in memory. A config from another writer (n_layer = 10**9, block_size = 10**12)
+    would otherwise build for hours, or end in the allocator."""
     blocks = len({k.split(".")[1] for k in state_dict if k.startswith("blocks.")})
     if blocks != config.n_layer:
+        with torch.device("meta"):  # the names alone, of one block past the weights' at most: no memory
+            own = GPT(replace(config, n_layer=min(config.n_layer, blocks + 1))).state_dict()
         raise ValueError(f"{source}: its model_config says n_layer {config.n_layer:,}, but its weights hold {blocks} "
-                         "blocks")
+                         f"blocks: {misfits(own, state_dict)}")
     need, free = memory_bytes(config), available_memory(torch.device("cpu"))
     if free is not None and need > free:
         raise ValueError(f"{source}: its model_config (block_size {config.block_size:,}, vocab_size "

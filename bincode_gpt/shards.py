@@ -5,7 +5,10 @@ token the model reads as a constant vector), and the data's fingerprint (what a 
 order indexes).
 
 Shard file (little-endian): 32-byte header = b"BCGPTTOK", uint32 version (1), uint32 token width in bytes
-(2 or 4), uint64 token count, 8 zero bytes; then the tokens (uint16 when the vocabulary fits, else uint32).
+(2 or 4), uint64 token count, uint32 vocab_size and uint32 tokenizer tag (tokenizer_tag: the tokenizer that
+made the ids; both 0 in shards written before the header carried them); then the tokens (uint16 when the
+vocabulary fits, else uint32). load_meta holds every header to its meta.json, so a meta.json edited, kept
+from an older preparation or copied from another folder is refused before any work.
 """
 
 import hashlib
@@ -13,6 +16,7 @@ import json
 import os
 import shlex
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +29,7 @@ from bincode_gpt.tokenizer import all_ones_id, tiktoken_entry
 # prepare_data.py's defaults of the settings meta.json records, which prepare_command leaves out
 PREPARED_DEFAULTS = {"val_fraction": 0.1, "text_field": "text", "max_tokens": None, "seed": 0, "doc_chars": 0}
 
-MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQ8x")  # 32 bytes
+MAGIC, VERSION, HEADER = b"BCGPTTOK", 1, struct.Struct("<8sIIQII")  # 32 bytes
 DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
@@ -37,8 +41,17 @@ def token_dtype(n_vocab: int) -> np.dtype:
     return DTYPES[2] if n_vocab <= 1 << 16 else DTYPES[4]
 
 
-def write_shard(path, tokens: np.ndarray) -> None:
-    """Write 1-d `tokens` atomically to `path`; uint16/uint32 are kept, other integers narrowed."""
+def tokenizer_tag(meta: dict) -> int:
+    """A 32-bit tag of the tokenizer a meta.json names (encoding, vocab_size, the reserved ids): what each
+    shard's header carries, so that a shard and a meta.json of other preparations are told apart."""
+    made_with = [meta["encoding"], meta["vocab_size"], meta.get("reserve_zero", False), meta.get("reserve_ones", False)]
+    return zlib.crc32(json.dumps(made_with).encode())
+
+
+def write_shard(path, tokens: np.ndarray, made_with: dict | None = None) -> None:
+    """Write 1-d `tokens` atomically to `path`; uint16/uint32 are kept, other integers narrowed. `made_with`:
+    the tokenizer's part of meta.json (encoding, vocab_size, reserve_zero, reserve_ones), for the header;
+    None leaves it unrecorded."""
     tokens = np.asarray(tokens)
     if tokens.dtype not in (np.uint16, np.uint32):
         if tokens.dtype.kind not in "ui" or tokens.size and (tokens.min() < 0 or tokens.max() >= 1 << 32):
@@ -46,18 +59,19 @@ def write_shard(path, tokens: np.ndarray) -> None:
         tokens = tokens.astype(token_dtype(int(tokens.max(initial=0)) + 1))
     tokens = np.ascontiguousarray(tokens.ravel(), DTYPES[tokens.itemsize])  # little-endian on any host
     with atomic_open(path) as f:
-        f.write(HEADER.pack(MAGIC, VERSION, tokens.itemsize, tokens.size))
+        vocab_size, tag = (made_with["vocab_size"], tokenizer_tag(made_with)) if made_with else (0, 0)
+        f.write(HEADER.pack(MAGIC, VERSION, tokens.itemsize, tokens.size, vocab_size, tag))
         f.write(tokens.data)
 
 
-def read_shard(path) -> np.ndarray:
-    """A read-only memmap of the tokens in a shard; ShardError if it is malformed."""
+def read_header(path) -> tuple[int, int, int, int]:
+    """(token width, token count, vocab_size, tokenizer tag) of a shard; ShardError if it is malformed."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(HEADER.size)
     if len(head) < HEADER.size:
         raise ShardError(f"{path}: truncated header ({size} bytes)")
-    magic, version, width, count = HEADER.unpack(head)
+    magic, version, width, count, vocab_size, tag = HEADER.unpack(head)
     if magic != MAGIC:
         raise ShardError(f"{path}: not a token shard (magic {magic!r})")
     if version != VERSION or width not in DTYPES:
@@ -66,6 +80,12 @@ def read_shard(path) -> np.ndarray:
     if body != count * width:
         what = "truncated" if body < count * width else "longer than its header says"
         raise ShardError(f"{path}: {what}: header says {count} tokens ({count * width} bytes), body has {body}")
+    return width, count, vocab_size, tag
+
+
+def read_shard(path) -> np.ndarray:
+    """A read-only memmap of the tokens in a shard; ShardError if it is malformed."""
+    width, count, _, _ = read_header(path)
     if count == 0:  # np.memmap cannot map zero bytes
         empty = np.zeros(0, DTYPES[width])
         empty.flags.writeable = False
@@ -95,7 +115,58 @@ def load_meta(folder) -> dict:
     missing = [s for split in meta["splits"].values() for s in split["shards"] if not (Path(folder) / s).is_file()]
     if missing:
         raise ShardError(f"{folder}: missing shards {missing[:3]}")
+    check_headers(folder, meta)
     return meta
+
+
+OTHER_PREPARATION = ": the two come from different preparations; prepare the folder again"
+
+
+def check_headers(folder, meta: dict) -> None:
+    """A ShardError naming the file and both values where a shard's header disagrees with meta.json: its
+    vocab_size or tokenizer (where the header records them), its token width (meta.json's dtype), or the
+    token count of its split. Reads 32 bytes a shard."""
+    meta_path = Path(folder) / "meta.json"
+    tag = tokenizer_tag(meta)
+    widths = {d.name: d.itemsize for d in DTYPES.values()}  # meta.json's dtype: "uint16", "uint32"
+    width = widths.get(meta["dtype"]) if isinstance(meta.get("dtype"), str) else None
+    for split, info in meta["splits"].items():
+        count = 0
+        for name in info["shards"]:
+            path = Path(folder) / name
+            their_width, n, vocab_size, their_tag = read_header(path)
+            count += n
+            if vocab_size and vocab_size != meta["vocab_size"]:
+                raise ShardError(f"{path}: its header says vocab_size {vocab_size}, but {meta_path} says "
+                                 f"{meta['vocab_size']}{OTHER_PREPARATION}")
+            if vocab_size and their_tag != tag:
+                raise ShardError(f"{path}: its header says tokenizer {tokenizer_named(their_tag, meta)}, but "
+                                 f"{meta_path} says {tokenizer_named(tag, meta)}{OTHER_PREPARATION}")
+            if width and their_width != width:
+                raise ShardError(f"{path}: its header says {their_width}-byte tokens, but {meta_path} says dtype "
+                                 f"{meta['dtype']}{OTHER_PREPARATION}")
+        if count != info["tokens"]:
+            raise ShardError(f"{meta_path}: says the {split} split holds {info['tokens']:,} tokens, but the headers "
+                             f"of its shards say {count:,}{OTHER_PREPARATION}")
+
+
+def tokenizer_named(tag: int, meta: dict) -> str:
+    """The tokenizer a header's tag stands for at meta.json's vocab_size, told where it is meta.json's encoding or
+    one tiktoken knows, with any reservation of ids; else the tag itself."""
+    encodings = [meta["encoding"]]
+    try:  # only to name another encoding: reading shards never needs tiktoken
+        import tiktoken
+
+        encodings += tiktoken.list_encoding_names()
+    except ImportError:
+        pass
+    for encoding in encodings:
+        for zero in (True, False):
+            for ones in (True, False):
+                made_with = {**meta, "encoding": encoding, "reserve_zero": zero, "reserve_ones": ones}
+                if tokenizer_tag(made_with) == tag:
+                    return f"{encoding} at vocab_size {meta['vocab_size']}, reserve_zero {zero}, reserve_ones {ones}"
+    return f"tag {tag:08x} (an encoding tiktoken does not know here)"
 
 
 def is_meta(meta) -> bool:
@@ -115,8 +186,9 @@ def _is_split(split) -> bool:
 class ShardWriter:
     """Buffers one split's tokens and writes them out in shards of exactly `shard_tokens`."""
 
-    def __init__(self, out_dir: Path, split: str, shard_tokens: int, dtype: np.dtype):
+    def __init__(self, out_dir: Path, split: str, shard_tokens: int, dtype: np.dtype, made_with: dict | None = None):
         self.out_dir, self.split, self.size, self.dtype = out_dir, split, shard_tokens, dtype
+        self.made_with = made_with  # the tokenizer's part of meta.json, for each header (write_shard)
         self.buf, self.buffered, self.shards = [], 0, []
         self.tokens = self.bytes = self.documents = 0
 
@@ -134,7 +206,7 @@ class ShardWriter:
 
     def _write(self, tokens: np.ndarray) -> None:
         name = f"{self.split}_{len(self.shards):06d}.bin"
-        write_shard(self.out_dir / name, tokens.astype(self.dtype, copy=False))
+        write_shard(self.out_dir / name, tokens.astype(self.dtype, copy=False), self.made_with)
         self.shards.append(name)
 
     def close(self) -> dict:

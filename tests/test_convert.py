@@ -428,6 +428,20 @@ def test_hf2native_never_replaces_a_checkpoint(tmp_path):
     assert sorted(os.listdir(out)) == [LOCK_NAME, "ckpt.pt"]  # the stale tokenizer file went, no temp file stayed
 
 
+def test_native2int8_of_weights_saved_through_wrappers(tmp_path):
+    model = tiny()
+    save_native(model, tmp_path / "plain")
+    os.makedirs(tmp_path / "wrapped")
+    wrapped = {**checkpoint_dict(model, None), "model": {f"module.{k}": t for k, t in model.state_dict().items()}}
+    torch.save(wrapped, tmp_path / "wrapped" / "ckpt.pt")  # DDP(model)'s
+    assert run("native2int8", tmp_path / "plain", tmp_path / "a")[0] == 0
+    code, _, err = run("native2int8", tmp_path / "wrapped", tmp_path / "b")
+    assert code == 0 and err.startswith(f"note: {tmp_path / 'wrapped' / 'ckpt.pt'}: its weights were saved from a wrapped model "
+                                        "(torch.compile, DDP): read without their 'module.' prefixes\n")
+    a, b = (torch.load(tmp_path / o / "ckpt.pt", weights_only=True)["model"] for o in ("a", "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_native2hf_overwrite_leaves_no_stale_files(tmp_path):
     pytest.importorskip("safetensors")
     model = tiny("binary", bias=True)

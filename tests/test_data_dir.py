@@ -71,7 +71,8 @@ def test_failure_halfway_leaves_no_shards(tmp_path, monkeypatch):
         (tmp_path / f"{i:02d}.txt").write_text(words(100, seed=i))
     (tmp_path / "zz.jsonl").write_bytes(b'{"text": "passes the up-front check"}\n{"text": "\xff"}\n')
     written = []
-    monkeypatch.setattr(shards, "write_shard", lambda path, t, w=shards.write_shard: written.append(path) or w(path, t))
+    monkeypatch.setattr(shards, "write_shard", lambda path, t, made_with, w=shards.write_shard:
+                        written.append(path) or w(path, t, made_with))
     with pytest.raises(ValueError, match="zz.jsonl: not valid UTF-8 at byte offset 48"):
         P.prepare([str(tmp_path)], tmp_path / "out", shard_tokens=100, workers=2, progress=False)
     assert len(written) > 10 and not (tmp_path / "out").exists()  # the folder it made goes too

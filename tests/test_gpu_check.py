@@ -21,9 +21,11 @@ from tools import gpu_check
 from tools.gpu_check import Done
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
-ROW_FILES = ["01-paper-preset-largest-batch.md", "02-train-quick-start.md", "03-sample.py-eager.md",
-             "06-SIGTERM-then-resume.md", "07-init_from.md", "08-torchrun-2-processes-grad_accum-2.md",
-             "09-torchrun-SIGTERM-then-resume.md"]
+ROW_FILES = ["01-environment.md", "02-paper-preset-token-ids-made-here.md", "04-paper-preset-largest-batch.md",
+             "05-train-quick-start.md", "06-sample.py-eager.md", "09-SIGTERM-then-resume.md", "10-init_from.md",
+             "11-torchrun-2-processes-grad_accum-2.md", "12-torchrun-SIGTERM-then-resume.md"]
+MADE_IDS = ("tiny preset (2 x 32, context 32, V 512), eager float32, token ids made here: 5 steps at batch 64 of 64 "
+            "first tried")
 
 
 @pytest.fixture(autouse=True)
@@ -52,11 +54,17 @@ def test_the_dry_run_passes_every_step_offline_on_its_own_text(tmp_path, monkeyp
     assert code == 0 and capsys.readouterr().out == report
     assert report.startswith("GPU check on cpu (") and "MFU: none on a CPU (no datasheet peak)" in report
     got = rows(report)
-    assert list(got) == [name for name, _, _ in gpu_check.ROWS] == [
+    assert list(got) == ["environment", *[name for name, *_ in gpu_check.ROWS]] == [
+        "environment", "paper preset, token ids made here", "mini model compiled, token ids made here",
         "paper preset, largest batch", "train (quick start)", "sample.py, eager", "sample.py, compiled",
         "sample.py, CUDA graphs", "SIGTERM, then --resume", "--init_from", "torchrun, 2 processes, grad_accum 2",
         "torchrun: SIGTERM, then --resume"]
     assert got.pop("sample.py, compiled") == ("skipped", "skipped (--no-sample_compile)")
+    assert got.pop("mini model compiled, token ids made here") == (
+        "skipped", "skipped: --compile is off (on by default on CUDA only)")
+    assert got["paper preset, token ids made here"][1] == MADE_IDS
+    assert got["environment"][1].startswith(f"torch {torch.__version__}, CUDA none, card none (a CPU dry run), "
+                                            "compute mode n/a; C++ compiler ")
     assert got.pop("sample.py, CUDA graphs") == (
         "skipped", "n/a on a CPU: CUDA graphs record GPU kernels (sample.py refuses --cuda_graphs here)")
     assert all(result == "ok" for result, _ in got.values()), report
@@ -103,24 +111,26 @@ def test_a_killed_dry_run_keeps_the_rows_that_ended_and_a_failed_compile_hides_n
                                 stderr=err, start_new_session=True)
         try:
             until = time.monotonic() + 300
-            while not (out / "03-sample.py-eager.md").exists() and proc.poll() is None and time.monotonic() < until:
+            while not (out / "06-sample.py-eager.md").exists() and proc.poll() is None and time.monotonic() < until:
                 time.sleep(0.2)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == -signal.SIGKILL, (tmp_path / "stderr").read_text()  # killed, not ended
-    assert sorted(os.listdir(out)) == ROW_FILES[:3] + [gpu_check.TABLE]
+    compiled_mini = "03-mini-model-compiled-token-ids-made-here.md"  # compiled: fails as the quick start does
+    assert sorted(os.listdir(out)) == sorted(ROW_FILES[:2] + [compiled_mini] + ROW_FILES[2:5] + [gpu_check.TABLE])
     report = (out / gpu_check.TABLE).read_text()
     got, table = rows(report), row_lines(report)
-    assert report.splitlines()[-1].startswith("running: ") and len(got) < len(gpu_check.ROWS)
+    assert report.splitlines()[-1].startswith("running: ") and len(got) < len(gpu_check.ROWS) + 1
     assert got["paper preset, largest batch"][0] == "ok" and got["sample.py, eager"] == ("ok", "8 greedy tokens")
     result, note = got["train (quick start)"]
     assert result == "**FAIL**" and note.startswith("compiled: exit 1: torch._inductor.exc.InductorError: ")
     assert "C++ compiler" in note and note.endswith("; eager instead: ok, the rows below start from it and train eager")
-    for name in ROW_FILES[:3]:
+    assert got["mini model compiled, token ids made here"][0] == "**FAIL**"
+    for name in ROW_FILES[:5]:
         assert row_lines((out / name).read_text()) == [table[int(name[:2]) - 1]]
-    failure = (out / ROW_FILES[1]).read_text()
+    failure = (out / ROW_FILES[3]).read_text()
     assert "The command that failed, and its last stderr lines:\n\n```\n$ python " in failure
     ran, said = failure.split("```")[1].strip("\n").split("\n", 1)
     assert ran.startswith(f"$ python {ROOT}/train.py --data_dir={work}/data ") and ran.endswith(" --compile")
@@ -132,6 +142,42 @@ def test_a_killed_dry_run_keeps_the_rows_that_ended_and_a_failed_compile_hides_n
         f"error: --work {work} is not empty (an earlier check's runs?): name a new or empty folder, each check "
         "starts afresh\n")
     assert sorted((p, p.stat().st_mtime_ns) for p in work.rglob("*")) == before
+
+
+@pytest.mark.parametrize("missing,flags", [("tiktoken", []), ("numpy", ["--compile"])])
+def test_a_box_lacking_a_module_or_a_compiler_still_leaves_its_table(tmp_path, missing, flags):
+    """The lent GPU box may lack tiktoken or numpy, or a compiler: `python -m tools.gpu_check` then still writes its
+    table, the environment first, the torch-only rows run, and every other row skipped naming what it lacked. A
+    stub package first on PYTHONPATH makes the module fail to import, in the check and in each process it starts;
+    with --compile, a PATH without c++, g++ or clang++ leaves no compiler for torch.compile's CPU kernels."""
+    (tmp_path / "stubs" / missing).mkdir(parents=True)
+    (tmp_path / "stubs" / missing / "__init__.py").write_text(
+        f'raise ModuleNotFoundError("No module named {missing!r}", name={missing!r})\n')
+    env = {k: v for k, v in os.environ.items() if k != "CXX"}
+    env.update(PYTHONPATH=str(tmp_path / "stubs"), OMP_NUM_THREADS="1")
+    if flags:
+        (tmp_path / "bin").mkdir()
+        env["PATH"] = str(tmp_path / "bin")  # no compiler on it (the check's processes start from sys.executable)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--device", "cpu", "--out", str(out), *flags],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    report = (out / gpu_check.TABLE).read_text()
+    assert (done.returncode, done.stdout) == (0, report), done.stderr
+    got = rows(report)
+    assert list(got) == ["environment", *[name for name, *_ in gpu_check.ROWS]]
+    lacked = f"{missing} (it does not import: ModuleNotFoundError: No module named '{missing}')"
+    environment = got.pop("environment")
+    assert environment[0] == "ok" and lacked in environment[1]
+    assert got.pop("paper preset, token ids made here") == ("ok", MADE_IDS)
+    no_compiler = "a C++ compiler (none of c++, g++, clang++ on PATH)"
+    assert ("C++ compiler none on PATH" in environment[1]) == bool(flags)
+    assert got.pop("mini model compiled, token ids made here") == ("skipped", f"skipped: needs {no_compiler}" if flags
+                                                                   else "skipped: --compile is off (on by default on "
+                                                                        "CUDA only)")
+    for name, needs in ((name, needs) for name, _, _, needs in gpu_check.ROWS if name in got):
+        said = "; ".join([lacked] + [no_compiler] * (bool(flags) and gpu_check.COMPILER in needs))
+        assert got[name] == ("skipped", f"skipped: needs {said}"), name
+    assert sorted(os.listdir(out)) == ROW_FILES[:2] + [gpu_check.TABLE]
 
 
 def test_an_out_folder_that_holds_an_earlier_table_is_refused_before_any_work(tmp_path):
@@ -153,7 +199,10 @@ def test_a_failing_step_is_a_fail_row_and_exit_1(tiny_data, monkeypatch, capsys)
     got = rows(capsys.readouterr().out)
     lr = ("**FAIL**", "exit 1: error: lr must be a finite number >= 0, got -1.0")
     no_reference = ("skipped", gpu_check.NO_REFERENCE)
+    assert got.pop("environment")[0] == got.pop("paper preset, token ids made here")[0] == "ok"  # torch's alone
     assert code == 1 and got == {
+        "mini model compiled, token ids made here": ("skipped", "skipped: --compile is off (on by default on CUDA "
+                                                                "only)"),
         "paper preset, largest batch": ("**FAIL**", f"batch 64: {lr[1]}"), "train (quick start)": lr,
         "sample.py, eager": no_reference, "sample.py, compiled": no_reference,
         "sample.py, CUDA graphs": ("skipped", "n/a on a CPU: CUDA graphs record GPU kernels (sample.py refuses "
@@ -167,9 +216,10 @@ def test_a_failing_step_is_a_fail_row_and_exit_1(tiny_data, monkeypatch, capsys)
 def test_a_run_out_of_time_skips_the_rows_it_cannot_start(tiny_data, capsys):
     code = gpu_check.main(["--device", "cpu", "--data_dir", tiny_data, "--time_limit", "1"])
     got = rows(capsys.readouterr().out)
+    assert got.pop("environment")[0] == "ok"
     assert code == 0 and got == {name: ("skipped", "skipped: out of time (--time_limit 1 s)")
-                                 for name, _, _ in gpu_check.ROWS}
-    one_gpu = sum(seconds for name, seconds, _ in gpu_check.ROWS if not name.startswith("torchrun"))
+                                 for name, *_ in gpu_check.ROWS}
+    one_gpu = sum(seconds for name, seconds, *_ in gpu_check.ROWS if not name.startswith("torchrun"))
     assert one_gpu + gpu_check.PREPARE_S <= 550 < gpu_check.CheckConfig().time_limit < 600  # under a 600 s job
 
 
@@ -380,12 +430,30 @@ def test_the_paper_row_on_cuda_compares_the_peak_with_the_estimate_and_times_the
             f"beside the memory check's estimate {estimate / 2**30:.1f} GiB{below}; {mfu}{stop}")
 
 
+def test_the_paper_row_keeps_its_speed_when_a_later_step_of_it_fails(tmp_path, monkeypatch):
+    """Its train.py run stood in: 3 steps logged, then the save fails (a full disk): a FAIL row with its tokens/s."""
+    monkeypatch.setattr("bincode_gpt.memory.available_memory", lambda device: 140 * 2**30)
+
+    def run(cmd, timeout):
+        out_dir = next(a.split("=", 1)[1] for a in cmd if a.startswith("--out_dir="))
+        os.makedirs(out_dir)
+        entries = [dict(event="train", step=s, tokens_per_s=1000.0 * s, mfu=0.1 * s) for s in (1, 2, 3)]
+        (tmp_path / out_dir / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+        return Done(1, "step 3/3 | loss 11.0\n", "error: ckpt.pt: not saved: the disk is full\n", 30.0, cmd=cmd)
+
+    monkeypatch.setattr(gpu_check, "run", run)
+    ctx = gpu_check.Context(gpu_check.CheckConfig(steps=100, compile=True), True, "data", str(tmp_path))
+    row = gpu_check.check_paper(ctx, "paper", time.monotonic() + 100)
+    assert (row.ok, row.tokens_per_s, row.mfu) == (False, 2500.0, 0.25)
+    assert row.note.endswith(": exit 1: error: ckpt.pt: not saved: the disk is full")
+
+
 def test_one_gpu_skips_the_torchrun_rows_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     ctx = context(tmp_path)
     why = ("skipped: one GPU, and NCCL refuses two ranks on one GPU (train.py uses NCCL for CUDA tensors; gloo on "
            "CUDA is not a train.py option)")
-    for name, _, check_fn in gpu_check.ROWS[-2:]:
+    for name, _, check_fn, _ in gpu_check.ROWS[-2:]:
         assert check_fn(ctx, name, 0) == gpu_check.Row(name, None, note=why)
 
 
@@ -398,8 +466,8 @@ def test_a_dry_run_gives_each_row_its_share_times_the_time_scale(tiny_data, monk
         shares[name] = until - time.monotonic()
         return gpu_check.Row(name, True)
 
-    monkeypatch.setattr(gpu_check, "ROWS", tuple((name, s, record) for name, s, _ in gpu_check.ROWS[:3]))
+    monkeypatch.setattr(gpu_check, "ROWS", tuple((name, s, record, needs) for name, s, _, needs in gpu_check.ROWS[:3]))
     assert gpu_check.main(["--device", "cpu", "--data_dir", tiny_data, "--time_limit", "1000"] + flags) == 0
-    assert list(shares) == [name for name, _, _ in gpu_check.ROWS]
-    for name, seconds, _ in gpu_check.ROWS:
+    assert list(shares) == [name for name, *_ in gpu_check.ROWS]
+    for name, seconds, *_ in gpu_check.ROWS:
         assert seconds * scale - 2 < shares[name] <= seconds * scale

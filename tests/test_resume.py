@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 
@@ -116,8 +117,11 @@ def test_checkpoints_of_another_shape_name_the_file(data_dir, tmp_path, capsys):
 def test_resume_on_data_of_another_tokenizer_says_so(data_dir, tmp_path, capsys):
     train.train(config(data_dir, tmp_path / "run", max_steps=2))
     d = copy_data(data_dir, tmp_path)
-    meta = json.loads((d / "meta.json").read_text())
-    (d / "meta.json").write_text(json.dumps({**meta, "encoding": "r50k_base"}))
+    meta = {**json.loads((d / "meta.json").read_text()), "encoding": "r50k_base"}
+    (d / "meta.json").write_text(json.dumps(meta))
+    for shard in d.glob("*.bin"):  # the headers too: the folder's parts agree, as r50k_base's data would
+        raw = shard.read_bytes()
+        shard.write_bytes(raw[:28] + struct.pack("<I", shards.tokenizer_tag(meta)) + raw[32:])
     ckpt = tmp_path / "run" / "ckpt.pt"
     before = ckpt.read_bytes()
     assert run_main(train.main, flags(d, tmp_path / "run", max_steps=4, resume=True)) == 1

@@ -213,7 +213,8 @@ def test_sizes_that_cannot_fit_are_refused_up_front(native, tmp_path, capsys):
     assert re.fullmatch(r"error: prompt \+ --max_new_tokens = 1,000,000,001 positions need 512\.0 GiB for the KV cache "
                         r"and rotary tables, but [\d,.]+ GiB is free on cpu: ask for fewer tokens\n", r.stderr), r.stderr
     for name, value, message in [
-        ("n_layer", 10**9, "its model_config says n_layer 1,000,000,000, but its weights hold 2 blocks"),
+        ("n_layer", 10**9, "its model_config says n_layer 1,000,000,000, but its weights hold 2 blocks: missing "
+                    r"blocks.2.ln_1.weight \(and 5 more missing\)"),
         ("block_size", 10**12, r"its model_config \(block_size 1,000,000,000,000, vocab_size 50,304, n_embd 32\) needs "
                                r"476,837\.2 GiB of tables besides its weights; [\d,.]+ GiB is free")]:
         state = checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": None})
@@ -222,6 +223,21 @@ def test_sizes_that_cannot_fit_are_refused_up_front(native, tmp_path, capsys):
         assert run_main(sample.main, ["--ckpt", str(tmp_path / "big.pt"), "--device", "cpu"]) == 1
         out = capsys.readouterr()
         assert out.out == "" and re.fullmatch(rf"error: {re.escape(str(tmp_path / 'big.pt'))}: {message}\n", out.err), out.err
+
+
+def test_weights_saved_from_a_compiled_ddp_model_sample_the_same_text(native, tmp_path, capsys):
+    _, folder, _ = native
+    ckpt = torch.load(os.path.join(folder, "ckpt.pt"), weights_only=True)
+    ckpt["model"] = {f"module._orig_mod.{k}": t for k, t in ckpt["model"].items()}  # DDP(torch.compile(model))'s
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    args = ["--prompt", "The", "--temperature", "0", "--max_new_tokens", "8", "--device", "cpu"]
+    assert run_main(sample.main, ["--ckpt", folder, *args]) == 0
+    plain = capsys.readouterr()
+    assert run_main(sample.main, ["--ckpt", str(tmp_path / "ckpt.pt"), *args]) == 0
+    out = capsys.readouterr()
+    assert out.out == plain.out and len(plain.out) > len("The\n")
+    assert out.err == (f"note: {tmp_path / 'ckpt.pt'}: its weights were saved from a wrapped model (torch.compile, "
+                       f"DDP): read without their 'module.' and '_orig_mod.' prefixes\n{plain.err}")
 
 
 def test_no_arguments_samples_what_train_py_just_wrote(native, tmp_path):

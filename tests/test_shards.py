@@ -20,7 +20,8 @@ from bincode_gpt import shards
 from bincode_gpt.exits import run_main
 from bincode_gpt.shards import ShardError, Split, write_shard
 from bincode_gpt.tokenizer import get_tokenizer
-from test_prepare_data import prepared  # noqa: F401 (a fixture)
+from prepare_data import prepare
+from test_prepare_data import prepared, words  # noqa: F401 (a fixture)
 from test_train import ROOT, config, flags, one_thread, train_log  # noqa: F401 (one_thread: a fixture)
 
 
@@ -32,7 +33,7 @@ def test_shard_round_trip_and_header(tmp_path, dtype, width):
     shards.write_shard(path, tokens)
     raw = path.read_bytes()
     assert raw[:8] == b"BCGPTTOK"
-    assert struct.unpack("<IIQ", raw[8:24]) == (1, width, 5) and raw[24:32] == bytes(8)
+    assert struct.unpack("<IIQ", raw[8:24]) == (1, width, 5) and raw[24:32] == bytes(8)  # no tokenizer: unrecorded
     assert len(raw) == 32 + 5 * width
     back = shards.read_shard(path)
     assert back.dtype == np.dtype(dtype) and np.array_equal(back, tokens)
@@ -119,6 +120,118 @@ def test_meta_that_is_not_json(tmp_path, raw):
     (tmp_path / "meta.json").write_bytes(raw)
     with pytest.raises(shards.ShardError, match=f"^{tmp_path / 'meta.json'}: not valid JSON"):
         shards.load_meta(tmp_path)
+
+
+# ---------------------------------------------------------------- meta.json against the shards' headers
+GPT2_512 = {"encoding": "gpt2", "vocab_size": 512, "reserve_zero": True, "reserve_ones": True}  # prepare_data's
+
+
+@pytest.fixture
+def two_vocabs(tmp_path):
+    """The same text prepared at vocab_size 512 and 1024: {vocab_size: folder}."""
+    (tmp_path / "text.txt").write_text(words(200))
+    folders = {v: tmp_path / f"v{v}" for v in (512, 1024)}
+    for v, folder in folders.items():
+        prepare([str(tmp_path / "text.txt")], str(folder), vocab_size=v, workers=1, progress=False)
+    return folders
+
+
+def test_headers_record_the_tokenizer(two_vocabs):
+    meta = json.loads((two_vocabs[512] / "meta.json").read_text())
+    raw = (two_vocabs[512] / "train_000000.bin").read_bytes()
+    tag = shards.tokenizer_tag(GPT2_512)
+    assert struct.unpack("<IIQII", raw[8:32]) == (1, 2, meta["splits"]["train"]["tokens"], 512, tag)
+    assert shards.load_meta(two_vocabs[512]) == meta
+
+
+def train_error(folder, tmp_path, capsys):
+    """train.py's exit code, stdout and stderr on `folder`, run as `python train.py` runs it."""
+    import train
+
+    code = run_main(train.main, ["--data_dir", str(folder), "--out_dir", str(tmp_path / "out"), "--device", "cpu"])
+    out = capsys.readouterr()
+    assert not (tmp_path / "out").exists()  # refused before any work
+    return code, out.out, out.err
+
+
+def test_meta_json_copied_from_another_preparation_is_refused(two_vocabs, tmp_path, capsys):
+    data = two_vocabs[512]
+    (data / "meta.json").write_bytes((two_vocabs[1024] / "meta.json").read_bytes())
+    assert train_error(data, tmp_path, capsys) == (1, "", (
+        f"error: {data / 'train_000000.bin'}: its header says vocab_size 512, but {data / 'meta.json'} says 1024: "
+        "the two come from different preparations; prepare the folder again\n"))
+
+
+def test_edited_meta_json_is_refused_by_train_and_tools(two_vocabs, tmp_path, capsys):
+    from tools import compare
+
+    data = two_vocabs[512]
+    meta = json.loads((data / "meta.json").read_text())
+    (data / "meta.json").write_text(json.dumps({**meta, "vocab_size": 1024}))
+    line = (f"error: {data / 'train_000000.bin'}: its header says vocab_size 512, but {data / 'meta.json'} says "
+            "1024: the two come from different preparations; prepare the folder again\n")
+    assert train_error(data, tmp_path, capsys) == (1, "", line)
+    assert run_main(compare.main, ["--data", str(data), "--out", str(tmp_path / "study")]) == 1
+    assert capsys.readouterr().err == line
+
+
+@pytest.mark.parametrize("edit,said", [
+    (lambda m: {**m, "reserve_zero": False},
+     "its header says tokenizer gpt2 at vocab_size 512, reserve_zero True, reserve_ones True, but {meta} says "
+     "gpt2 at vocab_size 512, reserve_zero False, reserve_ones True"),
+    (lambda m: {**m, "encoding": "r50k_base"},
+     "its header says tokenizer gpt2 at vocab_size 512, reserve_zero True, reserve_ones True, but {meta} says "
+     "r50k_base at vocab_size 512, reserve_zero True, reserve_ones True"),
+    (lambda m: {**m, "dtype": "uint32"}, "its header says 2-byte tokens, but {meta} says dtype uint32"),
+])
+def test_a_shard_whose_header_disagrees_is_named_with_both_values(two_vocabs, edit, said):
+    data = two_vocabs[512]
+    meta = json.loads((data / "meta.json").read_text())
+    (data / "meta.json").write_text(json.dumps(edit(meta)))
+    with pytest.raises(ShardError) as e:
+        shards.load_meta(data)
+    assert str(e.value) == (f"{data / 'train_000000.bin'}: {said.format(meta=data / 'meta.json')}: the two come from "
+                            "different preparations; prepare the folder again")
+
+
+def test_a_tokenizer_tiktoken_does_not_know_is_named_by_its_tag(two_vocabs):
+    shard = two_vocabs[512] / "train_000000.bin"
+    raw = shard.read_bytes()
+    shard.write_bytes(raw[:28] + struct.pack("<I", 0xDEADBEEF) + raw[32:])  # an encoding of some other code
+    with pytest.raises(ShardError) as e:
+        shards.load_meta(two_vocabs[512])
+    assert str(e.value) == (f"{shard}: its header says tokenizer tag deadbeef (an encoding tiktoken does not know "
+                            f"here), but {two_vocabs[512] / 'meta.json'} says gpt2 at vocab_size 512, reserve_zero "
+                            "True, reserve_ones True: the two come from different preparations; prepare the folder again")
+
+
+def test_a_shard_of_another_vocab_among_good_ones(two_vocabs):
+    data = two_vocabs[512]
+    (data / "val_000000.bin").write_bytes((two_vocabs[1024] / "val_000000.bin").read_bytes())
+    with pytest.raises(ShardError, match=f"^{data / 'val_000000.bin'}: its header says vocab_size 1024, but "
+                                         f"{data / 'meta.json'} says 512: "):
+        shards.load_meta(data)
+
+
+def test_token_counts_that_disagree_with_the_headers(two_vocabs):
+    data = two_vocabs[512]
+    meta = json.loads((data / "meta.json").read_text())
+    n = meta["splits"]["val"]["tokens"]
+    meta["splits"]["val"]["tokens"] += 1
+    (data / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ShardError) as e:
+        shards.load_meta(data)
+    assert str(e.value) == (f"{data / 'meta.json'}: says the val split holds {n + 1:,} tokens, but the headers of its "
+                            f"shards say {n:,}: the two come from different preparations; prepare the folder again")
+
+
+def test_shards_written_before_headers_recorded_the_tokenizer_still_load(two_vocabs):
+    data = two_vocabs[512]
+    for name in ("train_000000.bin", "val_000000.bin"):
+        raw = (data / name).read_bytes()
+        (data / name).write_bytes(raw[:24] + bytes(8) + raw[32:])  # the header as it was: 8 zero bytes
+    meta = json.loads((data / "meta.json").read_text())
+    assert shards.load_meta(data) == meta
 
 
 # ---------------------------------------------------------------- the windows training reads

@@ -225,6 +225,21 @@ def test_init_from_fine_tunes_from_weights(data_dir, tmp_path):
     assert s["first_val_loss"] == pytest.approx(train_log(tmp_path / "a", "eval")[-1]["val_loss"], abs=0)
 
 
+def test_init_from_weights_saved_through_wrappers(data_dir, tmp_path, capsys):
+    train.train(config(data_dir, tmp_path / "a", max_steps=4))
+    ckpt = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
+    model = {f"_orig_mod.module.{k}": t for k, t in ckpt["model"].items()}  # torch.compile(DDP(model))'s
+    torch.save({"model": model, "model_config": ckpt["model_config"], "tokenizer": ckpt["tokenizer"]},
+               tmp_path / "wrapped.pt")
+    capsys.readouterr()
+    s = train.train(config(data_dir, tmp_path / "b", max_steps=2, init_from=str(tmp_path / "wrapped.pt"),
+                           eval_interval=100))
+    assert s["first_val_loss"] == pytest.approx(train_log(tmp_path / "a", "eval")[-1]["val_loss"], abs=0)
+    note = (f"note: {tmp_path / 'wrapped.pt'}: its weights were saved from a wrapped model (torch.compile, DDP): "
+            "read without their '_orig_mod.' and 'module.' prefixes\n")
+    assert capsys.readouterr().err.count(note) == 1
+
+
 def expect_error(cfg, match, exc=(ValueError, OSError)):
     with pytest.raises(exc) as info:
         train.train(cfg)

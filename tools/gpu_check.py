@@ -17,13 +17,20 @@ Design choices, up front:
   none is set. Another encoding (--data_dir) must be in the user's cache: else the check stops at once.
 - Written as it goes (--out, default $OUT): as each row ends, its own file NN-name.md (the row; for a failure,
   the last lines its process wrote to stderr) and gpu_check.md (the table so far), each written atomically, so a
-  job stopped at its time limit keeps every row that ended. A row skipped gets no file: on one GPU, 7 row files
+  job stopped at its time limit keeps every row that ended. A row skipped gets no file: on one GPU, 10 row files
   and the table at most. --work (default: a temp folder, removed at the end) must be new or empty, and --out
   must hold no gpu_check.md: a second run there is refused before any work.
-- Rows in the order of their value, each as independent of the others as it can be: the paper row (eager,
-  from the data alone); the quick start, whose checkpoint the rows after it start from (where its compiled
-  run fails, the row fails and an eager run stands in for it, and the rows after it train eager); sampling,
-  eager, compiled and as CUDA graphs; the stop and resume; --init_from; torchrun.
+- Whatever the box lacks, the table comes: its first row is the environment (torch, CUDA, the card and its
+  compute mode, the compiler and Python's headers, numpy and tiktoken, free disk). Each row declares what it
+  needs beyond torch (ROWS): the scripts' rows numpy and tiktoken (their data and tokenizer), the compiled rows a
+  compiler (C for Triton on CUDA, C++ for inductor on a CPU, on PATH). A row whose needs are absent is skipped
+  naming them, and the training runs go eager where no compiler is found. Two rows need torch alone: the paper
+  preset's speed, MFU and peak on token ids they make (eager), and the mini model compiled (made_ids_steps).
+- Rows in the order of their value, each as independent of the others as it can be: the torch-only rows; the
+  paper row (eager, from the data alone; its speed kept when a later step of it fails); the quick start, whose
+  checkpoint the rows after it start from (where its compiled run fails, the row fails and an eager run stands
+  in for it, and the rows after it train eager); sampling, eager, compiled and as CUDA graphs; the stop and
+  resume; --init_from; torchrun.
 - Time: each row has a share of seconds (ROWS), the processes it starts included: a process still running
   GRACE seconds before the end of its row's share gets SIGTERM, then SIGKILL at the end; and no row runs past
   --time_limit (570 s), under a 600 s job. A CPU dry run's shares are 5 times as long (--time_scale): its
@@ -68,6 +75,7 @@ Design choices, up front:
 - Exit status 1 if any row failed (the table says which and why), else 0.
 """
 
+import importlib
 import json
 import os
 import platform
@@ -79,6 +87,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -115,6 +124,8 @@ finally:
     print(f"gpu_check peak {'cuda' if cuda else 'rss'} {peak}", file=sys.stderr, flush=True)
     print(f"gpu_check cuda_graphs {len(replays)} replays {sum(replays.values())}", file=sys.stderr, flush=True)
 """
+# runs made_ids_steps in a process of its own (torch and model.py alone): its arguments as JSON in argv[1]
+MADE_IDS = "import json, sys; from tools.gpu_check import made_ids_steps; made_ids_steps(**json.loads(sys.argv[1]))"
 LOGGED = {"train": ("step", "loss", "lr", "grad_norm", "tokens"), "eval": ("step", "val_loss", "best_val_loss")}
 NOISY = {"loss", "grad_norm", "val_loss", "best_val_loss"}  # the logged values that CUDA's kernels may move
 RESUME_RTOL = 1e-2  # CUDA: a resumed run's losses and gradient norms against the uninterrupted run's, relative
@@ -192,7 +203,7 @@ class Context:
     """What every row's check reads: the settings, whether it runs on CUDA, the prepared data, the work folder."""
     cfg: CheckConfig
     cuda: bool
-    data: str
+    data: str | None  # prepared for the first row that reads it
     work: str
     texts: dict = field(default_factory=dict)  # sample.py's text of each way, the others compared with eager's
 
@@ -514,8 +525,11 @@ def check_paper(ctx, name, until):
     tried = f" ({', '.join(map(str, faulted))} faulted)" if faulted else ""
     if too_many:
         tried += f"; {', '.join(map(str, too_many))} not tried (2^31 logits or more overflow cross_entropy)"
-    if done.failed:
-        return failed(name, done, before=f"batch {batch}{tried}: ")
+    if done.failed:  # its speed, where it stepped before the failure (a save that failed, a fault after the steps)
+        row = failed(name, done, before=f"batch {batch}{tried}: ")
+        if os.path.exists(os.path.join(out_dir(batch), "log.jsonl")):
+            row.tokens_per_s, row.mfu = speed(read_log(out_dir(batch))[1], 1)
+        return row
     tok, mfu = speed(read_log(out_dir(batch))[1], 1)
     stepped = [t for t, line in done.lines if line.startswith("step ")]
     ended = [t for t, line in done.lines if line.startswith("done:")]
@@ -537,6 +551,91 @@ def check_paper(ctx, name, until):
                note=f"{what}: batch {batch} of {first} first tried{tried}; peak {peak / 2**30:.1f} GiB and "
                f"{speed_s} beside the memory check's estimate {estimate / 2**30:.1f} GiB"
                f"{'' if fits else ' (below the peak: cannot warn before an OOM)'}; {mfu_basis(device)}{save}")
+
+
+def made_ids_steps(*, shape, batches, steps, device, compile):
+    """Train GPT(get_config(**shape)) `steps` AdamW steps on token ids drawn here (torch and model.py alone: no data,
+    no tokenizer), bfloat16 autocast on CUDA, at the first of `batches` that does not run out of memory, compiled
+    where asked; a line "gpu_check made_ids {json}" on stdout after each step (batch, seconds, peak bytes), so a
+    failure later keeps the steps before it."""
+    import resource
+    from contextlib import nullcontext
+
+    import torch
+
+    from model import GPT, get_config
+
+    device = torch.device(device)
+    mcfg = get_config(**shape)
+    torch.manual_seed(0)
+    model = GPT(mcfg).to(device)
+    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.type)
+    forward = torch.compile(model) if compile else model
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    for batch in batches:
+        try:
+            for _ in range(steps):
+                ids = torch.randint(mcfg.vocab_size, (batch, mcfg.block_size + 1), device=device)  # (B, T + 1)
+                x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()  # (B, T) each: inputs, next tokens
+                start = time.perf_counter()
+                with autocast:
+                    _, loss = forward(x, y)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                loss.item()  # waits for the step's kernels
+                seconds = time.perf_counter() - start
+                peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+                print("gpu_check made_ids " + json.dumps({"batch": batch, "seconds": seconds, "peak": peak,
+                                                           "flops_per_token": model.flops_per_token()}), flush=True)
+            return
+        except torch.OutOfMemoryError:
+            optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            print(f"batch {batch}: out of memory", file=sys.stderr, flush=True)
+    raise SystemExit("out of memory at every batch tried")
+
+
+def check_made_ids(ctx, name, until):
+    """Training speed, MFU and peak memory on token ids made here, needing torch alone (made_ids_steps): the paper
+    preset eager at the largest batch the estimate fits (tiny on a CPU), or the mini model compiled."""
+    import torch
+
+    from bincode_gpt.devices import peak_flops
+    from bincode_gpt.memory import available_memory
+    from model import get_config
+
+    compiled = name.startswith("mini")
+    if compiled and not ctx.cfg.compile:
+        return Row(name, None, note="skipped: --compile is off (on by default on CUDA only)")
+    if not compiled and not ctx.cfg.paper:
+        return Row(name, None, note="skipped (--no-paper)")
+    device = torch.device("cuda" if ctx.cuda else "cpu")
+    big, small = (("paper", 65536), ("mini", None)) if ctx.cuda else (("tiny", 512), ("tiny", 512))
+    preset, vocab_size = small if compiled else big
+    shape = dict(preset=preset, **({"vocab_size": vocab_size} if vocab_size else {}))
+    shape |= {} if ctx.cuda else dict(block_size=32)
+    mcfg = get_config(**shape)
+    first = 8 if compiled else first_batch(mcfg, available_memory(device) or 0)
+    batches = list(BATCHES[BATCHES.index(first):]) if not compiled else [first]
+    args = dict(shape=shape, batches=batches, steps=PAPER_STEPS + 2, device=device.type, compile=compiled)
+    done = run([sys.executable, "-c", MADE_IDS, json.dumps(args)], timeout=left(until))
+    stepped = [json.loads(line.split(" ", 2)[2]) for line in done.out.splitlines()
+               if line.startswith("gpu_check made_ids ")]
+    kept = stepped[1:] or stepped  # the first step warms up (allocates, compiles)
+    tok = statistics.median(s["batch"] * mcfg.block_size / s["seconds"] for s in kept) if kept else None
+    peak_flop_s = peak_flops(device, "bfloat16")
+    mfu = tok * stepped[0]["flops_per_token"] / peak_flop_s if tok and peak_flop_s else None
+    peak = f"{stepped[-1]['peak'] / 2**30:.2f} GiB{'' if ctx.cuda else ' RSS'}" if stepped else "-"
+    what = (f"{preset} preset ({mcfg.n_layer} x {mcfg.n_embd}, context {mcfg.block_size}, V {mcfg.vocab_size:,}), "
+            f"{'compiled' if compiled else 'eager'} {'bfloat16' if ctx.cuda else 'float32'}, token ids made here")
+    ran = f"{len(stepped)} steps at batch {stepped[-1]['batch']} of {first} first tried" if stepped else "no step"
+    if done.failed:
+        row = failed(name, done, before=f"{what}: {ran}; ")
+        row.tokens_per_s, row.mfu, row.peak = tok, mfu, peak
+        return row
+    return Row(name, True, tokens_per_s=tok, mfu=mfu, peak=peak, wall_s=done.wall, note=f"{what}: {ran}")
 
 
 def check_quick_start(ctx, name, until):
@@ -685,17 +784,75 @@ def check_torchrun_resume(ctx, name, until):
         exits=1, until=until)
 
 
-# each row: its name, its share of seconds (on one GPU 550 s in all, PREPARE_S included: the docstring's Time),
-# and its check, in the order of their value
-ROWS = (("paper preset, largest batch", 100, check_paper),
-        ("train (quick start)", 120, check_quick_start),
-        ("sample.py, eager", 40, check_sample),
-        ("sample.py, compiled", 75, check_sample),
-        ("sample.py, CUDA graphs", 75, check_sample),
-        ("SIGTERM, then --resume", 70, check_resume),
-        ("--init_from", 40, check_init_from),
-        ("torchrun, 2 processes, grad_accum 2", 120, check_torchrun),
-        ("torchrun: SIGTERM, then --resume", 120, check_torchrun_resume))
+# what a row needs beyond torch: the scripts' data and tokenizer (train.py, sample.py, prepare_data.py), and a compiler
+DATA, COMPILER = ("numpy", "tiktoken"), "compiler"
+# each row: its name, its share of seconds (on one GPU 550 s in all with the torch-only rows, PREPARE_S included:
+# the docstring's Time), its check and what it needs (NEEDS), in the order of their value: torch's alone first
+ROWS = (("paper preset, token ids made here", 40, check_made_ids, ()),
+        ("mini model compiled, token ids made here", 50, check_made_ids, (COMPILER,)),
+        ("paper preset, largest batch", 70, check_paper, DATA),
+        ("train (quick start)", 100, check_quick_start, DATA),
+        ("sample.py, eager", 35, check_sample, DATA),
+        ("sample.py, compiled", 65, check_sample, (*DATA, COMPILER)),
+        ("sample.py, CUDA graphs", 65, check_sample, (*DATA, COMPILER)),
+        ("SIGTERM, then --resume", 60, check_resume, DATA),
+        ("--init_from", 35, check_init_from, DATA),
+        ("torchrun, 2 processes, grad_accum 2", 120, check_torchrun, DATA),
+        ("torchrun: SIGTERM, then --resume", 120, check_torchrun_resume, DATA))
+
+
+def lacking(cuda):
+    """What the rows may need beyond torch that is not here -> {need: what is missing, in words}: a module that
+    does not import, or a compiler for torch.compile's kernels (on CUDA Triton builds its launchers with a C
+    compiler, on a CPU inductor its kernels with a C++ one; both include Python's headers)."""
+    lacks = {}
+    for module in DATA:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # not installed, or broken (built for another numpy, a syntax error, ...)
+            lacks[module] = f"{module} (it does not import: {type(e).__name__}: {one_line(str(e), 80)})"
+    kind, found = compiler(cuda)
+    headers = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    if found is None:
+        lacks[COMPILER] = f"a {kind} compiler (none of {', '.join(compilers(cuda))} on PATH)"
+    elif not os.path.exists(headers):
+        lacks[COMPILER] = f"Python's headers ({headers} is missing)"
+    return lacks
+
+
+def compilers(cuda):
+    """The compilers torch.compile may call, the one its variable names first (CC on CUDA, CXX on a CPU)."""
+    named = os.environ.get("CC" if cuda else "CXX")
+    return ([named] if named else []) + (["cc", "gcc", "clang"] if cuda else ["c++", "g++", "clang++"])
+
+
+def compiler(cuda):
+    """-> ("C" or "C++", the path of the first of compilers(cuda) on PATH, or None)."""
+    return "C" if cuda else "C++", next(filter(None, map(shutil.which, compilers(cuda))), None)
+
+
+def environment(cuda, device, work, lacks):
+    """The table's first row: torch, CUDA, the card and its compute mode, the compiler, the modules, free disk."""
+    import torch
+
+    card, mode = "none (a CPU dry run)", "n/a"
+    if cuda:
+        card = torch.cuda.get_device_name(device)
+        smi = shutil.which("nvidia-smi")
+        mode = "unknown (no nvidia-smi)"
+        if smi:
+            index = str(device.index or 0)
+            asked = subprocess.run([smi, "-i", index, "--query-gpu=compute_mode", "--format=csv,noheader"],
+                                   capture_output=True, text=True, timeout=30)
+            mode = asked.stdout.strip() or f"unknown ({one_line(asked.stderr, 80)})"
+    kind, found = compiler(cuda)
+    headers = "present" if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else "missing"
+    modules = [lacks.get(m) or f"{m} {importlib.import_module(m).__version__}" for m in DATA]
+    free = shutil.disk_usage(work).free
+    note = (f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, card {card}, compute mode {mode}; "
+            f"{kind} compiler {found or 'none on PATH'}, Python headers {headers}; {', '.join(modules)}; free disk "
+            f"{free / 1e9:,.1f} GB in {work}")
+    return Row("environment", True, note=note)
 
 
 def row_of(check_fn, ctx, name, until):
@@ -745,7 +902,7 @@ class Report:
             log = f"\nThe command that failed, and its last stderr lines:\n\n```\n{row.log}\n```\n" if row.log else ""
             atomic_write(os.path.join(self.out, file_name(len(self.rows), row.check)), table([row], self.title) + log)
         atomic_write(os.path.join(self.out, TABLE), table(self.rows, self.title, footer=f"running: {len(self.rows)} "
-                     f"of {len(ROWS)} rows ended, the rest to come"))
+                     f"of {len(ROWS) + 1} rows ended, the rest to come"))
 
     def close(self, seconds):
         """The finished table -> its text, and in `out`."""
@@ -758,8 +915,6 @@ class Report:
 def check(cfg):
     """Run every row, each written to --out as it ends -> (the rows, the finished table)."""
     import torch
-
-    from bincode_gpt.shards import load_meta
 
     start = time.monotonic()
     device = pick_device(cfg.device)
@@ -777,7 +932,13 @@ def check(cfg):
     out = cfg.out or os.environ.get("OUT")
     refuse_earlier_runs(cfg.work, out)
     use_shipped_tiktoken()
-    check_encoding(load_meta(cfg.data_dir)["encoding"] if cfg.data_dir else "gpt2")
+    lacks = lacking(cuda)
+    if not any(m in lacks for m in DATA):  # the data rows' encoding: its files missing stop the check at once
+        from bincode_gpt.shards import load_meta
+
+        check_encoding(load_meta(cfg.data_dir)["encoding"] if cfg.data_dir else "gpt2")
+    if COMPILER in lacks:  # the training runs eager; each compiled row says what it lacked
+        cfg.compile = False
     name = torch.cuda.get_device_name(device) if cuda else f"cpu ({os.cpu_count()} cores), a dry run at tiny sizes"
     cuda_version = f" (CUDA {torch.version.cuda})" if cuda else ""
     title = (f"GPU check on {name}, torch {torch.__version__}{cuda_version}, Python {platform.python_version()}; "
@@ -787,14 +948,21 @@ def check(cfg):
     os.makedirs(work, exist_ok=True)
     end = start + cfg.time_limit
     try:
-        prepared_by = min(time.monotonic() + PREPARE_S * cfg.time_scale, end)
-        data = os.path.abspath(cfg.data_dir) if cfg.data_dir else prepare(work, prepared_by)
-        ctx = Context(cfg, cuda, data, work)
-        for row_name, seconds, check_fn in ROWS:
+        report.add(environment(cuda, device, work, lacks))
+        ctx = Context(cfg, cuda, None, work)
+        for row_name, seconds, check_fn, needs in ROWS:
             now = time.monotonic()
+            lacked = [lacks[need] for need in needs if need in lacks]
             if end - now < MIN_ROW_S:
                 report.add(Row(row_name, None, note=f"skipped: out of time (--time_limit {cfg.time_limit:g} s)"))
                 continue
+            if lacked:
+                report.add(Row(row_name, None, note=f"skipped: needs {'; '.join(lacked)}"))
+                continue
+            if set(DATA) <= set(needs) and ctx.data is None:  # prepared for the first row that reads it
+                prepared_by = min(now + PREPARE_S * cfg.time_scale, end)
+                ctx.data = os.path.abspath(cfg.data_dir) if cfg.data_dir else prepare(work, prepared_by)
+                now = time.monotonic()
             report.add(row_of(check_fn, ctx, row_name, min(now + seconds * cfg.time_scale, end)))
     finally:
         if not cfg.work:
