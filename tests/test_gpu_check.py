@@ -311,7 +311,8 @@ def context(tmp_path, cuda=True, steps=100):
     ref = tmp_path / "reference"
     ref.mkdir(parents=True)
     torch.save({"step": steps}, ref / "ckpt.pt")
-    return gpu_check.Context(gpu_check.CheckConfig(steps=steps, compile=True), cuda, "data", str(tmp_path))
+    return gpu_check.Context(gpu_check.CheckConfig(steps=steps, compile=True), cuda, "data", str(tmp_path),
+                             dtype="bfloat16" if cuda else "float32")
 
 
 def test_the_cuda_graphs_row_counts_the_graphs_recorded_and_says_why_none_were(tmp_path, monkeypatch):
@@ -370,7 +371,8 @@ def test_the_paper_row_on_cuda_compares_the_peak_with_the_estimate_and_times_the
     mfu = "MFU against the NVIDIA H200's bfloat16 datasheet peak, 989 TFLOP/s (bincode_gpt/devices.py)"
     for peak, ok in ((estimate, True), (estimate + 1, False)):
         monkeypatch.setattr(gpu_check, "run", stand_in(peak))
-        ctx = gpu_check.Context(gpu_check.CheckConfig(steps=100, compile=True), True, "data", str(tmp_path / f"{peak}"))
+        ctx = gpu_check.Context(gpu_check.CheckConfig(steps=100, compile=True), True, "data", str(tmp_path / f"{peak}"),
+                                dtype="bfloat16")
         row = gpu_check.check_paper(ctx, "paper", time.monotonic() + 100)
         below = "" if ok else " (below the peak: cannot warn before an OOM)"
         assert row == gpu_check.Row(
