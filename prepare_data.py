@@ -60,7 +60,7 @@ Design choices:
 """
 
 # first: its import makes a Ctrl-C while torch loads one line and exit 130
-from bincode_gpt.exits import run_main
+from bincode_gpt.exits import run_main, stop_as_ctrl_c
 
 import argparse
 import contextlib
@@ -68,7 +68,6 @@ import json
 import math
 import os
 import random
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -409,6 +408,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # `kill` stops it as Ctrl-C does: the pool ends, the old data stays
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    stop_as_ctrl_c()  # `kill` too: the pool ends, the old data stays
     sys.exit(run_main(main))

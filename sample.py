@@ -31,14 +31,13 @@ from dataclasses import dataclass
 import torch
 
 from bincode_gpt.checkpoint import load_checkpoint
-from bincode_gpt.decode import check_cuda_graphs, check_sampling, drawable, stream
-from bincode_gpt.devices import auto_dtype, pick_device
+from bincode_gpt.decode import Decoder, check_cuda_graphs, check_sampling, drawable
+from bincode_gpt.devices import pick_device, pick_dtype
 from bincode_gpt.memory import check_cache_fits
 from bincode_gpt.prompts import (check_sources, check_start, default_prompt, prompt_ids,
                                  read_prompt_file)
 from bincode_gpt.settings import config_parser, parse_settings, setting
 from bincode_gpt.tokenizer import Text, load_text_codec
-from model import GPT
 
 
 @dataclass
@@ -77,16 +76,17 @@ class SampleConfig:
                                    "(quantize.py)")
 
 
-def sample_stream(model: GPT, codec: Text, prompt_ids, max_new_tokens, **options):
+def sample_stream(decoder: Decoder, codec: Text, prompt_ids, max_new_tokens, **options):
     """Yield text pieces of one continuation as tokens arrive; stops at the end-of-text token. Only
-    ids the tokenizer decodes are drawn (decode.drawable). `options`: decode.stream's (temperature,
-    top_k, top_p, generator, compile, cuda_graphs)."""
+    ids the tokenizer decodes are drawn (decode.drawable). `options`: Decoder.stream's
+    (temperature, top_k, top_p, generator)."""
+    model = decoder.model
     device = next(model.parameters()).device
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     decode = codec.decoder()
     eos = codec.eos_token_id
     allowed = drawable(codec.token_ids(), model.config.vocab_size, device)
-    for nxt in stream(model, idx, max_new_tokens, eos_token_id=eos, allowed=allowed, **options):
+    for nxt in decoder.stream(idx, max_new_tokens, eos_token_id=eos, allowed=allowed, **options):
         i = int(nxt[0, 0])
         if i == eos:
             break
@@ -106,7 +106,7 @@ def main(argv=None):
     check_sources(ckpt=cfg.ckpt, prompt=cfg.prompt, prompt_file=cfg.prompt_file)
     prompt = cfg.prompt if cfg.prompt_file is None else read_prompt_file(cfg.prompt_file)
     device = pick_device(cfg.device)
-    dtype = getattr(torch, auto_dtype(device) if cfg.dtype == "auto" else cfg.dtype)
+    dtype = getattr(torch, pick_dtype(cfg.dtype, device, sampling=True))
     check_cuda_graphs(cfg.cuda_graphs, cfg.compile, device)  # before reading the checkpoint
     torch.manual_seed(cfg.seed)
     # NaN or inf weights refused; int8 weights (--quantize int8, an int8 checkpoint): CPU only,
@@ -126,17 +126,17 @@ def main(argv=None):
     check_start(model, codec, ids)
 
     check_cache_fits(model.config, len(ids) + cfg.max_new_tokens, device, dtype)
+    # one decoder for every sample: its compiled step (--compile) is compiled once
+    decoder = Decoder(model, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     for _ in range(cfg.num_samples):
         sys.stdout.write(prompt)
         sys.stdout.flush()
-        pieces = sample_stream(model, codec, ids, cfg.max_new_tokens,
+        pieces = sample_stream(decoder, codec, ids, cfg.max_new_tokens,
                                temperature=cfg.temperature,
                                top_k=cfg.top_k or None,  # 0: no top-k cut
                                top_p=cfg.top_p,
-                               generator=generator,
-                               compile=cfg.compile,
-                               cuda_graphs=cfg.cuda_graphs)
+                               generator=generator)
         for piece in pieces:
             sys.stdout.write(piece)
             sys.stdout.flush()

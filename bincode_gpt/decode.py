@@ -8,11 +8,11 @@ block_size as a sliding window). Keys are cached already rotated at their absolu
 rotary attention depends only on the distance between positions. The one-token step has fixed
 shapes, so torch.compile can compile it once (compile=True); the cache is sized by class (size_class), so
 that one compile serves every prompt and output length of the class. On CUDA, cuda_graphs=True records
-the compiled step as CUDA graphs (mode="reduce-overhead") over a cache kept at fixed addresses.
+the compiled step as CUDA graphs (mode="reduce-overhead") over a cache kept at fixed addresses. A Decoder
+keeps both, the compiled step and that cache, from one generation to the next.
 check_sampling refuses a setting sampling cannot use; drawable masks the ids a tokenizer cannot decode.
 """
 
-import copy
 import math
 
 import torch
@@ -46,7 +46,7 @@ class KVCache:
     context (a 3-token sample holds 64 slots, not 1,024); the slots past `positions` stay masked. Past
     block_size the ring slides: the newest token overwrites the oldest. One token's step reads no Python-side
     state: its position, its slot and the mask of written slots are tensors, updated in place, and every
-    shape is fixed by the class, so torch.compile compiles the step once per class (stream(compile=True)).
+    shape is fixed by the class, so torch.compile compiles the step once per class (Decoder(compile=True)).
     static=True marks every tensor as a fixed address for CUDA graphs (torch._dynamo.mark_static_address):
     a recorded graph reads and writes them where they are; reset() readies the cache for the next generation."""
 
@@ -157,41 +157,81 @@ def sample_next(logits, temperature=1.0, *, top_k=None, top_p=None, generator=No
     return torch.multinomial(probs, num_samples=1, generator=generator)
 
 
-@torch.inference_mode()  # cheaper per op than no_grad: no version counters, no view tracking
-def stream(model: GPT, idx, max_new_tokens, *, temperature=1.0, top_k=None, top_p=None, eos_token_id=None,
-           generator=None, compile=False, allowed=None, cuda_graphs=False):
-    """Yield the next token of every sequence, (B, 1), one step at a time, with a KV cache.
+class Decoder:
+    """How one model decodes, and what it keeps for that from one generation to the next, held here and not on
+    the model (neither a submodule nor in its state dict). compile=True runs the one-token step through
+    torch.compile, made once here and compiled once per cache size class (worth it for long generations, not
+    for a few tokens); cuda_graphs=True (CUDA, with compile) records that step as CUDA graphs
+    (mode="reduce-overhead") over this decoder's one KV cache (static_cache). sample.py makes one and draws
+    every sample through it; stream() and generate() below make one for a single generation."""
 
-    temperature 0 is greedy. A prompt longer than block_size is cropped to its last block_size
-    tokens. Past block_size the cache slides: each new token sees the block_size tokens before
-    it (their keys were computed in their own windows, as in any sliding-window KV cache).
-    Once a sequence emits eos_token_id it keeps emitting it; all done ends the stream.
-    compile=True runs the one-token step through torch.compile (once per model and cache size class:
-    worth it for long generations, not for a few tokens). cuda_graphs=True (CUDA, with compile) records it as
-    CUDA graphs, on the model's one cache (static_cache). allowed: see sample_next.
-    """
-    check_ids(idx, model.config.vocab_size)
-    idx = idx[:, -model.config.block_size :]
-    p = next(model.parameters())
-    check_cuda_graphs(cuda_graphs, compile, p.device)
-    positions = idx.shape[1] + max_new_tokens
-    cache = (static_cache(model, idx.shape[0], positions) if cuda_graphs else
-             KVCache(model.config, idx.shape[0], positions, p.device, p.dtype))
-    step = compiled_step(model, cuda_graphs) if compile else model
-    done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-    for i in range(max_new_tokens):
-        if cuda_graphs:  # a new replay: the last one's outputs (logits) are read already
-            torch.compiler.cudagraph_mark_step_begin()
-        logits, _ = (model if i == 0 else step)(idx, cache=cache)  # the prompt runs eagerly
-        nxt = sample_next(logits[:, -1, :].float(), temperature, top_k=top_k, top_p=top_p, generator=generator,
-                          allowed=allowed)
-        if eos_token_id is not None:
-            nxt = torch.where(done[:, None], eos_token_id, nxt)
-            done |= nxt[:, 0] == eos_token_id
-        yield nxt
-        if eos_token_id is not None and done.all():
-            return
-        idx = nxt
+    def __init__(self, model: GPT, *, compile=False, cuda_graphs=False):
+        check_cuda_graphs(cuda_graphs, compile, next(model.parameters()).device)
+        self.model, self.cuda_graphs = model, cuda_graphs
+        self.step = compiled_step(model, cuda_graphs) if compile else model
+        self.cache = None  # the one KV cache of CUDA graphs (static_cache)
+
+    @torch.inference_mode()  # cheaper per op than no_grad: no version counters, no view tracking
+    def stream(self, idx, max_new_tokens, *, temperature=1.0, top_k=None, top_p=None, eos_token_id=None,
+               generator=None, allowed=None):
+        """Yield the next token of every sequence, (B, 1), one step at a time, with a KV cache.
+
+        temperature 0 is greedy. A prompt longer than block_size is cropped to its last block_size
+        tokens. Past block_size the cache slides: each new token sees the block_size tokens before
+        it (their keys were computed in their own windows, as in any sliding-window KV cache).
+        Once a sequence emits eos_token_id it keeps emitting it; all done ends the stream.
+        allowed: see sample_next.
+        """
+        model, step, cuda_graphs = self.model, self.step, self.cuda_graphs
+        check_ids(idx, model.config.vocab_size)
+        idx = idx[:, -model.config.block_size :]
+        p = next(model.parameters())
+        positions = idx.shape[1] + max_new_tokens
+        cache = (self.static_cache(idx.shape[0], positions) if cuda_graphs else
+                 KVCache(model.config, idx.shape[0], positions, p.device, p.dtype))
+        done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+        for i in range(max_new_tokens):
+            if cuda_graphs:  # a new replay: the last one's outputs (logits) are read already
+                torch.compiler.cudagraph_mark_step_begin()
+            logits, _ = (model if i == 0 else step)(idx, cache=cache)  # the prompt runs eagerly
+            nxt = sample_next(logits[:, -1, :].float(), temperature, top_k=top_k, top_p=top_p, generator=generator,
+                              allowed=allowed)
+            if eos_token_id is not None:
+                nxt = torch.where(done[:, None], eos_token_id, nxt)
+                done |= nxt[:, 0] == eos_token_id
+            yield nxt
+            if eos_token_id is not None and done.all():
+                return
+            idx = nxt
+
+    def generate(self, idx, max_new_tokens, **options):
+        """idx (B, T) -> (B, T + new): the prompt followed by what stream() yields; `options` are stream's
+        (temperature, top_k, top_p, eos_token_id, generator, allowed)."""
+        new = list(self.stream(idx, max_new_tokens, **options))
+        return torch.cat([idx, *new], dim=1)
+
+    def static_cache(self, batch_size, positions):
+        """The decoder's one KVCache for CUDA graphs (static=True), reset for each generation of the same batch
+        size and size class: a recorded graph replays on the addresses it recorded, and a new address would make
+        it record again. Another batch size or class replaces it (the old one freed first). So a decoder decodes
+        one cuda_graphs generation at a time (a second stream would overwrite the first's cache)."""
+        p = next(self.model.parameters())
+        if self.cache is None or (self.cache.k[0].shape[0], self.cache.reach) != (batch_size, size_class(positions)):
+            self.cache = None  # the old one freed first
+            self.cache = KVCache(self.model.config, batch_size, positions, p.device, p.dtype, static=True)
+        self.cache.reset()
+        return self.cache
+
+
+def stream(model: GPT, idx, max_new_tokens, *, compile=False, cuda_graphs=False, **options):
+    """Decoder(model, compile=..., cuda_graphs=...).stream(idx, max_new_tokens, **options): one generation, by a
+    decoder of its own (a compiled step is compiled for it alone: keep a Decoder to reuse one)."""
+    return Decoder(model, compile=compile, cuda_graphs=cuda_graphs).stream(idx, max_new_tokens, **options)
+
+
+def generate(model: GPT, idx, max_new_tokens, *, compile=False, cuda_graphs=False, **options):
+    """idx (B, T) -> (B, T + new), as stream(): one generation, by a decoder of its own."""
+    return Decoder(model, compile=compile, cuda_graphs=cuda_graphs).generate(idx, max_new_tokens, **options)
 
 
 def check_cuda_graphs(cuda_graphs, compile, device):
@@ -204,48 +244,10 @@ def check_cuda_graphs(cuda_graphs, compile, device):
                          f"{device}: drop it (--compile alone fuses the step here)")
 
 
-def static_cache(model: GPT, batch_size, positions):
-    """The model's one KVCache for CUDA graphs (static=True), kept in its __dict__ and reset for each generation
-    of the same batch size and size class: a recorded graph replays on the addresses it recorded, and a new
-    address would make it record again. Another batch size or class replaces it (the old one freed first). So a
-    model decodes one cuda_graphs generation at a time (a second stream would overwrite the first's cache)."""
-    p, cache = next(model.parameters()), model.__dict__.get("_static_cache")
-    if cache is None or (cache.k[0].shape[0], cache.reach) != (batch_size, size_class(positions)):
-        model.__dict__.pop("_static_cache", None)
-        del cache
-        cache = model.__dict__["_static_cache"] = KVCache(model.config, batch_size, positions, p.device, p.dtype,
-                                                          static=True)
-    cache.reset()
-    return cache
-
-
 def compiled_step(model, cuda_graphs=False):
-    """model's forward under torch.compile, made once per model (and per cuda_graphs) and kept in its __dict__
-    (so it is neither a submodule nor in the state dict); with the inductor options in `model.compile_options`,
-    if it has them (quantize.py's int8 models do), and cuda_graphs=True adds what mode="reduce-overhead" sets."""
-    steps = model.__dict__.setdefault("_compiled_steps", {})
-    if cuda_graphs not in steps:
-        options = {**(getattr(model, "compile_options", None) or {}),
-                   **(torch._inductor.list_mode_options("reduce-overhead") if cuda_graphs else {})}
-        steps[cuda_graphs] = torch.compile(model, fullgraph=True, dynamic=False, options=options or None)
-    return steps[cuda_graphs]
-
-
-ATTACHED = ("_compiled_steps", "_static_cache")  # what decoding keeps in a model's __dict__
-
-
-def copy_model(model, memo=None):
-    """copy.deepcopy(model, memo) without its compiled steps, which would call `model`'s layers, nor its static
-    cache: the copy makes its own."""
-    kept = [model.__dict__[name] for name in ATTACHED if name in model.__dict__]
-    twin = copy.deepcopy(model, {**(memo or {}), **{id(v): v for v in kept}})
-    for name in ATTACHED:
-        twin.__dict__.pop(name, None)
-    return twin
-
-
-def generate(model, idx, max_new_tokens, **options):
-    """idx (B, T) -> (B, T + new): the prompt followed by what stream() yields; `options` are stream's
-    (temperature, top_k, top_p, eos_token_id, generator, compile, allowed, cuda_graphs)."""
-    new = list(stream(model, idx, max_new_tokens, **options))
-    return torch.cat([idx, *new], dim=1)
+    """model's forward under torch.compile (a Decoder makes it once and keeps it), with the inductor options in
+    `model.compile_options`, if it has them (quantize.py's int8 models do), and cuda_graphs=True adds what
+    mode="reduce-overhead" sets."""
+    options = {**(getattr(model, "compile_options", None) or {}),
+               **(torch._inductor.list_mode_options("reduce-overhead") if cuda_graphs else {})}
+    return torch.compile(model, fullgraph=True, dynamic=False, options=options or None)

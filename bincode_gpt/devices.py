@@ -82,12 +82,16 @@ def auto_dtype(device):
     return "bfloat16" if has_bf16(device) else "float32"
 
 
-def pick_dtype(name, device):
-    """A training run's dtype (train.py, tools/compare.py): auto_dtype's for auto. bfloat16 runs on CUDA and
-    CPU; elsewhere (MPS) it is refused rather than run in float32 under its name. -> "float32" or "bfloat16"."""
+def pick_dtype(name, device, *, sampling=False):
+    """A run's dtype (train.py, tools/compare.py; sample.py with `sampling`): auto_dtype's for auto. Training
+    autocasts to it: bfloat16 runs on CUDA and CPU; elsewhere (MPS) it is refused rather than run in float32
+    under its name. -> "float32" or "bfloat16". Sampling casts the weights to it, any of sample.py's --dtype
+    choices (float16 too) on any device: -> its name."""
     dtype = name
     if dtype == "auto":
         dtype = auto_dtype(device)
+    if sampling:
+        return dtype
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be auto, float32 or bfloat16, got {name!r}")
     if dtype == "bfloat16" and device.type not in ("cuda", "cpu"):

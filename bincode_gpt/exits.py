@@ -1,7 +1,8 @@
 """
 How a script ends: the project's expected errors as one line, Ctrl-C as exit 130 (during the imports too),
 a signal mid-run as a finished step and a save (GracefulStop), a closed stdout as no error, a torchrun rank's
-exit at once.
+exit at once. Every signal handler the project sets is set here: `kill` as Ctrl-C (stop_as_ctrl_c), and a
+pool's workers leaving both to their parent (held_for_workers, leave_signals_to_parent).
 
 A script imports this module first: its import makes a Ctrl-C during the slow imports after it (torch's take
 seconds) end the script with one line and exit 130, as run_main ends one, not with a traceback
@@ -191,6 +192,37 @@ class GracefulStop:
     def __exit__(self, *exc):
         for s, h in self.old.items():
             signal.signal(s, h)
+
+
+def stop_as_ctrl_c():
+    """`kill` (SIGTERM) stops the script as Ctrl-C does: a KeyboardInterrupt, which run_main ends
+    with "interrupted" and exit 130 (prepare_data.py: its pool ends, the old data stays)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def held_for_workers():
+    """Ctrl-C and SIGTERM held (blocked) while a pool's workers fork: one that lands then is swallowed
+    by Python's fork hooks. The pool's threads keep them blocked, so they reach the main thread."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def leave_signals_to_parent():
+    """A pool's worker process, as it starts: Ctrl-C, which reaches the whole process group, is the
+    parent's to answer (it stops the pool, or the queue), and SIGTERM (the pool's terminate()) ends
+    the worker quietly. A run trained in the worker still stops with a save: GracefulStop sets its
+    own handlers while it trains. Both are unblocked, as a worker forked under held_for_workers
+    inherits them blocked."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
 
 
 # torchrun forwards a signal it gets to its ranks and SIGKILLs those still running

@@ -39,6 +39,7 @@ Design choices, up front:
   attention over the KV cache. The float model is left as it was: the copy shares those tensors.
 """
 
+import copy
 import ctypes
 import mmap
 import os
@@ -49,8 +50,6 @@ import time
 
 import torch
 import torch.nn as nn
-
-from bincode_gpt.decode import copy_model
 
 
 QUANTIZE = ("int8",)  # the choices of --quantize
@@ -114,6 +113,7 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.packed = False  # set once pack() has swapped the rows (torch.compile reads, and guards on, a flag)
         self.kernel = "rows"  # its product (KERNELS; start_packing sets it); a oneDNN one once pack() has run
+        self.packing = None  # the thread packing the model's layers (start_packing), this one among them
 
     @classmethod
     def of(cls, linear: nn.Linear):
@@ -190,7 +190,7 @@ def quantize_int8(model, pack=True):
     check_quantize("int8", p.device, p.dtype)
     shared = {id(t): t for t in model.state_dict(keep_vars=True).values()}
     shared.update({id(t): t for t in model.buffers()})  # non-persistent ones too (lift, rotary tables)
-    q = copy_model(model, memo=shared)  # the module tree anew, tensors shared
+    q = copy.deepcopy(model, shared)  # the module tree anew, tensors shared
     for parent in list(q.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
@@ -258,8 +258,7 @@ def pack_int8(model, rows, file, pack=True):
         raise ValueError(f"{file}: its int8 layers are not its model's linear layers ({len(rows)} listed, "
                          f"{len(linear)} in the model)")
     for name, (q, scale) in rows.items():
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, Int8Linear(q, scale, own[name].bias))
+        model.set_submodule(name, Int8Linear(q, scale, own[name].bias))
     compiles_weight_only(model)
     return start_packing(model, file) if pack else model
 
@@ -429,13 +428,13 @@ def kernel_line(model, compiled=False):
 def start_packing(model, file=None, min_bytes=PACK_MIN_BYTES, kernel=None):
     """Choose `model`'s int8 product (choose_kernel; under min_bytes of int8 weights, an unpacked one), or
     take `kernel`, record it as model.int8_kernel (kernel_line), and for a packed one pack its Int8Linear
-    layers for oneDNN on a background thread, in the order a forward pass meets them; returns `model`. Until
-    a layer is packed it multiplies its plain rows (bit-identical, slower), so the first token need not wait
-    the 2-10 CPU-seconds packing takes. With `file`, the int8 checkpoint the rows are mapped from, each layer's
-    file pages are dropped once it is packed. The thread stops between layers once the main thread has ended
-    (a short run exits without packing the rest); wait_packed waits for it. Until then leave the model's
-    tensors be: Module.to, say, would write back the plain rows it read over a layer just packed (its numbers
-    the same, slower)."""
+    layers for oneDNN on a background thread (each layer's `packing`), in the order a forward pass meets them;
+    returns `model`. Until a layer is packed it multiplies its plain rows (bit-identical, slower), so the first
+    token need not wait the 2-10 CPU-seconds packing takes. With `file`, the int8 checkpoint the rows are
+    mapped from, each layer's file pages are dropped once it is packed. The thread stops between layers once
+    the main thread has ended (a short run exits without packing the rest); wait_packed waits for it. Until
+    then leave the model's tensors be: Module.to, say, would write back the plain rows it read over a layer
+    just packed (its numbers the same, slower)."""
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     if kernel is not None:
         why = "asked for"
@@ -476,8 +475,10 @@ def start_packing(model, file=None, min_bytes=PACK_MIN_BYTES, kernel=None):
         for r in rows:  # again: a forward that read a layer's rows just before its swap may have paged some back in
             drop_pages(r, mapped)
 
-    model.__dict__["_packing"] = threading.Thread(target=pack_all, name="int8 packing")  # not a submodule
-    model.__dict__["_packing"].start()
+    packing = threading.Thread(target=pack_all, name="int8 packing")
+    for layer in layers:  # each layer knows the thread that packs it (wait_packed)
+        layer.packing = packing
+    packing.start()
     return model
 
 
@@ -492,9 +493,11 @@ def trim_heap():
 
 
 def wait_packed(model):
-    """`model` once its packing thread (start_packing) is done: a steady speed from the first token on."""
-    if "_packing" in model.__dict__:
-        model.__dict__["_packing"].join()
+    """`model` once the packing of its int8 layers (start_packing) is done: a steady speed from the first token
+    on."""
+    for layer in model.modules():
+        if isinstance(layer, Int8Linear) and layer.packing is not None:
+            layer.packing.join()
     return model
 
 
@@ -513,7 +516,7 @@ def weight_only_copy(model):
     """A float32 copy of `model` whose nn.Linear weights are their int8 rounding, q * scale: the numbers a
     compiled int8 model multiplies by (Int8Linear.weight_only), for measuring them eagerly
     (tools/quantize_quality.py; tests hold the two equal to float32 summation order)."""
-    twin = copy_model(model)
+    twin = copy.deepcopy(model)
     for m in twin.modules():
         if isinstance(m, nn.Linear):
             q, scale = int8_rows(m.weight)

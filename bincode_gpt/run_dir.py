@@ -409,3 +409,12 @@ def set_rng_state(state, device):
     random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
     name, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+
+
+def read_log(out_dir, event=None):
+    """The records of out_dir's log.jsonl as Log wrote them, in order (a resumed run appends to the
+    same file), each a dict with its "event": every record, or those of `event` ("start", "train",
+    "eval", "end"). The one reader every tool uses."""
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return [r for r in records if event is None or r["event"] == event]

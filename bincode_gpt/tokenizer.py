@@ -73,7 +73,7 @@ def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve
     enc = tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=kept, special_tokens=specials)
     # and only once: its encoder holds them (in Rust), tiktoken keeps the dict only to pickle the encoding (which now
     # fails loudly: rebuild a cut by get_tokenizer), ~7 MB at 65,536 tokens; mergeable_ranks() reads them back
-    enc._mergeable_ranks = None
+    let_ranks_go(enc)
     return enc
 
 
@@ -85,18 +85,32 @@ def encoding_parts(encoding: str) -> dict:
     return tiktoken.registry.ENCODING_CONSTRUCTORS[encoding]()
 
 
+# tiktoken's private fields (Encoding._pat_str, _mergeable_ranks, _special_tokens): what an encoding was built
+# from, which no public API returns. These two functions alone touch them.
+def encoding_fields(enc: tiktoken.Encoding) -> dict:
+    """{"pat_str": the split regex, "mergeable_ranks": token bytes -> rank (None for a cut: let_ranks_go),
+    "special_tokens": text -> id} of a built encoding."""
+    return {"pat_str": enc._pat_str, "mergeable_ranks": enc._mergeable_ranks, "special_tokens": enc._special_tokens}
+
+
+def let_ranks_go(enc: tiktoken.Encoding):
+    """Drop the Python dict of `enc`'s ranks, which tiktoken keeps only to pickle it: its encoder holds them."""
+    enc._mergeable_ranks = None
+
+
 def mergeable_ranks(enc: tiktoken.Encoding) -> dict:
     """Token bytes -> rank of an encoding: tiktoken's own dict, or, for a cut (get_tokenizer lets its dict go), read
     back from its encoder token by token, not id by id: a cut to an encoding's full size keeps its holes."""
-    if enc._mergeable_ranks is not None:
-        return enc._mergeable_ranks
+    ranks = encoding_fields(enc)["mergeable_ranks"]
+    if ranks is not None:
+        return ranks
     return {token: enc.encode_single_token(token) for token in enc.token_byte_values()}
 
 
 def token_ids(enc: tiktoken.Encoding) -> set:
     """Every id `enc` decodes, its ranks' and its special tokens': not every id below n_vocab (cl100k_base has
     none at 100,256 nor at 100,261-100,275)."""
-    return {*mergeable_ranks(enc).values(), *enc._special_tokens.values()}
+    return {*mergeable_ranks(enc).values(), *encoding_fields(enc)["special_tokens"].values()}
 
 
 def all_ones_id(vocab_size: int) -> int:

@@ -7,11 +7,11 @@ not depend on the number of workers.
 
 import multiprocessing as mp
 import re
-import signal
 from collections import deque
 
 import numpy as np
 
+from bincode_gpt.exits import held_for_workers, leave_signals_to_parent
 from bincode_gpt.shards import token_dtype
 from bincode_gpt.tokenizer import get_tokenizer, without_nul
 
@@ -56,11 +56,7 @@ _enc = None  # the tokenizer of this pool worker (or of the main process when th
 
 def _start_worker(tok: tuple) -> None:
     global _enc
-    # Ctrl-C reaches the whole process group: the parent alone stops the pool
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool's terminate() ends a worker quietly
-    # blocked while encoded() forked this worker
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    leave_signals_to_parent()  # the parent alone stops the pool
     _enc = get_tokenizer(*tok)
 
 
@@ -87,14 +83,8 @@ def encoded(jobs, tok: tuple, workers: int):
         _enc = get_tokenizer(*tok)
         yield from map(encode_batch, jobs)
         return
-    # a signal that lands while the workers fork is swallowed by Python's fork hooks: hold Ctrl-C
-    # and SIGTERM until the pool exists (its threads keep them blocked, so they reach the main
-    # thread)
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
+    with held_for_workers():  # until the pool exists
         pool = mp.Pool(workers, _start_worker, (tok,))
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     with pool:  # leaving it terminates the workers
         pending = deque()
         try:

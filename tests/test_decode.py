@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bincode_gpt import decode
-from bincode_gpt.decode import KVCache, check_ids, generate, sample_next, size_class
+from bincode_gpt.decode import Decoder, KVCache, check_ids, generate, sample_next, size_class
 from test_model import tiny
 
 
@@ -83,22 +83,23 @@ def compiles(fn):
 
 
 def test_compiled_step_compiles_once_per_size_class_and_gives_the_eager_tokens():
-    """torch.compile of the one-token step: fixed shapes per cache size class, so another prompt length and
-    output length of the class compile nothing new, one of another class compiles once; past block_size too,
-    where the ring wraps. The tokens are the eager ones exactly."""
+    """torch.compile of the one-token step, kept by a Decoder: fixed shapes per cache size class, so another
+    prompt length and output length of the class compile nothing new, one of another class compiles once; past
+    block_size too, where the ring wraps. The tokens are the eager ones exactly."""
     model = tiny(n_layer=1)  # a shape no other test compiles: its first generation compiles
     with torch.no_grad():
         model.lm_head.weight.mul_(50)  # peaked logits: no near-ties a fused kernel's rounding could flip
-    block, counted = model.config.block_size, []
+    block, counted, decoder = model.config.block_size, [], Decoder(model, compile=True)
     for T, n in [(7, 5), (3, 20), (7, 2 * block), (5, 40)]:  # classes 64, 64, 128 (the ring wraps), 64
         prompt = torch.randint(0, 512, (2, T))
-        compiled, new = compiles(lambda: generate(model, prompt, n, temperature=0, compile=True))
+        compiled, new = compiles(lambda: decoder.generate(prompt, n, temperature=0))
         assert torch.equal(compiled, generate(model, prompt, n, temperature=0)), (T, n)
         counted.append(new)
     assert counted == [1, 0, 1, 0]
-    # kept outside the module tree: the same modules and state dict keys as before compiling
+    # kept outside the model: the same modules, state dict keys and attributes as a model never compiled
     assert [n for n, _ in model.named_modules()] == [n for n, _ in tiny(n_layer=1).named_modules()]
     assert model.state_dict().keys() == tiny(n_layer=1).state_dict().keys()
+    assert vars(model).keys() - vars(tiny(n_layer=1)).keys() == {"_is_torch_compile"}  # torch.compile's own mark
 
 
 def test_a_generation_updates_its_cache_in_place():
@@ -123,26 +124,25 @@ def test_cuda_graphs_are_refused_on_a_cpu_and_without_compile():
 
 def test_the_cuda_graph_path_keeps_one_static_cache(monkeypatch):
     """What cuda_graphs=True does besides recording (which inductor skips for CPU tensors, so the refusal is
-    lifted here): the step compiled with mode="reduce-overhead"'s options over one cache per model, marked as
+    lifted here): the step compiled with mode="reduce-overhead"'s options over one cache per decoder, marked as
     static addresses and reused by each generation of its size class (a recorded graph replays on the same
     addresses), replaced for another class; the same tokens as eager, and one compile for the class."""
     monkeypatch.setattr(decode, "check_cuda_graphs", lambda *a: None)
     model = tiny(n_layer=1, n_head=1)  # a shape of its own, as above
     with torch.no_grad():
         model.lm_head.weight.mul_(50)
-    caches, counted = [], []
+    caches, counted, decoder = [], [], Decoder(model, compile=True, cuda_graphs=True)
     for T, n in [(7, 5), (3, 20), (4, 70)]:  # classes 64, 64, 128
         prompt = torch.randint(0, 512, (2, T))
-        out, new = compiles(lambda: generate(model, prompt, n, temperature=0, compile=True, cuda_graphs=True))
+        out, new = compiles(lambda: decoder.generate(prompt, n, temperature=0))
         assert torch.equal(out, generate(model, prompt, n, temperature=0)), (T, n)
-        cache = model.__dict__["_static_cache"]
-        caches.append((cache, [t.data_ptr() for t in cache.tensors()]))
+        caches.append((decoder.cache, [t.data_ptr() for t in decoder.cache.tensors()]))
         counted.append(new)
-        assert {getattr(t, "_dynamo_static_input_type", None) for t in cache.tensors()} == {"unguarded"}
+        assert {getattr(t, "_dynamo_static_input_type", None) for t in decoder.cache.tensors()} == {"unguarded"}
     assert counted == [1, 0, 1]
     assert caches[0][0] is caches[1][0] and caches[0][1] == caches[1][1] and caches[2][0] is not caches[0][0]
-    assert sorted(model.__dict__["_compiled_steps"]) == [True]  # the cuda_graphs step only, built once
-    assert "_static_cache" not in decode.copy_model(model).__dict__
+    # the model holds none of it, only torch.compile's own mark
+    assert vars(model).keys() - vars(tiny(n_layer=1, n_head=1)).keys() == {"_is_torch_compile"}
 
 
 def test_greedy_and_seeded_sampling_are_deterministic():

@@ -302,3 +302,16 @@ def test_bfloat16_only_on_hardware_that_has_it(monkeypatch, capability, native):
     assert not has_bf16(torch.device("cpu"))
     assert pick_dtype("auto", torch.device("cuda", 0)) == ("bfloat16" if native else "float32")
     assert pick_dtype("auto", torch.device("cpu")) == "float32"
+
+
+def test_sampling_casts_to_float16_or_bfloat16_anywhere_where_training_refuses_them():
+    """sample.py casts the weights (pick_dtype(sampling=True)): float16 too, and bfloat16 on MPS; training
+    autocasts, to float32 or bfloat16 on CUDA and CPU only."""
+    cpu, mps = torch.device("cpu"), torch.device("mps")
+    assert pick_dtype("auto", cpu, sampling=True) == "float32"
+    assert pick_dtype("float16", cpu, sampling=True) == "float16"
+    assert pick_dtype("bfloat16", mps, sampling=True) == "bfloat16"
+    with pytest.raises(ValueError, match="dtype must be auto, float32 or bfloat16, got 'float16'"):
+        pick_dtype("float16", cpu)
+    with pytest.raises(ValueError, match="runs on CUDA and CPU here, not on mps"):
+        pick_dtype("bfloat16", mps)

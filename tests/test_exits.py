@@ -100,3 +100,29 @@ def test_an_error_line_is_one_write_so_two_ranks_lines_never_run_together(monkey
 
     assert exits.run_main(main, [], outlive_stdout=outlive_stdout) == 1
     assert recorder.writes == [b"error: lr must be a finite number >= 0, got -1.0\n"]
+
+
+SIGNALS_CHILD = """import os, signal, sys, time
+from bincode_gpt import exits
+def main(argv):
+    with exits.held_for_workers():  # a pool's fork: both blocked, then as they were
+        assert exits.STOPS <= signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        signal.pthread_sigmask(signal.SIG_BLOCK, exits.STOPS)  # a worker forked now inherits them blocked
+        exits.leave_signals_to_parent()
+        assert not exits.STOPS & signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert not exits.STOPS & signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == (signal.SIG_IGN, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C is the parent's to answer
+    exits.stop_as_ctrl_c()
+    print("SIGINT left to the parent", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)  # `kill` as Ctrl-C: KeyboardInterrupt, run_main's exit 130
+    time.sleep(30)
+sys.exit(exits.run_main(main))
+"""
+
+
+def test_a_pool_worker_leaves_signals_to_its_parent_and_kill_stops_a_script_as_ctrl_c():
+    """exits.py holds every signal handler the project sets: a pool's fork holds Ctrl-C and SIGTERM (workers.py), a
+    worker ignores Ctrl-C and unblocks both (workers.py, tools/scaling.py), `kill` as Ctrl-C (prepare_data.py)."""
+    r = subprocess.run([sys.executable, "-c", SIGNALS_CHILD], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (130, "SIGINT left to the parent\n", "interrupted\n")

@@ -98,6 +98,21 @@ def tools_imported(name):
     return found
 
 
+def test_layout_md_names_the_tools_each_tool_imports():
+    """docs/layout.md's table of the tools that import tools is the code's: a row for every tool that imports one,
+    naming exactly the tools it imports (anywhere in it: tools_imported); the root and the package import none."""
+    lines = open(os.path.join(ROOT, "docs", "layout.md"), encoding="utf-8").read().split("\n")
+    start = lines.index("| tool | imports the tools | for |") + 2
+    table = lines[start : next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))]
+    documented = {}
+    for row in table:
+        tool, used, _ = row.strip("|").split(" | ")
+        documented[tool.strip(" `")] = set(re.findall(r"`(\w+)`", used))
+    tools = [f[:-3] for f in os.listdir(os.path.join(ROOT, "tools")) if f.endswith(".py") and f != "__init__.py"]
+    found = {t: tools_imported(f"tools.{t}") for t in tools}
+    assert documented == {t: used for t, used in found.items() if used}
+
+
 def test_readme_is_a_front_door():
     """README <= 160 lines (findings go to docs/), and it lists the reading list before any other file."""
     lines = readme().split("\n")

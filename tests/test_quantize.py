@@ -173,14 +173,16 @@ def test_the_measured_kernel_runs_past_the_cache_sizes(trained, monkeypatch, mea
     model, _, _, _ = trained
     q = quantize_int8(model)
     n = sum(m.weight.numel() for m in q.modules() if isinstance(m, Int8Linear))
-    assert n < PACK_MIN_BYTES and "_packing" not in q.__dict__ and q.int8_kernel[0] in ("rows", "widened")
-    assert not any(m.weight.is_mkldnn for m in q.modules() if isinstance(m, Int8Linear))
+    layers = [m for m in q.modules() if isinstance(m, Int8Linear)]
+    assert n < PACK_MIN_BYTES and q.int8_kernel[0] in ("rows", "widened")
+    assert not any(m.weight.is_mkldnn or m.packing for m in layers)
     monkeypatch.setattr(quantize, "choose_kernel", lambda layers, kernels=tuple(KERNELS): (
         measured if measured in kernels else "rows", "measured", 0.5))
     for min_bytes, chosen in ((n + 1, measured if KERNELS[measured] is None else "rows"), (n, measured)):
         q = wait_packed(start_packing(quantize_int8(model, pack=False), min_bytes=min_bytes))
         layers = [m for m in q.modules() if isinstance(m, Int8Linear)]
-        assert q.int8_kernel[0] == chosen and ("_packing" in q.__dict__) == (KERNELS[chosen] is not None)
+        packing = {m.packing for m in layers}  # one thread for every layer, or none
+        assert q.int8_kernel[0] == chosen and len(packing) == 1 and (None in packing) == (KERNELS[chosen] is None)
         assert all(m.weight.is_mkldnn == (KERNELS[chosen] is not None) and m.kernel == chosen for m in layers)
     assert kernel_line(q).startswith(f"int8 kernel: {measured} (measured) on ")
 

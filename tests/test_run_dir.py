@@ -22,7 +22,7 @@ import train
 from bincode_gpt import run_dir, shards
 from bincode_gpt.exits import run_main
 from bincode_gpt.files import LOCK_NAME, file_stamp
-from bincode_gpt.run_dir import Log, clock, nats_per_byte
+from bincode_gpt.run_dir import Log, clock, nats_per_byte, read_log
 from model import get_config
 # the run's helpers, and its fixtures: data_dir, one_thread (autouse: one thread a process)
 from test_train import cli, config, data_dir, files, flags, one_thread, ROOT, train_log
@@ -224,6 +224,22 @@ def test_log_jsonl_is_new_appended_on_resume_and_an_overwrite_drops_the_replaced
     (tmp_path / "best.pt").write_bytes(b"the replaced run's")
     started(tmp_path, overwrite=True).close()
     assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 1 and not (tmp_path / "best.pt").exists()
+
+
+def test_read_log_gives_back_what_log_wrote_across_a_resume(tmp_path, capsys):
+    """run_dir.read_log, the one reader of log.jsonl: every record in order, or one event's."""
+    log = started(tmp_path)
+    log.step(1, loss=2.0, norm=1.0, lr=1e-3, dt=0.5, tokens=512, stopping=False)
+    log.close()
+    log = started(tmp_path, resume=True)
+    log.evaluation(1, 1.5, 1.5, True)
+    log.close()
+    records = read_log(str(tmp_path))
+    assert [(r["event"], r["step"]) for r in records] == [("start", 0), ("train", 1), ("start", 0), ("eval", 1)]
+    assert records[0]["train_config"] == {"lr": 1.0} and records[1]["tokens"] == 512
+    assert read_log(str(tmp_path), "start") == [records[0], records[2]]
+    assert read_log(str(tmp_path), "eval") == [dict(event="eval", step=1, val_loss=1.5, best_val_loss=1.5,
+                                                    val_loss_per_byte=None)]
 
 
 def test_a_line_cut_short_by_a_full_disk_is_taken_back(tmp_path, monkeypatch):

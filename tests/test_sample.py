@@ -14,7 +14,7 @@ import sample
 from bincode_gpt import prompts
 from bincode_gpt.checkpoint import checkpoint_dict
 from bincode_gpt.exits import run_main
-from bincode_gpt.decode import generate, stream
+from bincode_gpt.decode import Decoder, generate, stream
 from bincode_gpt.tokenizer import load_text_codec, TiktokenText
 from model import GPT, get_config
 from tools import convert
@@ -88,7 +88,7 @@ def test_stream_yields_incrementally(native):
     model, _, enc = native
     codec = TiktokenText(enc)
     ids = enc.encode("Hello")
-    pieces = list(sample.sample_stream(model, codec, ids, 10, temperature=0))
+    pieces = list(sample.sample_stream(Decoder(model), codec, ids, 10, temperature=0))
     assert len(pieces) > 1 and "".join(pieces) == expected_text(model, ids, 10, enc.decode, enc.eot_token)
 
 

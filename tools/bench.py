@@ -93,8 +93,9 @@ from bincode_gpt import inputs, shards
 import bincode_gpt.quantize as Q
 import train as T
 from bincode_gpt.checkpoint import checkpoint_dict
+from bincode_gpt.run_dir import read_log
 from bincode_gpt.settings import check_at_least_1, config_parser, parse_int, parse_settings, setting
-from bincode_gpt.devices import has_bf16, peak_flops, pick_device
+from bincode_gpt.devices import auto_dtype, peak_flops, pick_device
 from bincode_gpt.tokenizer import get_tokenizer
 from tools.quickstart import NANOGPT_URL
 
@@ -192,7 +193,7 @@ def bench_train(cfg, device, tmp):
     data = os.path.join(tmp, "data")
     os.makedirs(data)
     write_random_data(data, vocab)
-    dtype = torch.bfloat16 if has_bf16(device) else torch.float32
+    dtype = getattr(torch, auto_dtype(device))  # train.py's --dtype auto
     dts, rates = {v: [] for v in VARIANTS}, []
     for r in range(cfg.train_repeats or (1 if cuda else cfg.repeats)):
         rates.append(matmul_rate(device, dtype, cfg.matmul_n or (8192 if cuda else 2048)))  # interleaved too
@@ -203,8 +204,7 @@ def bench_train(cfg, device, tmp):
                                log_interval=10**9, device=str(device), compile=compile_, seed=1337 + r, overwrite=True)
             with contextlib.redirect_stdout(io.StringIO()):
                 T.train(tc)
-            with open(os.path.join(out, "log.jsonl")) as f:
-                steps = [e for e in map(json.loads, f) if e["event"] == "train"]
+            steps = read_log(out, "train")
             dts[v] += [e["dt"] for e in steps[cfg.warmup:]]
     rate = statistics.median(rates)
     peak = peak_flops(device)
@@ -354,6 +354,10 @@ def bench_sample(cfg, device, tmp, threads):
         other = Q.wait_packed(Q.start_packing(Q.quantize_int8(model, pack=False), kernel=forced))
     # and compiled: Int8Linear.weight_only, on the plain rows (sample.py --compile)
     int8_compiled = Q.quantize_int8(model, pack=False) if int8 is not None and cfg.sample_compile else None
+    # each compiled way's decoder, made once: its step compiles once per size class, in the warm-up round
+    compiled = D.Decoder(model, compile=True) if cfg.sample_compile else None
+    graphs = D.Decoder(model, compile=True, cuda_graphs=True) if cfg.sample_compile and device.type == "cuda" else None
+    int8_decoder = D.Decoder(int8_compiled, compile=True) if int8_compiled is not None else None
     big = torch.ones(cfg.bandwidth_mb * 2**20 // 4) if device.type == "cpu" else None  # read bandwidth: summed
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
@@ -366,17 +370,16 @@ def bench_sample(cfg, device, tmp, threads):
         if cfg.recompute:
             ways["recompute"] = lambda: recompute_generate(model, prompt, cfg.new_tokens)
         ways["matmuls_alone"] = lambda: matmuls_alone(model, B, cfg.new_tokens)
-        if cfg.sample_compile:
-            ways["kv_compiled"] = lambda: D.generate(model, prompt, cfg.new_tokens, temperature=0, compile=True)
-        if cfg.sample_compile and device.type == "cuda":  # and recorded as CUDA graphs (sample.py --cuda_graphs)
-            ways["kv_cuda_graphs"] = lambda: D.generate(model, prompt, cfg.new_tokens, temperature=0, compile=True,
-                                                        cuda_graphs=True)
+        if compiled is not None:
+            ways["kv_compiled"] = lambda: compiled.generate(prompt, cfg.new_tokens, temperature=0)
+        if graphs is not None:  # and recorded as CUDA graphs (sample.py --cuda_graphs)
+            ways["kv_cuda_graphs"] = lambda: graphs.generate(prompt, cfg.new_tokens, temperature=0)
         if int8 is not None:
             ways["int8"] = lambda: D.generate(int8, prompt, cfg.new_tokens, temperature=0)
             ways["int8_matmuls_alone"] = lambda: matmuls_alone(int8, B, cfg.new_tokens)
             ways["int8_forced"] = lambda: D.generate(other, prompt, cfg.new_tokens, temperature=0)
-        if int8_compiled is not None:
-            ways["int8_compiled"] = lambda: D.generate(int8_compiled, prompt, cfg.new_tokens, temperature=0, compile=True)
+        if int8_decoder is not None:
+            ways["int8_compiled"] = lambda: int8_decoder.generate(prompt, cfg.new_tokens, temperature=0)
         if B == 1:
             ways.update({name: (lambda m=m: D.generate(m, prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
         outs, times, first = {}, {(t, k): [] for t in threads for k in ways}, {}

@@ -48,6 +48,7 @@ from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.settings import check_at_least_1, parse_command_line, preset_setting, setting
 from bincode_gpt.devices import pick_device
 from bincode_gpt.files import atomic_write, staged, writer_lock
+from bincode_gpt.run_dir import read_log
 from bincode_gpt.devices import pick_dtype
 from bincode_gpt.shards import meta_identity
 from bincode_gpt.shards import load_meta
@@ -110,20 +111,18 @@ def run_dir(out, variant, seed):
     return os.path.join(out, f"{variant}-seed{seed}")
 
 
-def read_log(path):
+def log_summary(out_dir):
     """The eval curve [(tokens seen, val loss)], the start record and the median training tokens/s of
-    one run's log.jsonl (resumed runs append to it)."""
+    one run's log (resumed runs append to it)."""
     curve, start, tokens_per_step, speeds = [], None, 0, []
-    with open(path) as f:
-        for line in f:
-            e = json.loads(line)
-            if e["event"] == "start":
-                start = start or e
-            elif e["event"] == "train":
-                tokens_per_step = e["tokens"] / e["step"]
-                speeds.append(e["tokens_per_s"])
-            elif e["event"] == "eval" and (not curve or curve[-1][0] < e["step"] * tokens_per_step):
-                curve.append((e["step"] * tokens_per_step, e["val_loss"]))
+    for e in read_log(out_dir):
+        if e["event"] == "start":
+            start = start or e
+        elif e["event"] == "train":
+            tokens_per_step = e["tokens"] / e["step"]
+            speeds.append(e["tokens_per_s"])
+        elif e["event"] == "eval" and (not curve or curve[-1][0] < e["step"] * tokens_per_step):
+            curve.append((e["step"] * tokens_per_step, e["val_loss"]))
     return curve, start, statistics.median(speeds)
 
 
@@ -170,8 +169,7 @@ def check_settings(cfg):
         return
     asked = {k: v for k, v in asdict(cfg).items() if k not in PLACE}
     try:
-        with open(log) as f:
-            starts = [e["train_config"] for e in map(json.loads, f) if e.get("event") == "start"]
+        starts = [e["train_config"] for e in read_log(cfg.out_dir, "start")]
         for was in starts:  # a setting added since that run is at its default there: it did what the default does
             was = {**asdict(TrainConfig()), **was}
             if diff := [k for k in asked if was.get(k) != asked[k]]:
@@ -222,13 +220,13 @@ def run_one(args, meta, variant, seed):
             device = pick_device(args.device)
             val_loss = full_val_loss(out, args.data, meta, args.batch_size, device, pick_dtype(cfg.dtype, device))
         else:  # a study that evaluates its runs itself (paper_point.py): the last evaluation's batches
-            val_loss = read_log(os.path.join(out, "log.jsonl"))[0][-1][1]
+            val_loss = log_summary(out)[0][-1][1]
         atomic_write(final, json.dumps({"val_loss": val_loss, "data": data_hash(args.data)}))
     with open(final) as f:
         done = json.load(f)
     if "diverged" in done:
         return {"variant": variant, "seed": seed, "diverged": done["diverged"]}
-    curve, start, speed = read_log(os.path.join(out, "log.jsonl"))
+    curve, start, speed = log_summary(out)
     return {"variant": variant, "seed": seed, "curve": curve, "model_config": start["model_config"],
             "val_loss": done["val_loss"], "tokens_per_s": speed}
 

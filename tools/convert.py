@@ -53,7 +53,7 @@ from bincode_gpt.checkpoint import (atomic_torch_save, check_finite, checkpoint_
 from bincode_gpt.settings import config_parser, parse_settings, setting
 from bincode_gpt.files import atomic_write, file_problem, LOCK_NAME, staged, writer_lock
 from bincode_gpt.quantize import int8_checkpoint
-from bincode_gpt.tokenizer import file_in, load_text_codec, mergeable_ranks
+from bincode_gpt.tokenizer import encoding_fields, file_in, load_text_codec, mergeable_ranks
 from model import GPT, GPTConfig, canonical_code, code_bits
 
 # layout auto scores both layouts on this (any plain English works; a model that reads its input
@@ -573,7 +573,7 @@ def tiktoken_to_hf(enc):
         from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     except ImportError:
         raise ConversionError("writing tokenizer.json needs the tokenizers package: pip install tokenizers") from None
-    ranks = mergeable_ranks(enc)
+    ranks, specials = mergeable_ranks(enc), encoding_fields(enc)["special_tokens"]
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     rest = [n for n in range(256) if n not in bs]  # GPT-2's bytes_to_unicode: other bytes -> 256, 257, ...
     byte_char = str.maketrans({**{chr(b): chr(b) for b in bs}, **{chr(b): chr(256 + k) for k, b in enumerate(rest)}})
@@ -582,7 +582,7 @@ def tiktoken_to_hf(enc):
     # a special token amid the ranks (end-of-text moved off the all-ones id, tokenizer.get_tokenizer) is
     # a vocabulary entry no merge makes; added below as special, it keeps that id. So does every special token:
     # uncut cl100k_base has no token at 100,256 nor at 100,261-100,275, and its specials keep their ids past them
-    vocab.update(enc._special_tokens)
+    vocab.update(specials)
     merges = []
     for tok, rank in ranks.items():
         splits = [(tok[:i], tok[i:]) for i in range(1, len(tok)) if tok[:i] in ranks and tok[i:] in ranks]
@@ -590,10 +590,10 @@ def tiktoken_to_hf(enc):
     merges = [(a, b) for *_, a, b in sorted(merges)]
     tk = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True))
     tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(onig_pattern(enc._pat_str)), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(onig_pattern(encoding_fields(enc)["pat_str"])), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tk.decoder = decoders.ByteLevel()
-    for text, i in sorted(enc._special_tokens.items(), key=lambda kv: kv[1]):
+    for text, i in sorted(specials.items(), key=lambda kv: kv[1]):
         tk.add_special_tokens([AddedToken(text, special=True, normalized=False)])
         if tk.token_to_id(text) != i:
             raise ConversionError(f"special token {text} has id {i}, but tokenizer.json gives it {tk.token_to_id(text)}")

@@ -98,7 +98,7 @@ if not __package__:  # run as `python tools/NAME.py`: import the root's files as
 
 from bincode_gpt.settings import config_parser, parse_settings, setting
 from bincode_gpt.exits import one_line, run_main
-from bincode_gpt.devices import pick_device
+from bincode_gpt.devices import auto_dtype, pick_device
 from bincode_gpt.files import atomic_write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -200,11 +200,13 @@ class Done:
 
 @dataclass
 class Context:
-    """What every row's check reads: the settings, whether it runs on CUDA, the prepared data, the work folder."""
+    """What every row's check reads: the settings, whether it runs on CUDA, the prepared data, the work folder,
+    and the dtype train.py's --dtype auto picks there (devices.auto_dtype)."""
     cfg: CheckConfig
     cuda: bool
     data: str | None  # prepared for the first row that reads it
     work: str
+    dtype: str
     texts: dict = field(default_factory=dict)  # sample.py's text of each way, the others compared with eager's
 
 
@@ -375,27 +377,27 @@ def prepare(work, until):
 
 # ----------------------------------------------------------------------------- logs
 def train_flags(ctx, out_dir, **kw):
-    """The quick start's `python train.py` (bfloat16 and --compile on CUDA), or a tiny run on a CPU; kw overrides."""
+    """The quick start's `python train.py` (--dtype auto, --compile on CUDA), or a tiny run on a CPU; kw overrides."""
     cfg = ctx.cfg
     sizes = {} if ctx.cuda else dict(preset="tiny", block_size=32, batch_size=4, eval_steps=2)
     settings = {**dict(data_dir=ctx.data, out_dir=out_dir, device="cuda" if ctx.cuda else "cpu",
-                       dtype="bfloat16" if ctx.cuda else "float32", max_steps=cfg.steps, log_interval=1,
+                       dtype=ctx.dtype, max_steps=cfg.steps, log_interval=1,
                        eval_interval=max(1, cfg.steps // 4), save_interval=max(1, cfg.steps // 2),
                        warmup_steps=max(1, cfg.steps // 10), compile=cfg.compile, **sizes), **kw}
     flags = [f"--{k}={v}" for k, v in settings.items() if not isinstance(v, bool)]
     return flags + [f"--{k}" for k, v in settings.items() if v is True]
 
 
-def read_log(out_dir):
-    """{(event, step): {name: value} that a resumed run must repeat} of a run's log.jsonl, and its entries."""
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        entries = [json.loads(line) for line in f]
-    return {(e["event"], e["step"]): {k: e.get(k) for k in LOGGED[e["event"]]} for e in entries
-            if e["event"] in LOGGED}, entries
+def repeated(out_dir):
+    """{(event, step): {name: value} that a resumed run must repeat} of a run's log."""
+    from bincode_gpt.run_dir import read_log  # imports torch: not at this tool's start
+
+    return {(e["event"], e["step"]): {k: e.get(k) for k in LOGGED[e["event"]]} for e in read_log(out_dir)
+            if e["event"] in LOGGED}
 
 
 def differences(ref, got, rtol):
-    """-> (the (event, step) entries of two read_log()s that differ, the largest relative difference of a NOISY
+    """-> (the (event, step) entries of two repeated()s that differ, the largest relative difference of a NOISY
     value). rtol 0: every value bit for bit; else NOISY values within rtol (relative), the others exactly."""
     differ, worst = [], 0.0
     for key in sorted(ref.keys() | got.keys()):
@@ -417,8 +419,11 @@ def differences(ref, got, rtol):
     return differ, worst
 
 
-def speed(entries, warmup):
-    train = [e for e in entries if e["event"] == "train"]
+def speed(out_dir, warmup):
+    """(median tokens/s, median MFU) of a run's logged steps after the first `warmup`."""
+    from bincode_gpt.run_dir import read_log  # imports torch: not at this tool's start
+
+    train = read_log(out_dir, "train")
     kept = train[warmup:] or train
     tok = statistics.median(e["tokens_per_s"] for e in kept) if kept else None
     mfu = [e["mfu"] for e in kept if e.get("mfu") is not None]
@@ -528,9 +533,9 @@ def check_paper(ctx, name, until):
     if done.failed:  # its speed, where it stepped before the failure (a save that failed, a fault after the steps)
         row = failed(name, done, before=f"batch {batch}{tried}: ")
         if os.path.exists(os.path.join(out_dir(batch), "log.jsonl")):
-            row.tokens_per_s, row.mfu = speed(read_log(out_dir(batch))[1], 1)
+            row.tokens_per_s, row.mfu = speed(out_dir(batch), 1)
         return row
-    tok, mfu = speed(read_log(out_dir(batch))[1], 1)
+    tok, mfu = speed(out_dir(batch), 1)
     stepped = [t for t, line in done.lines if line.startswith("step ")]
     ended = [t for t, line in done.lines if line.startswith("done:")]
     ckpt = os.path.join(out_dir(batch), "ckpt.pt")
@@ -538,8 +543,7 @@ def check_paper(ctx, name, until):
             f"{os.path.getsize(ckpt) / 1e9:.2f} GB ckpt.pt) {ended[0] - stepped[-1]:.1f} s"
             if stepped and ended and os.path.exists(ckpt) else "")
     estimate, (kind, peak) = estimated_bytes(mcfg, batch), peak_bytes(done.err) or (None, None)
-    what = (f"{mcfg.n_layer} x {mcfg.n_embd}, context {mcfg.block_size}, V {mcfg.vocab_size:,}, eager "
-            f"{'bfloat16' if ctx.cuda else 'float32'}")
+    what = f"{mcfg.n_layer} x {mcfg.n_embd}, context {mcfg.block_size}, V {mcfg.vocab_size:,}, eager {ctx.dtype}"
     speed_s = f"{tok:,.0f} tokens/s" if tok else "no tokens/s"
     if kind != "cuda":
         return Row(name, True, tokens_per_s=tok, mfu=mfu, peak=peak_of(done.err), wall_s=done.wall,
@@ -645,11 +649,10 @@ def check_quick_start(ctx, name, until):
     cfg, ref = ctx.cfg, os.path.join(ctx.work, "reference")
     compiled_until = until - EAGER_S * cfg.time_scale if cfg.compile else until
     done = run(command("train.py", *train_flags(ctx, ref)), timeout=left(compiled_until))
-    how = "bfloat16" if ctx.cuda else "float32"
     if not done.failed:
-        tok, mfu = speed(read_log(ref)[1], cfg.warmup)
+        tok, mfu = speed(ref, cfg.warmup)
         return Row(name, True, tokens_per_s=tok, mfu=mfu, peak=peak_of(done.err), wall_s=done.wall,
-                   note=f"{cfg.steps} steps, {how}{', compiled' if cfg.compile else ''}")
+                   note=f"{cfg.steps} steps, {ctx.dtype}{', compiled' if cfg.compile else ''}")
     row = failed(name, done, before="compiled: " if cfg.compile else "")
     if cfg.compile:
         cfg.compile = False  # for the stand-in and every run after it
@@ -700,7 +703,7 @@ def check_resume(ctx, name, until):
     if not finished(ctx, ref):
         return Row(name, None, note=NO_REFERENCE)
     return stop_and_resume(ctx, name, launch=lambda *a: command("train.py", *a), flags=lambda *a, **kw: train_flags(
-        ctx, *a, **kw), out_dir=os.path.join(ctx.work, "stopped"), ref_log=read_log(ref)[0], exits=0, until=until)
+        ctx, *a, **kw), out_dir=os.path.join(ctx.work, "stopped"), ref_log=repeated(ref), exits=0, until=until)
 
 
 def check_init_from(ctx, name, until):
@@ -713,8 +716,8 @@ def check_init_from(ctx, name, until):
                timeout=left(until))
     if done.failed:
         return failed(name, done)
-    ref_log = read_log(ref)[0]
-    first = read_log(tuned)[0][("eval", 0)]["val_loss"]
+    ref_log = repeated(ref)
+    first = repeated(tuned)[("eval", 0)]["val_loss"]
     last = ref_log[max(k for k in ref_log if k[0] == "eval")]["val_loss"]
     same = first == last if not ctx.cuda else abs(first - last) <= 1e-3 * abs(last)
     return Row(name, same, peak=peak_of(done.err), wall_s=done.wall,
@@ -739,7 +742,7 @@ def stop_and_resume(ctx, name, *, launch, flags, out_dir, ref_log, exits, until)
         row.wall_s = wall
         return row
     rtol = RESUME_RTOL if ctx.cuda else 0
-    differ, worst = differences(ref_log, read_log(out_dir)[0], rtol)
+    differ, worst = differences(ref_log, repeated(out_dir), rtol)
     same = ("log bit-identical" if not rtol else
             f"log within rtol {rtol:g} (largest difference {worst:.1e}; step, lr, tokens exact)")
     note = (f"stopped at step {step} (ckpt.pt holds it), resumed to {cfg.steps}: {same}" if not differ else
@@ -762,10 +765,11 @@ def check_torchrun(ctx, name, until):
     done = run(torchrun(2, *train_flags(ctx, out_dir, grad_accum=2)), timeout=left(until))
     if done.failed:
         return failed(name, done)
-    entries = read_log(out_dir)[1]
-    tok, mfu = speed(entries, min(ctx.cfg.warmup, ctx.cfg.steps - 1))
-    start = next(e for e in entries if e["event"] == "start")
-    steps = [e["step"] for e in entries if e["event"] == "train"] == list(range(1, ctx.cfg.steps + 1))
+    from bincode_gpt.run_dir import read_log  # imports torch: not at this tool's start
+
+    tok, mfu = speed(out_dir, min(ctx.cfg.warmup, ctx.cfg.steps - 1))
+    start = read_log(out_dir, "start")[0]
+    steps = [e["step"] for e in read_log(out_dir, "train")] == list(range(1, ctx.cfg.steps + 1))
     how = f"{'nccl' if ctx.cuda else 'gloo'}{', compiled' if ctx.cfg.compile else ''}"
     return Row(name, steps and start["world_size"] == 2, tokens_per_s=tok, mfu=mfu, wall_s=done.wall,
                note=f"{how}, {ctx.cfg.steps} steps, world size {start['world_size']}")
@@ -780,7 +784,7 @@ def check_torchrun_resume(ctx, name, until):
         return Row(name, None, note="skipped: no finished torchrun run to compare with (its row says why)")
     # torchrun forwards the signal to its ranks, which save and exit 0, then re-raises it itself: exit 1
     return stop_and_resume(ctx, name, launch=lambda *a: torchrun(2, *a), flags=lambda *a, **kw: train_flags(
-        ctx, *a, grad_accum=2, **kw), out_dir=os.path.join(ctx.work, "torchrun-stopped"), ref_log=read_log(ref)[0],
+        ctx, *a, grad_accum=2, **kw), out_dir=os.path.join(ctx.work, "torchrun-stopped"), ref_log=repeated(ref),
         exits=1, until=until)
 
 
@@ -949,7 +953,7 @@ def check(cfg):
     end = start + cfg.time_limit
     try:
         report.add(environment(cuda, device, work, lacks))
-        ctx = Context(cfg, cuda, None, work)
+        ctx = Context(cfg, cuda, None, work, auto_dtype(device))
         for row_name, seconds, check_fn, needs in ROWS:
             now = time.monotonic()
             lacked = [lacks[need] for need in needs if need in lacks]

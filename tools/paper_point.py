@@ -563,8 +563,9 @@ def size_entry(args, known, size, meta):
 
 def read_curve(args, p, v, s):
     """A run's evaluations along training: {variant, seed, curve}, or None without its log (a reused run)."""
-    log = os.path.join(run_folder(args, p, v, s), "log.jsonl")
-    return {"variant": v, "seed": s, "curve": compare.read_log(log)[0]} if os.path.exists(log) else None
+    folder = run_folder(args, p, v, s)
+    logged = os.path.exists(os.path.join(folder, "log.jsonl"))
+    return {"variant": v, "seed": s, "curve": compare.log_summary(folder)[0]} if logged else None
 
 
 def gap_row(args, known, size, v, lr, learned_lr, windows, meta):

@@ -68,6 +68,7 @@ import torch
 from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.settings import config_parser, parse_settings, setting
 from bincode_gpt.files import atomic_write, writer_lock
+from bincode_gpt.run_dir import read_log
 from bincode_gpt.shards import load_meta, read_shard
 from bincode_gpt.tokenizer import get_tokenizer
 from tools import compare
@@ -221,11 +222,10 @@ def prepared(work, flags):
     return data, load_meta(data), seconds
 
 
-def end_record(log):
-    with open(log) as f:
-        ends = [e for e in map(json.loads, f) if e["event"] == "end"]
+def end_record(out_dir):
+    ends = read_log(out_dir, "end")
     if not ends:
-        raise RuntimeError(f"{log} has no end record: train.py did not finish")
+        raise RuntimeError(f"{os.path.join(out_dir, 'log.jsonl')} has no end record: train.py did not finish")
     return ends[-1]
 
 
@@ -238,7 +238,7 @@ def measure_ours(work, name, prepare_flags, train_flags, args):
     again = ["--overwrite"] if os.path.exists(out) else []  # an interrupted measurement of this tool's own
     train_s = run_logged([sys.executable, "train.py", "--data_dir", data, "--out_dir", out, *again,
                           *shlex.split(train_flags)], os.path.join(run, "train.log"))
-    end = end_record(os.path.join(out, "log.jsonl"))
+    end = end_record(out)
     model, ckpt = load_checkpoint(out, "cpu")
     loss = compare.full_val_loss(out, data, meta, 16, torch.device("cpu"))
     sample = output_of([sys.executable, "sample.py", "--ckpt", out, "--seed", str(args.seed),

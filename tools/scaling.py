@@ -38,11 +38,10 @@ import sys
 if not __package__:  # run as `python tools/NAME.py`: import the root's files as `python -m tools.NAME` does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # first: its import makes a Ctrl-C while torch loads one line and exit 130
-from bincode_gpt.exits import run_main
+from bincode_gpt.exits import leave_signals_to_parent, run_main
 
 import json
 import math
-import signal
 import statistics
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -155,7 +154,7 @@ def run_args(args, point):
 def _worker_init(threads, stop):
     global _stop
     torch.set_num_threads(threads)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches training through train's own handler only
+    leave_signals_to_parent()  # Ctrl-C reaches training through train's own handler only
     _stop = stop
 
 
