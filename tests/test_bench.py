@@ -90,8 +90,8 @@ def test_the_load_section_itemises_a_start_beside_a_ref(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("not a git checkout: no commit to compare with")
-    args = ["--device=cpu", "--sections=load", "--load_preset=tiny", "--load_repeats=1", "--load_tokens=4", "--ref=HEAD",
-            f"--load_dir={tmp_path}", "--threads=1"]
+    args = ["--device=cpu", "--sections=load", "--load_preset=tiny", "--load_repeats=1", "--load_tokens=4",
+            "--ref=HEAD", f"--load_dir={tmp_path}", "--threads=1"]
     cfg = bench.BenchConfig(**vars(bench.build_parser().parse_args(args)))
     written = {p: os.path.getmtime(p) for p in bench.load_checkpoints("tiny", str(tmp_path), int8=True).values()}
     res = bench.run(cfg)

@@ -886,10 +886,11 @@ def table(res) -> str:
     if lo:
         int8_file = f", int8 checkpoint {lo['int8_ckpt_bytes'] / 1e9:.2f} GB" if lo["int8_ckpt_bytes"] else ""
         beside = f"; this tree beside {lo['ref']} (git archive), alternating" if lo["ref"] else ""
-        lines += [f"loading: preset {lo['preset']}, checkpoint {lo['ckpt_bytes'] / 1e9:.2f} GB{int8_file}; sample.py --prompt Hello "
-                  f"--temperature 0 --max_new_tokens {lo['tokens']} in a fresh process a run{beside}; median of "
-                  f"{lo['repeats']}; s from the child's first line (imports: torch, sample.py's, quantize.py's for int8); "
-                  "building: load_checkpoint less reading and the kernel choice; rest: sample.py's other set-up",
+        lines += [f"loading: preset {lo['preset']}, checkpoint {lo['ckpt_bytes'] / 1e9:.2f} GB{int8_file}; "
+                  f"sample.py --prompt Hello --temperature 0 --max_new_tokens {lo['tokens']} in a fresh process a "
+                  f"run{beside}; median of {lo['repeats']}; s from the child's first line (imports: torch, sample.py's, "
+                  "quantize.py's for int8); building: load_checkpoint less reading and the kernel choice; rest: "
+                  "sample.py's other set-up",
                   f"| path | code | imports | tokenizer | reading the file | building the model | int8 kernel choice | "
                   f"first token | rest | to first token | to token {lo['tokens']} | peak RSS GB | CPU s | kernel |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -901,7 +902,8 @@ def table(res) -> str:
                          f"{r['cpu_s']:.1f} | {r['kernel']} |")
             if lo["ref"] and r["tree"] == lo["ref"]:
                 this = row[r["way"], "this"]
-                ratios = [f"{this[k] / r[k]:.2f}x" if r[k] > 0.0005 else "-" for k in (*LOAD_PARTS, "to_first_s", "to_last_s")]
+                timed = (*LOAD_PARTS, "to_first_s", "to_last_s")
+                ratios = [f"{this[k] / r[k]:.2f}x" if r[k] > 0.0005 else "-" for k in timed]
                 lines.append(f"| {r['way']} | this / {lo['ref']} | {' | '.join(ratios)} | "
                              f"{this['peak_rss'] / r['peak_rss']:.2f}x | {this['cpu_s'] / r['cpu_s']:.2f}x | |")
         lines.append("")
