@@ -37,10 +37,10 @@ def binary_code(ids: torch.Tensor, bits: int) -> torch.Tensor:
 
 def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int = 0):
     """The release's V x K code table: row t = the bits of t, the pad row all zeros (as released). A
-    width W > K (a study) appends parity bits: bit K+j = bit j XOR bit j+1 mod K."""
+    width W > K (a study) appends parity bits: bit K+j = bit j XOR bit j+1 mod K. On the CPU."""
     K = code_bits(vocab_size)
-    table = binary_code(torch.arange(vocab_size), K)
-    j = torch.arange(max(0, width - K))
+    table = binary_code(torch.arange(vocab_size, device="cpu"), K)
+    j = torch.arange(max(0, width - K), device="cpu")
     parity = (table[:, j % K] + table[:, (j + 1) % K]) % 2  # (V, W - K)
     table = torch.cat([table, parity], dim=1)  # (V, K) -> (V, W)
     if pad_token_id is not None:
@@ -50,8 +50,9 @@ def canonical_code(vocab_size: int, pad_token_id: int | None = None, width: int 
 
 def lift_index(n_embd: int, bits: int, layout: str) -> torch.Tensor:
     """Which bit each model dim j carries: tile, bit j mod K (the last copy cut short); interleave,
-    bit floor(j K / n_embd) (the release's repeat_interleave). Both keep all bits if n_embd >= K."""
-    dims = torch.arange(n_embd)
+    bit floor(j K / n_embd) (the release's repeat_interleave). Both keep all bits if n_embd >= K.
+    On the CPU."""
+    dims = torch.arange(n_embd, device="cpu")
     return dims % bits if layout == "tile" else dims * bits // n_embd
 
 
@@ -227,10 +228,14 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(d, bias=config.bias)
         self.lm_head = nn.Linear(d, V, bias=False)
-        positions = torch.arange(config.block_size)
+        # the tables are the config's, built on the CPU even for a model built on the meta device
+        # to take a checkpoint's weights: no arithmetic there (torch's meta kernels import dynamo)
+        positions = torch.arange(config.block_size, device="cpu")
         cos, sin = rotary_cos_sin(positions, d // config.n_head, config.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)  # from the config: never saved
         self.register_buffer("rope_sin", sin, persistent=False)
+        if self.lm_head.weight.is_meta:  # shapes only, or weights to follow: nothing to draw
+            return
         # one seed, one decoder for every input: only the body draws from the global generator
         body = [(n, p) for n, p in self.named_parameters() if not n.startswith("embed.")]
         for name, p in body:
@@ -267,15 +272,6 @@ class GPT(nn.Module):
         if torch.is_grad_enabled():  # training: the logits' memory becomes their gradient
             return None, CrossEntropy.apply(flat, targets.view(-1))
         return logits, F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
-
-    def build_tables(self, device="cpu"):
-        """Build again on `device` the tables no checkpoint holds (rotary, the input's lift): a
-        model built on the meta device, then given a checkpoint's weights, has none."""
-        c = self.config
-        positions = torch.arange(c.block_size, device=device)
-        self.rope_cos, self.rope_sin = rotary_cos_sin(positions, c.n_embd // c.n_head, c.rope_base)
-        if c.input not in TABLES:
-            self.embed.lift = lift_index(c.n_embd, c.code_bits, c.layout).to(device)
 
     def get_input_embeddings(self):  # the Hugging Face name: its .weight is the code table
         return self.embed

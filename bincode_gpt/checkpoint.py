@@ -275,14 +275,13 @@ def pad_off_the_tokens(asked, preset, meta, note):
 
 
 def model_from_weights(config, state_dict, source):
-    """GPT(config) holding the state dict's tensors, on the CPU: built on the meta device (no memory, no
-    values drawn), then the tensors assigned, then the buffers no checkpoint holds (rotary tables, the
-    input's lift) built from the config, so nothing is left on meta but the state dict's own stand-ins."""
+    """GPT(config) holding the state dict's tensors, on the CPU: built on the meta device (its weights no
+    memory, no values drawn; its tables built on the CPU from the config), then the tensors assigned, so
+    nothing is left on meta but the state dict's own stand-ins."""
     check_buildable(config, state_dict, source)
     with torch.device("meta"):
         model = GPT(config)
     load_weights(model, state_dict, source, device="cpu")
-    model.build_tables("cpu")
     return model
 
 

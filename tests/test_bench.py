@@ -51,26 +51,28 @@ def test_run_reports_every_section(tmp_path):
     assert kernel.split(" (")[0] in ("int8 kernel: rows", "int8 kernel: widened") and kernel.endswith(f") on {res['cpu']}")
     assert "(int8 weights under 16 MiB, in the CPU's caches: not packed; measured at load" in kernel
     lo = res["load"]
-    assert lo["preset"] == "tiny" and lo["ckpt_bytes"] > 0 and set(lo["ways"]) == {"old", "new", "int8", "int8_ckpt"}
-    assert {w: r["kernel"] for w, r in lo["ways"].items() if w in ("old", "new")} == {"old": "float32", "new": "float32"}
-    assert {lo["ways"][w]["kernel"] for w in ("int8", "int8_ckpt")} <= {"rows", "widened"}  # unpacked: tiny
-    assert 0 < lo["int8_ckpt_bytes"] < lo["ckpt_bytes"]
-    for r in lo["ways"].values():
-        assert 0 < r["first_token_s"] < r["last_token_s"] < r["process_s"] and r["peak_rss"] > lo["ckpt_bytes"]
+    assert lo["preset"] == "tiny" and lo["ckpt_bytes"] > 0 and 0 < lo["int8_ckpt_bytes"] < lo["ckpt_bytes"]
+    assert [(r["way"], r["tree"]) for r in lo["rows"]] == [(w, "this") for w in bench.LOAD_PATHS]
+    assert [r["kernel"] for r in lo["rows"]][0] == "float32"
+    assert {r["kernel"] for r in lo["rows"][1:]} <= {"rows", "widened"}  # unpacked: tiny
+    for r in lo["rows"]:
+        assert 0 < r["to_first_s"] < r["to_last_s"] and r["peak_rss"] > lo["ckpt_bytes"]
     pr = res["prep"]
     assert pr["mb"] > 0 and pr["mb_s_1"] > 0 and pr["mb_s_all"] > 0 and pr["workers"] == 2
     assert pr["python_scaling"] > 0 and pr["tiktoken_scaling"] > 0
     assert [t["goal"] for t in res["targets"]] == [">= 1", ">= 1.5", ">= 3", ">= 1", ">= 0.75", ">= 1.5", ">= 3", ">= 1",
-                                                   "<= 0.33", "<= 1.15", "<= 0.5", "<= 0.45", "<= 0.5", "<= 1", ">= 0.8", ">= 0.5"]
+                                                   "<= 1.15", "<= 0.5", "<= 0.5", "<= 0.45", "<= 1", ">= 0.8", ">= 0.5"]
     assert [t["target"] for t in res["targets"][1:8]] == [
         s for n in (1, 2) for s in (f"KV-cache / HF generate tokens/s, batch 1, {n} threads, same tokens (tiny)",
                                     f"int8 / float32 KV-cache tokens/s, batch 1, {n} threads (tiny)",
                                     f"int8 not slower than float32, batch 1, {n} threads (tiny)",
                                     "int8 decoding: weight bytes read / one-thread read bandwidth, batch 1 (tiny)")
         if n == 1 or "bandwidth" not in s]
-    assert [t["target"] for t in res["targets"][11:14]] == [
-        "peak RSS, int8 checkpoint / float32 checkpoint size (tiny)",
+    assert [t["target"] for t in res["targets"][8:13]] == [
+        "peak RSS, float32 checkpoint / its size (tiny)",
+        "end to end (process start to token 64), --quantize int8 / float32 (tiny)",
         "end to end (process start to token 64), int8 checkpoint / float32 (tiny)",
+        "peak RSS, int8 checkpoint / float32 checkpoint size (tiny)",
         "first token, int8 checkpoint / float32 (tiny)"]
     for t in res["targets"][:-1]:
         assert t["verdict"] == ("PASS" if eval(f"{t['ratio']} {t['goal']}") else "MISS"), t
@@ -79,6 +81,39 @@ def test_run_reports_every_section(tmp_path):
     for heading in ("training:", "sampling:", "int8 weights", "loading:", "data preparation:", "| target |"):
         assert heading in text
     json.dumps(res)  # --json works
+
+
+def test_the_load_section_itemises_a_start_beside_a_ref(tmp_path):
+    """sample.py's start in fresh processes, itemised, for float32, --quantize int8 and an int8 checkpoint, this
+    tree's and a git commit's (HEAD: the same code), alternating; the parts add up to the first token's time; the
+    checkpoints are written once into --load_dir and used again."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout: no commit to compare with")
+    args = ["--device=cpu", "--sections=load", "--load_preset=tiny", "--load_repeats=1", "--load_tokens=4",
+            "--ref=HEAD", f"--load_dir={tmp_path}", "--threads=1"]
+    cfg = bench.BenchConfig(**vars(bench.build_parser().parse_args(args)))
+    written = {p: os.path.getmtime(p) for p in bench.load_checkpoints("tiny", str(tmp_path), int8=True).values()}
+    res = bench.run(cfg)
+    assert {p: os.path.getmtime(p) for p in written} == written  # used again, not written anew
+    lo = res["load"]
+    assert [(r["way"], r["tree"]) for r in lo["rows"]] == [(w, t) for w in bench.LOAD_PATHS for t in ("this", "HEAD")]
+    for r in lo["rows"]:
+        assert len(r["runs"]) == 1 and r["tokens"] == 4, r
+        assert min(r[part] for part in bench.LOAD_PARTS if part != "rest") >= 0, r
+        assert sum(r[part] for part in bench.LOAD_PARTS) == pytest.approx(r["to_first_s"]), r
+        assert (r["kernel"] == "float32") == (r["way"] == "float32") == (r["kernel_choice"] == 0), r
+    assert [t["target"] for t in res["targets"][:3]] == [f"sample.py's first token, {w}, this tree / HEAD (tiny)"
+                                                         for w in bench.LOAD_PATHS]
+    text = bench.table(res)
+    assert "this tree beside HEAD (git archive), alternating" in text
+    for way in bench.LOAD_PATHS:
+        assert f"| {way} | this / HEAD | " in text
+
+
+def test_an_unknown_ref_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"^--ref no-such-commit: not a commit of this repository \("):
+        bench.ref_tree("no-such-commit", str(tmp_path / "ref"))
 
 
 # a stand-in for a nanoGPT checkout's model.py: its GPTConfig and GPT(config) and configure_optimizers, built on ours

@@ -1,12 +1,14 @@
 """bincode_gpt/checkpoint.py's loading, and the meta-device build it rests on. A GPT built on the
-meta device (shapes only: no memory, nothing drawn): the counts model.py and the tools take from it,
-and checkpoint loading (checkpoint.model_from_weights), which builds there, assigns the file's weights
-and builds the tables no checkpoint holds (GPT.build_tables). A training run's shape rule's refusals: an override
+meta device (weights as shapes only: no memory, nothing drawn; the config's tables built on the CPU):
+the counts model.py and the tools take from it, and checkpoint loading (checkpoint.model_from_weights),
+which builds there and assigns the file's weights. A training run's shape rule's refusals: an override
 against the checkpoint's shape, a <pad> row on a token (checkpoint.model_config's)."""
 
-import re
-
 import copy
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +16,7 @@ import torch
 from bincode_gpt import checkpoint
 from bincode_gpt.checkpoint import checkpoint_dict, load_checkpoint, model_from_weights
 from bincode_gpt.decode import generate
-from model import GPT, GPTConfig, canonical_code, get_config, lift_index, rotary_cos_sin
+from model import AffineCodeInput, GPT, GPTConfig, canonical_code, get_config, lift_index, rotary_cos_sin
 from test_model import PAPER_K, PAPER_PAD, PAPER_V, tiny
 
 INPUTS = ("binary", "affine", "learned", "random", "frozen")
@@ -47,17 +49,22 @@ def test_flops_per_token_counts_matmuls_only():
 
 
 def test_a_meta_build_holds_no_values_and_draws_nothing():
-    """Every input of the paper preset builds on the meta device: its weights and tables meta (A and
-    b, drawn from their own generator on the CPU, excepted), the global generator untouched, the
-    controls' counts learned's less the table."""
+    """Every input of the paper preset builds on the meta device: its weights meta, its tables (the
+    code, A and b, the lift, rotary) built on the CPU, those of a CPU build, the global generator
+    untouched, the controls' counts learned's less the table."""
     before = torch.get_rng_state()
     with torch.device("meta"):
         models = {v: GPT(get_config("paper", input=v)) for v in INPUTS}
     assert torch.equal(torch.get_rng_state(), before)
+    cos, sin = rotary_cos_sin(torch.arange(1024), 1024 // 32, 10000.0)
+    affine = AffineCodeInput(PAPER_V, 1024)
     for v, model in models.items():
-        real = {n for n, t in model.state_dict().items() if not t.is_meta}
-        assert real == ({"embed.A", "embed.b"} if v == "affine" else set()), v
-        assert all(b.is_meta for n, b in model.named_buffers() if n not in real), v
+        assert all(p.is_meta for p in model.parameters()), v
+        assert all(t.device.type == "cpu" for t in model.buffers()), v
+        assert torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin), v
+    assert torch.equal(models["binary"].embed.weight, canonical_code(PAPER_V, PAPER_PAD))
+    assert torch.equal(models["binary"].embed.lift, lift_index(1024, PAPER_K, "tile"))
+    assert all(torch.equal(getattr(models["affine"].embed, n), getattr(affine, n)) for n in ("A", "b", "lift"))
     learned = models["learned"].num_params()
     table = PAPER_V * 1024
     for v in ("random", "frozen"):
@@ -88,8 +95,8 @@ def test_the_tools_shapes_come_from_a_meta_build():
 @pytest.mark.parametrize("layout", ["tile", "interleave"])
 @pytest.mark.parametrize("variant", INPUTS)
 def test_a_loaded_model_has_real_tables_and_the_saved_models_logits(tmp_path, variant, layout):
-    """The tables no checkpoint holds (rotary, the input's lift) are built again on the CPU, equal
-    to the saved model's; the code table comes from the file; the logits are the saved model's,
+    """The tables no checkpoint holds (rotary, the input's lift) are built on the CPU, equal to the
+    saved model's; the code table comes from the file; the logits are the saved model's,
     exactly."""
     pad = 5 if variant == "binary" else None
     model = tiny(input=variant, layout=layout, pad_token_id=pad)
@@ -117,6 +124,30 @@ def test_a_paper_size_model_from_stand_ins_gets_real_tables():
     cos, sin = rotary_cos_sin(torch.arange(1024), 1024 // 32, 10000.0)
     assert torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin)
     assert torch.equal(model.embed.lift, lift_index(1024, PAPER_K, "tile"))
+
+
+LOAD_AND_DECODE = """
+import sys, torch
+from bincode_gpt.checkpoint import load_checkpoint
+from bincode_gpt.decode import stream
+path, quantize = sys.argv[1], sys.argv[2] or None
+model, _ = load_checkpoint(path, quantize=quantize, purpose="sample from")
+next(stream(model.eval(), torch.zeros(1, 3, dtype=torch.long), 1, temperature=0))
+print(sorted(m for m in sys.modules if m.startswith("torch._dynamo")))
+"""
+
+
+@pytest.mark.parametrize("quantize", ["", "int8"])
+def test_loading_and_decoding_eagerly_never_imports_dynamo(tmp_path, quantize):
+    """A fresh process that loads a checkpoint (built on the meta device) and decodes a token eagerly
+    imports no torch._dynamo (~0.8 s of modules: torch's meta kernels import it at their first
+    arithmetic, so the meta build runs none), float32 and --quantize int8 alike."""
+    torch.save(checkpoint_dict(tiny(pad_token_id=5), None), tmp_path / "ckpt.pt")
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", LOAD_AND_DECODE, str(tmp_path / "ckpt.pt"), quantize], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "[]\n"
 
 
 def test_checkpoint_round_trip_with_weights_only(tmp_path):

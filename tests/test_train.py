@@ -240,6 +240,31 @@ def test_init_from_weights_saved_through_wrappers(data_dir, tmp_path, capsys):
     assert capsys.readouterr().err.count(note) == 1
 
 
+BEFORE_THE_OPTIMIZER = """
+import runpy, sys
+from model import GPT
+build = GPT.configure_optimizers
+def configure_optimizers(*args, **kwargs):  # train.py's set-up has built the model and checked the start
+    print("dynamo before the optimizer:", sorted(m for m in sys.modules if m.startswith("torch._dynamo")))
+    return build(*args, **kwargs)
+GPT.configure_optimizers = configure_optimizers
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_init_from_without_compile_never_imports_dynamo(data_dir, tmp_path):
+    """train.py --init_from (its weights checked against a model built on the meta device) imports no
+    torch._dynamo (~0.8 s of modules) until it builds its optimizer when --compile is off: torch.optim's
+    constructor imports it (add_param_group is wrapped in torch._disable_dynamo), and nothing before."""
+    train.train(config(data_dir, tmp_path / "a", max_steps=1, eval_interval=100))
+    args = flags(data_dir, tmp_path / "b", max_steps=1, eval_interval=100, init_from=str(tmp_path / "a" / "ckpt.pt"))
+    run = subprocess.run([sys.executable, "-c", BEFORE_THE_OPTIMIZER, str(ROOT / "train.py"), *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "dynamo before the optimizer: []\n" in run.stdout
+
+
 def expect_error(cfg, match, exc=(ValueError, OSError)):
     with pytest.raises(exc) as info:
         train.train(cfg)

@@ -6,6 +6,7 @@ Benchmark training, sampling, loading and data preparation of the binary-code GP
     python -m tools.bench --sections=train --repeats=5 --steps=8
     python -m tools.bench --sections=train --nanogpt ~/nanoGPT   # and one step beside nanoGPT's model.py
     python -m tools.bench --sections=compile_cache   # sample.py --compile's restart cost, paper preset (~8 min)
+    python -m tools.bench --sections=load --ref=8470b11 --load_dir=/tmp/bench   # a sampling start, itemised
 
 Design choices, up front:
 - Training is timed through train.py's own loop (train.train), not a copy of it: a small random-token
@@ -43,12 +44,18 @@ Design choices, up front:
   (the int8 ceiling) and the bytes of weights a token reads in each; beside them, the read bandwidth (a
   float32 sum over bandwidth_mb, timed in the same rounds), and the fraction of it each decodes at: weight
   bytes a step reads x steps/s / bandwidth, both in the process's CPU seconds (a shared machine's other
-  jobs take wall time from both, unevenly). The load section adds a child that quantizes after loading
-  and one that loads convert.py's int8 checkpoint of the same weights; every child decodes load_tokens
-  greedy tokens (end to end time), peak RSS against the float32 checkpoint's size, and its CPU seconds (all
-  threads: the int8 paths pack on a second one while decoding).
+  jobs take wall time from both, unevenly).
   On CUDA the compiled step also runs recorded as CUDA graphs (stream(cuda_graphs=True), sample.py --cuda_graphs).
   Paper preset: --sample_preset=paper --no-recompute (recomputing 470M parameters per context token is slow).
+- Loading (--sections=load): what a sampling start costs, as a user runs it: sample.py --prompt Hello --temperature 0
+  --device cpu --max_new_tokens load_tokens in a fresh process, on a float32 checkpoint of load_preset (random
+  weights, written once; --load_dir keeps it), with --quantize int8, and on convert.py's int8 checkpoint of it.
+  The child imports sample.py and wraps the functions it calls by name (load_checkpoint, read_checkpoint,
+  load_text_codec, prompt_ids, quantize.choose_kernel, Decoder.stream), so the start is itemised: imports,
+  tokenizer, reading the file, building the model, the int8 kernel choice, the first token (the prompt's
+  forward), the rest; and to token load_tokens (end to end), peak RSS, CPU seconds (all threads: int8 packs on
+  a second one). With --ref COMMIT the same children run that commit's code (git archive into a temp folder),
+  alternating with this tree's (this, ref; then ref, this), so a regression shows as a ratio on one machine.
 - Data preparation: prepare_data.prepare on `prep_copies` concatenated copies of a corpus, with one
   worker (no pool) and with all cores. How much `cores` processes can give on this machine at all is
   measured in every round too: a pure-Python loop and a tiktoken encode, 1 vs `cores` processes at once.
@@ -137,8 +144,12 @@ class BenchConfig:
                                      "decoding is compared with (CPU)")
     # loading
     load_preset: str = setting("paper", "model preset of the checkpoint loaded (paper: a 1.9 GB file in a temp dir)")
-    load_repeats: int = setting(1, "child processes per loading path, interleaved")
+    load_repeats: int = setting(3, "child processes per loading path and tree, interleaved")
     load_tokens: int = setting(64, "greedy tokens each loading child generates (end to end: load, quantize, these tokens)")
+    ref: str | None = setting(None, "a git commit of this repository (8470b11, a tag): its sample.py timed beside this "
+                                    "tree's, the same commands alternating, so a regression shows as a ratio")
+    load_dir: str | None = setting(None, "a folder to keep the load section's checkpoints in and use again "
+                                         "(default: a temp folder; the paper preset's takes ~1 min to write)")
     # the compiled step from inductor's cache on disk
     cache_preset: str = setting("paper", "model preset of the compile_cache section (random weights)")
     cache_other: str = setting("24,100", "prompt tokens,new tokens of the other shape the compile_cache section times "
@@ -445,81 +456,149 @@ def bench_sample(cfg, device, tmp, threads):
 
 
 # ----------------------------------------------------------------------------- loading
+LOAD_PATHS = ("float32", "quantize int8", "int8 checkpoint")  # float32 alone with --no-int8
+# a start's parts, in seconds; "rest": the rest of sample.py's start (settings, its checks, the drawable ids)
+LOAD_PARTS = ("imports", "tokenizer", "reading", "building", "kernel_choice", "first_token", "rest")
 LOAD_CHILD = """
-import os, sys, time
+import contextlib, io, json, os, sys, time
 t0 = time.perf_counter()
 import torch
-from bincode_gpt.checkpoint import check_finite, load_checkpoint
-from bincode_gpt.decode import stream
-from model import GPT, GPTConfig
-from bincode_gpt.quantize import quantize_int8
-path, way, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
-torch.set_num_threads(int(sys.argv[4]))
-t1 = time.perf_counter()
-if way == "old":  # the path before issue 12: random init, a full read, a copy into the model
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    model = GPT(GPTConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-else:  # as sample.py loads: NaN and inf weights refused too; int8_ckpt: convert.py native2int8's checkpoint,
-    model, ckpt = load_checkpoint(path, int8=way == "int8_ckpt")  # packed from the file as it is read
-    check_finite(model.state_dict(), path, "sample from")
-if way == "int8":
-    model = quantize_int8(model)
-tokens_out = stream(model.eval(), torch.zeros(1, 8, dtype=torch.long), tokens, temperature=0)
-next(tokens_out)
-first = time.perf_counter() - t1
-for _ in tokens_out:
-    pass
-last = time.perf_counter()
+import sample
+import bincode_gpt.checkpoint as C
+path, way, tokens, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if way != "float32":  # imported at load by sample.py for int8 weights: here, to time its kernel choice
+    import bincode_gpt.quantize as Q
+imports = time.perf_counter() - t0
+torch.set_num_threads(threads)
+spent, spans, returned, marks = {}, {}, {}, []
+
+
+def timed(owner, name, part):  # owner.name from now on adds its wall time to spent[part], and spans it
+    inner = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            returned[part] = inner(*args, **kwargs)
+            return returned[part]
+        finally:
+            end = time.perf_counter()
+            spent[part] = spent.get(part, 0.0) + end - start
+            first, last = spans.get(part, (start, end))
+            spans[part] = min(first, start), max(last, end)
+    setattr(owner, name, wrapper)
+
+
+def marked(inner):  # a token stream, each token's time marked
+    def stream(*args, **kwargs):
+        marks.append(time.perf_counter())
+        for token in inner(*args, **kwargs):
+            marks.append(time.perf_counter())
+            yield token
+    return stream
+
+
+# building: from load_checkpoint's start to the end of the last of them (code that quantizes or checks the
+# weights after load_checkpoint, as sample.py once did, included), less reading and the kernel choice
+timed(sample, "load_checkpoint", "load")
+if hasattr(sample, "check_finite"):
+    timed(sample, "check_finite", "load")
+timed(C, "read_checkpoint", "reading")
+timed(sample, "load_text_codec", "tokenizer")
+timed(sample, "prompt_ids", "tokenizer")
+if way != "float32":
+    timed(Q, "choose_kernel", "kernel_choice")
+    timed(Q, "quantize_int8", "load")
+if hasattr(sample, "stream"):  # a tree whose sample.py calls decode.stream
+    sample.stream = marked(sample.stream)
+else:  # sample.py calls decode.Decoder.stream
+    import bincode_gpt.decode as D
+    D.Decoder.stream = marked(D.Decoder.stream)
+args = ["--ckpt", path, "--prompt", "Hello", "--max_new_tokens", str(tokens), "--temperature", "0", "--device", "cpu"]
+with contextlib.redirect_stdout(io.StringIO()):
+    sample.main(args + (["--quantize", "int8"] if way == "quantize int8" else []))
+parts = {"imports": imports, "tokenizer": spent["tokenizer"], "reading": spent["reading"],
+         "kernel_choice": spent.get("kernel_choice", 0.0), "first_token": marks[1] - marks[0]}
+parts["building"] = spans["load"][1] - spans["load"][0] - parts["reading"] - parts["kernel_choice"]
+parts["rest"] = marks[1] - t0 - sum(parts.values())
 # this process's own peak RSS (VmHWM: kB; ru_maxrss would carry the parent's high-water mark over exec)
 peak = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
-cpu = sum(os.times()[:2])  # every thread's CPU seconds (int8: the packing thread's too), imports included
-print(first, last - t1, last - t0, peak, cpu, getattr(model, "int8_kernel", ["float32"])[0])
+print(json.dumps({**parts, "to_first_s": marks[1] - t0, "to_last_s": marks[-1] - t0, "tokens": len(marks) - 1,
+                  "peak_rss": peak, "cpu_s": sum(os.times()[:2]),  # every thread's, the packing thread's too
+                  "kernel": returned["kernel_choice"][0] if "kernel_choice" in returned else "float32"}))
 """
 
 
-def run_load_child(path, way, tokens, threads):
-    """(seconds from reading the file to the first generated token, to the last of `tokens`, seconds
-    since the interpreter started running the child's code, peak RSS in bytes, CPU seconds, the int8 kernel it chose
-    or "float32") of a fresh process."""
+def run_load_child(root, path, way, tokens, threads):
+    """sample.py's start, itemised (LOAD_PARTS), in a fresh process running the code in `root`: greedy from
+    the prompt "Hello" to token `tokens`, seconds from the child's first line; peak RSS, CPU seconds, kernel."""
     import subprocess
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where model.py and bincode_gpt/ are
     run = subprocess.run([sys.executable, "-c", LOAD_CHILD, path, way, str(tokens), str(threads)], cwd=root,
-                         stdout=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if run.returncode:
-        raise RuntimeError(f"the {way} loading child failed (exit {run.returncode})")
-    *numbers, kernel = run.stdout.split()
-    return (*map(float, numbers), kernel)
+        raise RuntimeError(f"the {way} loading child in {root} failed (exit {run.returncode}): "
+                           f"{run.stderr.strip().splitlines()[-1:]}")
+    return json.loads(run.stdout)
+
+
+def ref_tree(ref, folder):
+    """The code of git commit `ref` of this repository, written into `folder` (git archive): the root to
+    run a loading child in."""
+    import subprocess
+    import tarfile
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.makedirs(folder)
+    archive = subprocess.run(["git", "-C", root, "archive", "--format=tar", ref], capture_output=True)
+    if archive.returncode:
+        raise ValueError(f"--ref {ref}: not a commit of this repository ({archive.stderr.decode().strip()[:200]})")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(folder, filter="data")
+    return folder
+
+
+def load_checkpoints(preset, folder, int8):
+    """{path: checkpoint file} for the load section: random weights of `preset` with a GPT-2 tokenizer entry,
+    and (int8) convert.py's int8 checkpoint of them; kept in `folder` and used again where they are there."""
+    from tools.convert import convert_native_to_int8
+
+    config = M.get_config(preset)
+    files = {"float32": os.path.join(folder, f"{preset}.pt")}
+    if not os.path.exists(files["float32"]):
+        torch.manual_seed(0)
+        tokenizer = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": min(config.vocab_size, 50257)}
+        torch.save(checkpoint_dict(M.GPT(config), tokenizer), files["float32"])
+    if int8:
+        files["quantize int8"] = files["float32"]
+        files["int8 checkpoint"] = os.path.join(folder, f"{preset}-int8", "ckpt.pt")
+        if not os.path.exists(files["int8 checkpoint"]):
+            convert_native_to_int8(files["float32"], os.path.dirname(files["int8 checkpoint"]))
+    return files
 
 
 def bench_load(cfg, tmp):
-    """Time to the first token, to the last of load_tokens, and peak memory of a fresh process that loads
-    a checkpoint of `load_preset` and decodes greedily: the old way, checkpoint.load_checkpoint's, and (CPU,
-    --int8) load_checkpoint then quantize.quantize_int8, and the int8 checkpoint convert.py native2int8
-    writes of the same weights; interleaved."""
-    from tools.convert import convert_native_to_int8
-
-    path = os.path.join(tmp, "load.pt")
-    torch.manual_seed(0)
-    torch.save(checkpoint_dict(M.GPT(M.get_config(cfg.load_preset)), None), path)
-    size = os.path.getsize(path)
-    paths = {"old": path, "new": path}
-    if cfg.int8:
-        paths.update(int8=path, int8_ckpt=convert_native_to_int8(path, os.path.join(tmp, "int8"))[0])
-    runs = {way: [] for way in paths}
-    for _ in range(cfg.load_repeats):
-        for way in runs:
-            runs[way].append(run_load_child(paths[way], way, cfg.load_tokens, torch.get_num_threads()))
-    int8_size = cfg.int8 and os.path.getsize(paths["int8_ckpt"])
-    for p in set(paths.values()):
-        os.remove(p)
-    rows = {way: {"first_token_s": statistics.median(r[0] for r in rs), "last_token_s": statistics.median(r[1] for r in rs),
-                  "process_s": statistics.median(r[2] for r in rs), "peak_rss": max(r[3] for r in rs),
-                  "cpu_s": statistics.median(r[4] for r in rs), "kernel": ", ".join(sorted({r[5] for r in rs}))}
-            for way, rs in runs.items()}
-    return {"preset": cfg.load_preset, "ckpt_bytes": size, "int8_ckpt_bytes": int8_size or None, "repeats": cfg.load_repeats,
-            "tokens": cfg.load_tokens, "ways": rows}
+    """sample.py's start itemised (LOAD_PARTS) and its load_tokens greedy tokens end to end, in fresh
+    processes, for a float32 checkpoint of `load_preset`, the same with --quantize int8 and convert.py's int8
+    checkpoint of it (--int8); with `ref`, the same commands on that commit's code beside this tree's, the
+    runs alternating (this, ref; then ref, this), load_repeats of each, medians."""
+    files = load_checkpoints(cfg.load_preset, cfg.load_dir or tmp, cfg.int8)
+    trees = {"this": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    if cfg.ref:
+        trees[cfg.ref] = ref_tree(cfg.ref, os.path.join(tmp, "ref"))
+    runs = {(way, tree): [] for way in files for tree in trees}
+    for repeat in range(cfg.load_repeats):
+        for way in files:
+            for tree in list(trees)[:: 1 if repeat % 2 == 0 else -1]:
+                runs[way, tree].append(run_load_child(trees[tree], files[way], way, cfg.load_tokens,
+                                                      torch.get_num_threads()))
+    rows = [{"way": way, "tree": tree, "runs": rs, "kernel": ", ".join(sorted({r["kernel"] for r in rs})),
+             **{k: statistics.median(r[k] for r in rs) for k in (*LOAD_PARTS, "to_first_s", "to_last_s", "cpu_s")},
+             "tokens": min(r["tokens"] for r in rs), "peak_rss": max(r["peak_rss"] for r in rs)}
+            for (way, tree), rs in runs.items()]
+    return {"preset": cfg.load_preset, "ckpt_bytes": os.path.getsize(files["float32"]), "ref": cfg.ref,
+            "int8_ckpt_bytes": os.path.getsize(files["int8 checkpoint"]) if cfg.int8 else None,
+            "repeats": cfg.load_repeats, "tokens": cfg.load_tokens, "rows": rows}
 
 
 # ----------------------------------------------------------------------------- the compiled step, warm cache
@@ -701,20 +780,22 @@ def run(cfg: BenchConfig) -> dict:
                 target(f"int8 decoding, compiled step: weight bytes read / one-thread read bandwidth, batch 1 ({sa['preset']})",
                        r["int8_compiled_fraction"], 0.75)
     if lo:
-        old, new = lo["ways"]["old"], lo["ways"]["new"]
-        target(f"time to first token, load_checkpoint / old path ({lo['preset']})", new["first_token_s"] / old["first_token_s"],
-               round(1 / 3, 2), at_most=True)
-        target(f"peak RSS, load_checkpoint / checkpoint size ({lo['preset']})", new["peak_rss"] / lo["ckpt_bytes"], 1.15, at_most=True)
-        if "int8" in lo["ways"]:
-            target(f"end to end (load, quantize, {lo['tokens']} greedy tokens), int8 / float32 ({lo['preset']})",
-                   lo["ways"]["int8"]["last_token_s"] / new["last_token_s"], 0.5, at_most=True)
-        if "int8_ckpt" in lo["ways"]:
-            i8 = lo["ways"]["int8_ckpt"]
-            target(f"peak RSS, int8 checkpoint / float32 checkpoint size ({lo['preset']})", i8["peak_rss"] / lo["ckpt_bytes"],
-                   0.45, at_most=True)
-            target(f"end to end (process start to token {lo['tokens']}), int8 checkpoint / float32 ({lo['preset']})",
-                   i8["process_s"] / new["process_s"], 0.5, at_most=True)
-            target(f"first token, int8 checkpoint / float32 ({lo['preset']})", i8["first_token_s"] / new["first_token_s"],
+        row = {(r["way"], r["tree"]): r for r in lo["rows"]}
+        f32 = row["float32", "this"]
+        if lo["ref"]:
+            for way in dict.fromkeys(r["way"] for r in lo["rows"]):
+                target(f"sample.py's first token, {way}, this tree / {lo['ref']} ({lo['preset']})",
+                       row[way, "this"]["to_first_s"] / row[way, lo["ref"]]["to_first_s"], 1.05, at_most=True)
+        target(f"peak RSS, float32 checkpoint / its size ({lo['preset']})", f32["peak_rss"] / lo["ckpt_bytes"], 1.15,
+               at_most=True)
+        if ("quantize int8", "this") in row:
+            i8, ckpt8 = row["quantize int8", "this"], row["int8 checkpoint", "this"]
+            for name, r in (("--quantize int8", i8), ("int8 checkpoint", ckpt8)):
+                target(f"end to end (process start to token {lo['tokens']}), {name} / float32 ({lo['preset']})",
+                       r["to_last_s"] / f32["to_last_s"], 0.5, at_most=True)
+            target(f"peak RSS, int8 checkpoint / float32 checkpoint size ({lo['preset']})",
+                   ckpt8["peak_rss"] / lo["ckpt_bytes"], 0.45, at_most=True)
+            target(f"first token, int8 checkpoint / float32 ({lo['preset']})", ckpt8["to_first_s"] / f32["to_first_s"],
                    1.0, at_most=True)
     if pr:
         target(f"prep all cores / ({pr['workers']} x one worker) MB/s", pr["mb_s_all"] / (pr["workers"] * pr["mb_s_1"]), 0.8)
@@ -812,18 +893,28 @@ def table(res) -> str:
                       for r, name, n in low]
         lines.append("")
     if lo:
-        int8_file = f", int8 checkpoint {lo['int8_ckpt_bytes'] / 1e9:.2f} GB" if lo.get("int8_ckpt_bytes") else ""
-        lines += [f"loading: preset {lo['preset']}, checkpoint {lo['ckpt_bytes'] / 1e9:.2f} GB{int8_file}, a fresh process per load "
-                  f"(median of {lo['repeats']}); first and last of {lo['tokens']} greedy tokens: from reading the file, after imports; "
-                  "whole process: from the child's first line, imports included",
-                  f"| path | kernel | first token s | token {lo['tokens']} s | whole process s | CPU s (all threads) | peak RSS GB | "
-                  "peak RSS / float32 checkpoint |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
-        names = {"old": "old: random init + load_state_dict copy", "new": "load_checkpoint (meta build + mmap + assign) + check_finite",
-                 "int8": "load_checkpoint + quantize_int8", "int8_ckpt": "int8 checkpoint (tools.convert native2int8)"}
-        for way, r in lo["ways"].items():
-            lines.append(f"| {names[way]} | {r['kernel']} | {r['first_token_s']:.2f} | {r['last_token_s']:.2f} | {r['process_s']:.2f} | {r['cpu_s']:.2f} | "
-                         f"{r['peak_rss'] / 1e9:.2f} | {r['peak_rss'] / lo['ckpt_bytes']:.2f}x |")
+        int8_file = f", int8 checkpoint {lo['int8_ckpt_bytes'] / 1e9:.2f} GB" if lo["int8_ckpt_bytes"] else ""
+        beside = f"; this tree beside {lo['ref']} (git archive), alternating" if lo["ref"] else ""
+        lines += [f"loading: preset {lo['preset']}, checkpoint {lo['ckpt_bytes'] / 1e9:.2f} GB{int8_file}; "
+                  f"sample.py --prompt Hello --temperature 0 --max_new_tokens {lo['tokens']} in a fresh process a "
+                  f"run{beside}; median of {lo['repeats']}; s from the child's first line (imports: torch, sample.py's, "
+                  "quantize.py's for int8); building: load_checkpoint less reading and the kernel choice; rest: "
+                  "sample.py's other set-up",
+                  f"| path | code | imports | tokenizer | reading the file | building the model | int8 kernel choice | "
+                  f"first token | rest | to first token | to token {lo['tokens']} | peak RSS GB | CPU s | kernel |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        row = {(r["way"], r["tree"]): r for r in lo["rows"]}
+        for r in lo["rows"]:
+            short = f" ({r['tokens']} tokens: end of text)" if r["tokens"] < lo["tokens"] else ""
+            lines.append(f"| {r['way']} | {r['tree']} | " + " | ".join(f"{r[k]:.3f}" for k in LOAD_PARTS)
+                         + f" | {r['to_first_s']:.2f} | {r['to_last_s']:.2f}{short} | {r['peak_rss'] / 1e9:.2f} | "
+                         f"{r['cpu_s']:.1f} | {r['kernel']} |")
+            if lo["ref"] and r["tree"] == lo["ref"]:
+                this = row[r["way"], "this"]
+                timed = (*LOAD_PARTS, "to_first_s", "to_last_s")
+                ratios = [f"{this[k] / r[k]:.2f}x" if r[k] > 0.0005 else "-" for k in timed]
+                lines.append(f"| {r['way']} | this / {lo['ref']} | {' | '.join(ratios)} | "
+                             f"{this['peak_rss'] / r['peak_rss']:.2f}x | {this['cpu_s'] / r['cpu_s']:.2f}x | |")
         lines.append("")
     if pr:
         lines += [f"data preparation: {pr['mb']:.1f} MB corpus, vocab 8192",
@@ -866,7 +957,7 @@ READ_BY = {"train": ("preset", "block_size", "batch_size", "train_repeats", "ste
                      "nanogpt"),
            "sample": ("sample_preset", "sample_input", "prompt_len", "new_tokens", "sample_batches", "recompute",
                       "sample_compile", "precisions", "int8", "bandwidth_mb", "repeats"),
-           "load": ("load_preset", "load_repeats", "load_tokens", "int8"),
+           "load": ("load_preset", "load_repeats", "load_tokens", "int8", "ref", "load_dir"),
            "prep": ("corpus", "prep_copies", "workers", "repeats"),
            "compile_cache": ("cache_preset", "cache_other", "prompt_len", "new_tokens", "cache_repeats")}
 
