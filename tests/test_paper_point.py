@@ -109,7 +109,7 @@ def test_a_grid_is_scored_on_its_first_seeds_and_an_edge_gets_no_tuned_lr():
     assert pp.tuned(args, known, size, "learned") == 1.6e-2
     assert pp.grid(args, known, size, "binary")[1:] == (3.2e-2, "edge: extend the grid up")
     assert pp.tuned(args, known, size, "binary") is None  # no seeds, controls or gap at an edge
-    seeds = dict(pp.stages(args, known))["seeds at the tuned lrs"]
+    seeds = dict(pp.stages(args, known))["seeds at the tuned and tied lrs"]
     assert {(p.lr, v) for p, v, _ in seeds} == {(1.6e-2, "learned")}
     assert "edge: extend the grid up" in " ".join(pp.unfinished(args, known))
 
