@@ -3,10 +3,15 @@ The paper's point, tuned: the learned-vs-binary gap at the paper's table share (
 (T = 36 tokens per trainable parameter of the binary model), at several sizes, each input at a learning rate
 searched for it at that size and length; then a rule written before the runs says whether the gap grows with size.
 
-The study of docs/results.md section 9b is two commands, run in this order (resumable: stop and rerun them):
+The study of docs/results.md sections 9b and 9c is three commands (resumable: stop and rerun them); the 8 x 32
+one reads the first's record (--beside) for the depth rule and README's table:
 
     python -m tools.paper_point --corpus tinyshakespeare.txt janeausten.txt kjv.txt --jobs 2 \
-        --out runs/paper-tuned --reuse docs/runs/paper-point.json --record docs/runs/paper-point-tuned.json
+        --out runs/paper-tuned --reuse docs/runs/paper-point.json docs/runs/paper-point-tuned-9b.json \
+        --record docs/runs/paper-point-tuned.json
+    python -m tools.paper_point --corpus tinyshakespeare.txt janeausten.txt kjv.txt --jobs 2 \
+        --out runs/paper-tuned-8x32 --vocab 513 --sizes 8x32 --control_sizes "" \
+        --beside docs/runs/paper-point-tuned.json --record docs/runs/paper-point-tuned-8x32.json
     python -m tools.paper_point --corpus tinyshakespeare.txt janeausten.txt kjv.txt --jobs 2 \
         --out runs/paper-tuned-3x96 --vocab 512 --sizes 3x96 --tokens_per_param 33 --lrs 4e-3,8e-3,1.6e-2 \
         --grid_seeds 1 --extend 0 --seeds 1 --control_sizes "" \
@@ -15,10 +20,12 @@ The study of docs/results.md section 9b is two commands, run in this order (resu
     python -m tools.paper_point ... --report       # train nothing: report the runs that finished
 
 The first plans, in this order: the lr grid of learned and binary at 4 x 32, then at 2 x 64 (4e-3, 8e-3, 1.6e-2,
-3.2e-2, grown by x2 steps, 2 seeds a point), then both inputs to 5 seeds at their tuned lrs at each size, then the
-controls at 2 x 64 (affine, random, frozen; 3 seeds) at the learned input's tuned lr. The second: 3 x 96 at V = 512
-(T = 33 keeps it under 3 epochs of that text), learned and binary at 4e-3 and 1.6e-2 beside the 3 seeds at 8e-3 it
-has, 1 seed each, the grid not grown (an edge is reported).
+3.2e-2, grown by x2 steps, 2 seeds a point), then both inputs to 5 seeds at their tuned lrs and at every lr tied
+with them (TIE_RULE), one more paired seed while a tuned gap's interval is wide (SEED_RULE), then the controls at
+2 x 64 (affine, random, frozen), each with its own lr grid (--control_lrs) and 3 seeds at its own best. The
+second: 8 x 32 at V = 513 the same way. The third: 3 x 96 at V = 512 (T = 33 keeps it under 3 epochs of that
+text), learned and binary at 4e-3 and 1.6e-2 beside the 3 seeds at 8e-3 it has, 1 seed each, the grid not grown
+(an edge is reported).
 
 Design choices, up front:
 - The text: every --corpus file cut into documents of about --doc_chars characters at line ends
@@ -35,19 +42,25 @@ Design choices, up front:
   tuned when it is interior: the grid's lower and higher neighbours both score worse. While the best sits at
   an end, the grid grows one x2 step that way (at most --extend steps past each end); an edge that remains is
   reported as "edge: extend the grid up" (or down) and never used: no seeds, controls or gaps run at it.
-- Then learned and binary to --seeds seeds at their own tuned lrs, and at --control_sizes the controls, each at
-  the learned input's tuned lr: the affine code, the frozen random table at the code's scale ("random", std
-  sqrt(1/2)) and the learned table's own init, frozen ("frozen", std 0.02): learned vs frozen asks whether
-  training the table matters, frozen vs random whether its scale does.
+- Then learned and binary to --seeds seeds at their own tuned lrs and at the lrs tied with them, and at
+  --control_sizes the controls, each at its own tuned lr against learned at learned's: the affine code, the
+  frozen random table at the code's scale ("random", std sqrt(1/2)) and the learned table's own init, frozen
+  ("frozen", std 0.02): learned vs frozen asks whether training the table matters, frozen vs random whether
+  its scale does.
+- Near ties (TIE_RULE): an lr within one pooled seed sd of its grid's best is tied with it; every verdict is
+  computed under every choice of tied lrs, and called robust only when all choices agree (robustness).
 - Paired: model.GPT draws a seed's decoder and head the same whatever the input, and the seed fixes the data
   order, so a seed's gap pays for the input (and its lr) alone. The gap of seed s is loss(input) - loss(learned)
   on the whole validation split, in nats per token; its perplexity form exp(gap) - 1. Over seeds: mean, sd and a
   95% t interval whose units are the seeds; its verdicts are computed: does it exclude 0, does it lie inside
   the paper's +-4.8%.
-- The decision rule, RULE below, was committed before the runs; the report computes it (decide).
+- The decision rules, RULE, TIE_RULE, SEED_RULE and DEPTH_RULE below, were committed before the runs they
+  decide; the report computes them (decide, robustness, depth_decide).
 - Runs already made count where they match: --reuse names records of this tool (a results.json) whose rows
   give per-seed bits per byte by source; a run of the same size, V, T and lr is taken back from them (each
-  source's loss from its bits per byte, checked against the row's whole split) and not trained again.
+  source's loss from its bits per byte, checked against the row's whole split) and not trained again; a run
+  its list of runs holds (an lr grid's, in no row) is taken back with its whole-split loss alone, when the
+  record was made with this text, V, T and batch.
 - Runs are compare.run_one's (train.train), in <out>/<text>-V<V>/<L>x<D>-T<T>-lr<lr>/<input>-seed<k>/; stop
   and rerun the same command: finished runs are read back, interrupted ones resume from their checkpoints. As
   each run ends, the report, results.json and the --record copy are rewritten (atomically).
