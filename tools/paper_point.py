@@ -1000,7 +1000,8 @@ def per_source_table(rows):
 
 def plot(rows, path):
     """The gap (perplexity %) along training against tokens per binary parameter at the tuned lrs: one line per
-    (size, input) over the seeds with logs (a reused run has none), the paper's point marked."""
+    (size, V, input) of this record and the --beside ones, over the seeds with logs (a reused row keeps its
+    record's curve), the paper's point marked."""
     if (plt := compare.pyplot()) is None:
         return None
     fig, ax = plt.subplots(figsize=(10, 4.8))
@@ -1056,7 +1057,8 @@ def write_report(args, meta, windows, show=True):
         "In short (README):\n\n" + key_table([*map(read_record, args.beside), record]),
         "Not finished (in no table): " + ("; ".join(record["unfinished"]) or "none") + ".",
         "Diverged: " + ("; ".join(diverged) or "none") + "."]) + "\n"
-    compare.write_results(args.out, report, record, ("paper_point.png", lambda path: plot(record["rows"], path)),
+    rows = [r for other in map(read_record, args.beside) for r in other["rows"]] + record["rows"]
+    compare.write_results(args.out, report, record, ("paper_point.png", lambda path: plot(rows, path)),
                           show=show)
     if args.record:
         atomic_write(args.record, json.dumps(record, indent=1) + "\n")
