@@ -109,7 +109,7 @@ def test_a_grid_is_scored_on_its_first_seeds_and_an_edge_gets_no_tuned_lr():
     assert pp.tuned(args, known, size, "learned") == 1.6e-2
     assert pp.grid(args, known, size, "binary")[1:] == (3.2e-2, "edge: extend the grid up")
     assert pp.tuned(args, known, size, "binary") is None  # no seeds, controls or gap at an edge
-    seeds = dict(pp.stages(args, known))["seeds at the tuned lrs"]
+    seeds = dict(pp.stages(args, known))["seeds at the tuned and tied lrs"]
     assert {(p.lr, v) for p, v, _ in seeds} == {(1.6e-2, "learned")}
     assert "edge: extend the grid up" in " ".join(pp.unfinished(args, known))
 
@@ -165,3 +165,83 @@ def test_a_run_reused_from_a_record_is_the_run_it_holds(tmp_path):
     windows["b"]["bytes"] += 1  # another text
     with pytest.raises(ValueError, match="does not add up"):
         pp.reused_runs(args, windows, meta)
+
+
+def test_the_tie_rule_keeps_the_lrs_within_one_pooled_seed_sd_of_the_best():
+    """TIE_RULE: the sd pools each lr's seeds (lrs with one seed give nothing); an lr within it of the best ties."""
+    sd = pp.pooled_sd({8e-3: [2.0, 2.2], 1.6e-2: [1.9, 1.9], 3.2e-2: [2.5]})
+    assert sd == pytest.approx(math.sqrt((0.02 + 0.0) / 2))  # variances 0.02 and 0, one degree of freedom each
+    assert pp.pooled_sd({8e-3: [2.0]}) is None
+    scores = {4e-3: 2.30, 8e-3: 2.10, 1.6e-2: 2.00, 3.2e-2: 2.0999}
+    assert pp.tied(scores, 1.6e-2, sd=0.1) == [1.6e-2, 3.2e-2]  # 2.0999 - 2.00 <= 0.1; 2.10 - 2.00 is not
+    assert pp.tied(scores, 1.6e-2, sd=0.0) == [1.6e-2]
+
+
+def made_up_record(size, vocab, learned, binary, ties, tokens_per_byte=1.0):
+    """A record of one size: {input: {lr: [loss of seed 0, 1, ...]}} and each input's tied lrs (tuned first)."""
+    grid = {v: {f"{lr:g}": seeds for lr, seeds in by.items()} for v, by in (("learned", learned), ("binary", binary))}
+    return {"sizes": [{"size": size, "vocab": vocab, "lr_grid": grid, "binary_trainable": 1}],
+            "ties": {size: {v: {"lrs": lrs} for v, lrs in ties.items()}}, "tokens_per_byte": tokens_per_byte}
+
+
+BASE = [2.0, 2.1, 2.05, 1.95, 2.02]
+
+
+def test_a_verdict_is_robust_only_when_every_choice_of_tied_lrs_gives_it():
+    """Robust: binary is worse at both tied learned lrs. Flipped: at the tied lr binary is better, so the sign
+    depends on the choice. Tied but short of seeds: not yet."""
+    worse = [x + 0.05 + 0.001 * i for i, x in enumerate(BASE)]
+    better = [x - 0.05 - 0.001 * i for i, x in enumerate(BASE)]
+    learned = {1.6e-2: BASE, 8e-3: [x + 0.01 for x in BASE]}
+    robust = pp.size_facts(made_up_record("4x32", 257, learned, {3.2e-2: worse},
+                                          {"learned": [1.6e-2, 8e-3], "binary": [3.2e-2]}))
+    found, = pp.robustness(robust, ["4x32"], seeds=5)
+    assert [c["verdict"] for c in found["combinations"]] == ["worse (CI above 0)"] * 2
+    assert found["robust"] and found["outcome"] == "worse (CI above 0)"
+    flipped = pp.size_facts(made_up_record("4x32", 257, learned, {3.2e-2: worse, 1.6e-2: better},
+                                           {"learned": [1.6e-2], "binary": [3.2e-2, 1.6e-2]}))
+    found, = pp.robustness(flipped, ["4x32"], seeds=5)
+    assert found["at_tuned"] == "worse (CI above 0)" and not found["robust"] and found["outcome"] == "not robust"
+    short = pp.size_facts(made_up_record("4x32", 257, learned, {3.2e-2: worse, 1.6e-2: worse[:2]},
+                                         {"learned": [1.6e-2], "binary": [3.2e-2, 1.6e-2]}))
+    found, = pp.robustness(short, ["4x32"], seeds=5)
+    assert found["outcome"] == "not yet" and not found["robust"]
+
+
+def test_the_size_and_depth_rules_are_decided_under_every_choice_of_tied_lrs():
+    """Three made-up sizes whose gaps per byte follow depth (8x32 below both): 'depth', robust; with a tied lr at
+    2x64 whose gap matches 8x32's, the choice flips the verdict: not robust."""
+    def gaps(g):
+        return [x + g + 0.002 * i for i, x in enumerate(BASE)]
+    records = [made_up_record("4x32", 257, {1.6e-2: BASE}, {3.2e-2: gaps(0.03)},
+                              {"learned": [1.6e-2], "binary": [3.2e-2]}),
+               made_up_record("2x64", 257, {1.6e-2: BASE}, {8e-3: gaps(0.06), 1.6e-2: gaps(0.005)},
+                              {"learned": [1.6e-2], "binary": [8e-3]}),
+               made_up_record("8x32", 513, {8e-3: BASE}, {8e-3: gaps(0.005)},
+                              {"learned": [8e-3], "binary": [8e-3]}, tokens_per_byte=1.0)]
+    facts = {}
+    for r in records:
+        facts.update(pp.size_facts(r))
+    verdicts = {v["verdict"]: v for v in pp.robustness(facts, ["4x32", "2x64", "8x32"], seeds=5)}
+    assert verdicts["RULE: 4x32 -> 2x64"]["outcome"] == "grows"
+    assert verdicts["DEPTH_RULE"]["outcome"] == "depth" and verdicts["DEPTH_RULE"]["robust"]
+    assert "RULE: 2x64 -> 8x32" not in verdicts  # another V: only the depth rule compares them
+    records[1]["ties"]["2x64"]["binary"]["lrs"] = [8e-3, 1.6e-2]
+    facts.update(pp.size_facts(records[1]))
+    verdicts = {v["verdict"]: v for v in pp.robustness(facts, ["4x32", "2x64", "8x32"], seeds=5)}
+    assert {c["verdict"] for c in verdicts["DEPTH_RULE"]["combinations"]} == {"depth", "undecided"}
+    assert verdicts["DEPTH_RULE"]["outcome"] == "not robust"
+    assert verdicts["RULE: 4x32 -> 2x64"]["outcome"] == "not robust"  # at 1.6e-2 2x64's gap is below 4x32's
+
+
+@pytest.mark.parametrize("deep, verdict", [((0.04, 0.06), "size"), ((0.0, 0.005), "depth"),
+                                           ((0.015, 0.025), "width"), ((0.09, 0.1), "undecided")])
+def test_the_depth_rule_reads_two_interval_comparisons(deep, verdict):
+    small, large = {"lo": 0.01, "hi": 0.03}, {"lo": 0.035, "hi": 0.07}
+    assert pp.depth_decide(small, large, {"lo": deep[0], "hi": deep[1]})[0] == verdict
+
+
+def test_the_seed_rule_asks_for_a_seed_while_the_interval_is_wider_than_two_points():
+    assert pp.wide([0.01, 0.05, -0.02, 0.03, 0.0])
+    assert not pp.wide([0.030, 0.031, 0.029, 0.030, 0.031])
+    assert pp.wide([0.03])  # under two seeds there is no interval

@@ -3,10 +3,15 @@ The paper's point, tuned: the learned-vs-binary gap at the paper's table share (
 (T = 36 tokens per trainable parameter of the binary model), at several sizes, each input at a learning rate
 searched for it at that size and length; then a rule written before the runs says whether the gap grows with size.
 
-The study of docs/results.md section 9b is two commands, run in this order (resumable: stop and rerun them):
+The study of docs/results.md sections 9b and 9c is three commands (resumable: stop and rerun them); the 8 x 32
+one reads the first's record (--beside) for the depth rule and README's table:
 
     python -m tools.paper_point --corpus tinyshakespeare.txt janeausten.txt kjv.txt --jobs 2 \
-        --out runs/paper-tuned --reuse docs/runs/paper-point.json --record docs/runs/paper-point-tuned.json
+        --out runs/paper-tuned --reuse docs/runs/paper-point.json docs/runs/paper-point-tuned-9b.json \
+        --record docs/runs/paper-point-tuned.json
+    python -m tools.paper_point --corpus tinyshakespeare.txt janeausten.txt kjv.txt --jobs 2 \
+        --out runs/paper-tuned-8x32 --vocab 513 --sizes 8x32 --control_sizes "" \
+        --beside docs/runs/paper-point-tuned.json --record docs/runs/paper-point-tuned-8x32.json
     python -m tools.paper_point --corpus tinyshakespeare.txt janeausten.txt kjv.txt --jobs 2 \
         --out runs/paper-tuned-3x96 --vocab 512 --sizes 3x96 --tokens_per_param 33 --lrs 4e-3,8e-3,1.6e-2 \
         --grid_seeds 1 --extend 0 --seeds 1 --control_sizes "" \
@@ -15,10 +20,12 @@ The study of docs/results.md section 9b is two commands, run in this order (resu
     python -m tools.paper_point ... --report       # train nothing: report the runs that finished
 
 The first plans, in this order: the lr grid of learned and binary at 4 x 32, then at 2 x 64 (4e-3, 8e-3, 1.6e-2,
-3.2e-2, grown by x2 steps, 2 seeds a point), then both inputs to 5 seeds at their tuned lrs at each size, then the
-controls at 2 x 64 (affine, random, frozen; 3 seeds) at the learned input's tuned lr. The second: 3 x 96 at V = 512
-(T = 33 keeps it under 3 epochs of that text), learned and binary at 4e-3 and 1.6e-2 beside the 3 seeds at 8e-3 it
-has, 1 seed each, the grid not grown (an edge is reported).
+3.2e-2, grown by x2 steps, 2 seeds a point), then both inputs to 5 seeds at their tuned lrs and at every lr tied
+with them (TIE_RULE), one more paired seed while a tuned gap's interval is wide (SEED_RULE), then the controls at
+2 x 64 (affine, random, frozen), each with its own lr grid (--control_lrs) and 3 seeds at its own best. The
+second: 8 x 32 at V = 513 the same way. The third: 3 x 96 at V = 512 (T = 33 keeps it under 3 epochs of that
+text), learned and binary at 4e-3 and 1.6e-2 beside the 3 seeds at 8e-3 it has, 1 seed each, the grid not grown
+(an edge is reported).
 
 Design choices, up front:
 - The text: every --corpus file cut into documents of about --doc_chars characters at line ends
@@ -35,19 +42,25 @@ Design choices, up front:
   tuned when it is interior: the grid's lower and higher neighbours both score worse. While the best sits at
   an end, the grid grows one x2 step that way (at most --extend steps past each end); an edge that remains is
   reported as "edge: extend the grid up" (or down) and never used: no seeds, controls or gaps run at it.
-- Then learned and binary to --seeds seeds at their own tuned lrs, and at --control_sizes the controls, each at
-  the learned input's tuned lr: the affine code, the frozen random table at the code's scale ("random", std
-  sqrt(1/2)) and the learned table's own init, frozen ("frozen", std 0.02): learned vs frozen asks whether
-  training the table matters, frozen vs random whether its scale does.
+- Then learned and binary to --seeds seeds at their own tuned lrs and at the lrs tied with them, and at
+  --control_sizes the controls, each at its own tuned lr against learned at learned's: the affine code, the
+  frozen random table at the code's scale ("random", std sqrt(1/2)) and the learned table's own init, frozen
+  ("frozen", std 0.02): learned vs frozen asks whether training the table matters, frozen vs random whether
+  its scale does.
+- Near ties (TIE_RULE): an lr within one pooled seed sd of its grid's best is tied with it; every verdict is
+  computed under every choice of tied lrs, and called robust only when all choices agree (robustness).
 - Paired: model.GPT draws a seed's decoder and head the same whatever the input, and the seed fixes the data
   order, so a seed's gap pays for the input (and its lr) alone. The gap of seed s is loss(input) - loss(learned)
   on the whole validation split, in nats per token; its perplexity form exp(gap) - 1. Over seeds: mean, sd and a
   95% t interval whose units are the seeds; its verdicts are computed: does it exclude 0, does it lie inside
   the paper's +-4.8%.
-- The decision rule, RULE below, was committed before the runs; the report computes it (decide).
+- The decision rules, RULE, TIE_RULE, SEED_RULE and DEPTH_RULE below, were committed before the runs they
+  decide; the report computes them (decide, robustness, depth_decide).
 - Runs already made count where they match: --reuse names records of this tool (a results.json) whose rows
   give per-seed bits per byte by source; a run of the same size, V, T and lr is taken back from them (each
-  source's loss from its bits per byte, checked against the row's whole split) and not trained again.
+  source's loss from its bits per byte, checked against the row's whole split) and not trained again; a run
+  its list of runs holds (an lr grid's, in no row) is taken back with its whole-split loss alone, when the
+  record was made with this text, V, T and batch.
 - Runs are compare.run_one's (train.train), in <out>/<text>-V<V>/<L>x<D>-T<T>-lr<lr>/<input>-seed<k>/; stop
   and rerun the same command: finished runs are read back, interrupted ones resume from their checkpoints. As
   each run ends, the report, results.json and the --record copy are rewritten (atomically).
@@ -66,7 +79,7 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, product
 from types import SimpleNamespace
 
 import numpy as np
@@ -130,7 +143,13 @@ class PaperPointConfig(compare.StudyShape):
     seeds: int = preset_setting(5, "seeds of learned and binary at each size's tuned lrs", quick=2)
     controls: str = setting("affine,random,frozen", "inputs run at --control_sizes, at the learned input's tuned lr")
     control_sizes: str = preset_setting("2x64", "sizes that run the controls ('' for none)", quick="1x32")
-    control_seeds: int = preset_setting(3, "seeds of each control", quick=2)
+    control_seeds: int = preset_setting(3, "seeds of each control at its own tuned lr", quick=2)
+    control_lrs: str = preset_setting("8e-3,1.6e-2,3.2e-2", "the lr grid each control's search starts from",
+                                      quick="1.6e-2,3.2e-2,6.4e-2")
+    max_seeds: int = preset_setting(10, "seeds of the tuned pair at most, while its interval is wide (SEED_RULE)",
+                                    quick=3)
+    beside: list[str] = setting([], "records of this tool at another V whose sizes join the depth rule and the "
+                                    "key result's table", nargs="*")
     evals: int = preset_setting(12, "evaluations along each run (the figure's curves)", quick=4)
     eval_batches: int = preset_setting(8, "validation batches per evaluation along a run", quick=2)
     jobs: int = setting(1, "runs in parallel, each with cores/jobs threads")
@@ -256,8 +275,10 @@ def lr_score(known, size, v, seeds):
 
 
 def grid(args, known, size, v):
-    """search() of input v at a size, on the runs known so far: (lrs, best, where)."""
-    return search(lr_score(known, size, v, args.grid_seeds), floats(args.lrs, "--lrs"), args.extend)
+    """search() of input v at a size, on the runs known so far: (lrs, best, where). The controls start from
+    --control_lrs, learned and binary from --lrs."""
+    start = floats(args.lrs, "--lrs") if v in INPUTS else floats(args.control_lrs, "--control_lrs")
+    return search(lr_score(known, size, v, args.grid_seeds), start, args.extend)
 
 
 def tuned(args, known, size, v):
@@ -266,27 +287,89 @@ def tuned(args, known, size, v):
     return best if where == "interior" else None
 
 
+# ----------------------------------------------------------------------------- near ties (TIE_RULE)
+def pooled_sd(losses_by_lr):
+    """The sd of the loss across seeds at one lr, pooled over the lrs with 2+ losses ({lr: [loss, ...]});
+    None when no lr has two."""
+    groups = [x for x in losses_by_lr.values() if len(x) >= 2]
+    df = sum(len(x) - 1 for x in groups)
+    if df == 0:
+        return None
+    return math.sqrt(sum((len(x) - 1) * statistics.variance(x) for x in groups) / df)
+
+
+def tied(scores, best, sd):
+    """TIE_RULE on one grid: the lrs whose score is within `sd` of the best's, the best first ({lr: score})."""
+    return [best] + sorted(lr for lr, x in scores.items() if lr != best and x - scores[best] <= sd)
+
+
+def grid_losses(known, size, v, lrs, seeds):
+    """{lr: [whole-split loss of each finished, not diverged seed 0 .. seeds-1]} of input v's grid at a size."""
+    return {lr: [whole_loss(known[r]) for s in range(seeds) if (r := (size, v, lr, s)) in known and known[r]]
+            for lr in lrs}
+
+
+def ties(args, known, size, v):
+    """Input v's lrs tied with its tuned lr at a size, the tuned first: {"lrs", "sd", "scores"}, or None until
+    the lr is tuned."""
+    lrs, best, where = grid(args, known, size, v)
+    if where != "interior":
+        return None
+    score = lr_score(known, size, v, args.grid_seeds)
+    scores = {lr: score(lr) for lr in lrs}
+    sd = pooled_sd(grid_losses(known, size, v, lrs, args.grid_seeds)) or 0.0
+    return {"lrs": tied(scores, best, sd), "sd": sd, "scores": scores}
+
+
+def tuned_gaps(known, size, lrs, seeds=None):
+    """Per-seed gaps loss(binary) - loss(learned) (nats per token) at lrs {input: lr}, over the seeds both
+    finished (diverged runs left out), or over `seeds` only."""
+    by = {v: {s: whole_loss(x) for (z, w, r, s), x in known.items() if (z, w, r) == (size, v, lr) and x}
+          for v, lr in lrs.items()}
+    common = sorted(set(by["binary"]) & set(by["learned"]) & (set(seeds) if seeds is not None else set(by["binary"])))
+    return [by["binary"][s] - by["learned"][s] for s in common]
+
+
+def wide(gaps, points=0.02):
+    """SEED_RULE's test: a 95% interval wider than +-points in perplexity (None: under two seeds, wide)."""
+    ci = interval(gaps)
+    return ci is None or (math.expm1(ci["hi"]) - math.expm1(ci["lo"])) / 2 > points
+
+
 def stages(args, known):
     """The runs, in the order of their value, as [(title, [(point, input, seed)])]: each size's lr grid (in the
-    order of --sizes), then learned and binary to --seeds seeds at their tuned lrs, then the controls at the
-    learned input's. A run that needs a tuned lr not yet found (its grid unfinished or at an edge) is left
-    out; the plan is redrawn as runs end."""
+    order of --sizes); learned and binary to --seeds seeds at their tuned and tied lrs; one more seed of the
+    tuned pair while its interval is wide (SEED_RULE); the controls' grids, then each control to
+    --control_seeds at its own tuned lr. A run that needs a tuned lr not yet found is left out; the plan is
+    redrawn as runs end."""
     out = []
     for L, D in sizes(args):
         lrs = {v: grid(args, known, (L, D), v)[0] for v in INPUTS}
         out.append((f"lr grid {L}x{D}", [(point(args, L, D, lr), v, s) for v in INPUTS for lr in lrs[v]
                                          for s in range(args.grid_seeds)]))
-    work = []
+    work, more = [], []
     for size in sizes(args):
+        tie = {v: ties(args, known, size, v) for v in INPUTS}
         for v in INPUTS:
-            if (lr := tuned(args, known, size, v)) is not None:
-                work += [(point(args, *size, lr), v, s) for s in range(args.seeds)]
-    out.append(("seeds at the tuned lrs", work))
-    work = []
+            work += [(point(args, *size, lr), v, s) for lr in (tie[v] or {"lrs": []})["lrs"]
+                     for s in range(args.seeds)]
+        if None in tie.values():
+            continue
+        lrs = {v: tie[v]["lrs"][0] for v in INPUTS}
+        n = len(tuned_gaps(known, size, lrs))
+        if args.seeds <= n < args.max_seeds and wide(tuned_gaps(known, size, lrs)):
+            more += [(point(args, *size, lrs[v]), v, n) for v in INPUTS]
+    out.append(("seeds at the tuned and tied lrs", work))
+    out.append(("one more seed of a tuned pair whose interval is wide", more))
+    grids, work = [], []
     for size in control_sizes(args):
-        if (lr := tuned(args, known, size, "learned")) is not None:
-            work += [(point(args, *size, lr), c, s) for s in range(args.control_seeds) for c in controls(args)]
-    out.append(("controls at the learned input's tuned lr", work))
+        for c in controls(args):
+            grids += [(point(args, *size, lr), c, s) for lr in grid(args, known, size, c)[0]
+                      for s in range(args.grid_seeds)]
+            if (lr := tuned(args, known, size, c)) is not None:
+                work += [(point(args, *size, lr), c, s) for s in range(args.control_seeds)]
+    out.append(("the controls' lr grids", grids))
+    out.append(("controls at their own tuned lrs", work))
     return out
 
 
@@ -390,8 +473,8 @@ def reused_runs(args, windows, meta):
     found = {}
     for path in args.reuse:
         with open(path) as f:
-            rows = json.load(f)["rows"]
-        for r in rows:
+            record = json.load(f)
+        for r in record["rows"]:
             (L, D), = scaling.parse_sizes(r["size"])
             if (L, D) not in sizes(args) or r["vocab"] != args.vocab:
                 continue
@@ -407,6 +490,26 @@ def reused_runs(args, windows, meta):
                         raise ValueError(f"{path}: {r['size']} {v} seed {s} does not add up on this text's validation "
                                          "split: was it made from these files with these settings?")
                     found[(L, D), v, lr, s] = losses
+        found = {**listed_runs(args, record), **found}
+    return found
+
+
+SAME_STUDY = ("corpus", "doc_chars", "encoding", "vocab", "tokens_per_param", "n_head", "block_size", "batch_size")
+
+
+def listed_runs(args, record):
+    """The runs a record of this tool lists with their whole-split loss only (its lr grids' runs, in no row),
+    at these sizes, when it was made with this study's text, V, T and batch: {(size, input, lr, seed): {"all":
+    (loss, 1)}, or None for a diverged run}; a record of another study gives none."""
+    settings = record.get("settings", {})
+    here = {**vars(args), "corpus": [os.path.basename(c) for c in args.corpus]}
+    if any(settings.get(k) != here[k] for k in SAME_STUDY):
+        return {}
+    found = {}
+    for r in record["runs"]:
+        (L, D), = scaling.parse_sizes(r["size"])
+        if (L, D) in sizes(args):
+            found[(L, D), r["input"], r["lr"], r["seed"]] = None if r["loss"] == "diverged" else {"all": (r["loss"], 1)}
     return found
 
 
@@ -529,6 +632,128 @@ def decision(rows, names, seeds):
     return [decide((a, gaps.get(a)), (b, gaps.get(b)), seeds) for a, b in zip(names, names[1:])]
 
 
+# ----------------------------------------------------------------------------- verdicts under near ties
+DEPTH_SIZES = ("4x32", "2x64", "8x32")  # DEPTH_RULE's sizes: the smaller V 257 size, the larger, the deep one
+
+
+def side(x, y):
+    """Where interval x lies against interval y: "above", "below" or "overlap"."""
+    return "above" if x["lo"] > y["hi"] else "below" if x["hi"] < y["lo"] else "overlap"
+
+
+def depth_decide(small, large, deep):
+    """DEPTH_RULE on the three sizes' intervals of the gap per byte -> "size" | "depth" | "width" |
+    "undecided", and the two comparisons it reads."""
+    against = {"vs 2x64": side(deep, large), "vs 4x32": side(deep, small)}
+    verdict = {("overlap", "above"): "size", ("below", "below"): "depth",
+               ("below", "overlap"): "width"}.get(tuple(against.values()), "undecided")
+    return verdict, against
+
+
+def size_facts(record):
+    """What the verdicts read of each size of a record whose learned and binary lrs are tuned: {size: {"vocab",
+    "tokens_per_byte", "ties": {input: [lrs]}, "losses": {input: {lr: {seed: loss}}}}} (diverged runs left out)."""
+    out = {}
+    for z in record["sizes"]:
+        tie = record["ties"].get(z["size"], {})
+        if any(tie.get(v) is None for v in INPUTS):
+            continue
+        losses = {v: {float(lr): {s: x for s, x in enumerate(seeds) if isinstance(x, float)}
+                      for lr, seeds in z["lr_grid"].get(v, {}).items()} for v in INPUTS}
+        out[z["size"]] = {"vocab": z["vocab"], "tokens_per_byte": record["tokens_per_byte"],
+                          "ties": {v: tie[v]["lrs"] for v in INPUTS}, "losses": losses}
+    return out
+
+
+def pair_gaps(fact, lrs):
+    """A size's per-seed gaps (nats per token) of binary at lrs["binary"] against learned at lrs["learned"]."""
+    mine, base = fact["losses"]["binary"].get(lrs["binary"], {}), fact["losses"]["learned"].get(lrs["learned"], {})
+    return [mine[s] - base[s] for s in sorted(set(mine) & set(base))]
+
+
+def choices(facts, names):
+    """Every combination of tied lrs of the sizes `names`: [{size: {input: lr}}], the tuned combination first."""
+    slots = [(z, v) for z in names for v in INPUTS]
+    out = []
+    for pick in product(*(facts[z]["ties"][v] for z, v in slots)):
+        combo = {z: {} for z in names}
+        for (z, v), lr in zip(slots, pick):
+            combo[z][v] = lr
+        out.append(combo)
+    return out
+
+
+def sign_verdict(facts, name, seeds):
+    """A size's gap against 0 (verdicts()'s sign) at one choice of lrs."""
+    def verdict(combo):
+        gaps = pair_gaps(facts[name], combo[name])
+        return "not yet" if len(gaps) < seeds else verdicts(interval(gaps))["sign"]
+    return verdict
+
+
+def size_verdict(facts, small, large, seeds):
+    """RULE from `small` to `large` at one choice of lrs."""
+    def verdict(combo):
+        return decide((small, pair_gaps(facts[small], combo[small])),
+                      (large, pair_gaps(facts[large], combo[large])), seeds)["verdict"]
+    return verdict
+
+
+def per_byte(fact, gaps):
+    """Gaps in nats per token -> bits per byte of the size's validation split."""
+    return [g * fact["tokens_per_byte"] / math.log(2) for g in gaps]
+
+
+def depth_verdict(facts, seeds):
+    """DEPTH_RULE at one choice of lrs."""
+    def verdict(combo):
+        gaps = [per_byte(facts[z], pair_gaps(facts[z], combo[z])) for z in DEPTH_SIZES]
+        if min(len(g) for g in gaps) < seeds:
+            return "not yet"
+        return depth_decide(*(interval(g) for g in gaps))[0]
+    return verdict
+
+
+def robust(name, names, verdict, facts):
+    """A verdict under every combination of the sizes' tied lrs: each combination's outcome; robust when all
+    agree (TIE_RULE). "outcome": the common verdict, "not yet" while any combination lacks its seeds, else
+    "not robust"."""
+    combos = [{"lrs": combo, "verdict": verdict(combo)} for combo in choices(facts, names)]
+    found = {c["verdict"] for c in combos}
+    outcome = "not yet" if "not yet" in found else found.pop() if len(found) == 1 else "not robust"
+    return {"verdict": name, "sizes": list(names), "at_tuned": combos[0]["verdict"], "outcome": outcome,
+            "robust": outcome not in ("not yet", "not robust"), "combinations": combos}
+
+
+def robustness(facts, order, seeds):
+    """Every verdict the study states, each under every combination of tied lrs: each size's sign, RULE on
+    consecutive sizes of one V (`order`: smallest first), and DEPTH_RULE when its three sizes are known."""
+    out = [robust(f"{z}: binary vs learned", [z], sign_verdict(facts, z, seeds), facts) for z in order if z in facts]
+    same_v = [z for z in order if z in facts]
+    for a, b in zip(same_v, same_v[1:]):
+        if facts[a]["vocab"] == facts[b]["vocab"]:
+            out.append(robust(f"RULE: {a} -> {b}", [a, b], size_verdict(facts, a, b, seeds), facts))
+    if all(z in facts for z in DEPTH_SIZES):
+        out.append(robust("DEPTH_RULE", DEPTH_SIZES, depth_verdict(facts, seeds), facts))
+    return out
+
+
+def depth_text(facts, seeds):
+    """DEPTH_RULE at the tuned lrs, in words, with each size's gap per byte and its interval."""
+    if not all(z in facts for z in DEPTH_SIZES):
+        return "DEPTH_RULE: not yet: " + ", ".join(z for z in DEPTH_SIZES if z not in facts) + " not tuned."
+    tuned_lrs = choices(facts, DEPTH_SIZES)[0]
+    cis = {z: interval(per_byte(facts[z], pair_gaps(facts[z], tuned_lrs[z]))) for z in DEPTH_SIZES}
+    if any(ci is None or ci["n"] < seeds for ci in cis.values()):
+        return "DEPTH_RULE: not yet: each size needs its paired seeds."
+    verdict, against = depth_decide(*cis.values())
+    found = "; ".join(f"{z} (V {facts[z]['vocab']}) {1000 * c['mean']:+.1f} ({1000 * c['lo']:+.1f} to "
+                      f"{1000 * c['hi']:+.1f}) millibits/byte, {c['n']} seeds" for z, c in cis.items())
+    return (f"DEPTH_RULE at the tuned lrs: '{verdict}' (8x32 {against['vs 2x64']} 2x64, {against['vs 4x32']} "
+            f"4x32): {found}. 8x32 also differs in V and K (513 / 10 bits against 257 / 9), tokens per byte and "
+            "epochs.")
+
+
 # ----------------------------------------------------------------------------- the record
 def lr_grid(known, size, inputs):
     """{input: {lr: [end-of-run whole-split loss of seed 0, 1, ...]}} of the runs known at a size, each input's
@@ -552,7 +777,7 @@ def size_entry(args, known, size, meta):
     tokens = steps * args.batch_size * args.block_size
     inputs = [*INPUTS, *(controls(args) if size in control_sizes(args) else [])]
     best = {}
-    for v in INPUTS:
+    for v in inputs:
         lrs, lr, where = grid(args, known, size, v)
         best[v] = {"lr": lr, "where": where, "grid": lrs}
     return {"size": f"{L}x{D}", "vocab": args.vocab, "steps": steps, "tokens": tokens,
@@ -589,10 +814,12 @@ def gap_row(args, known, size, v, lr, learned_lr, windows, meta):
     def bpb(losses, k):
         return losses[k][0] * tokens_per_byte[k] / math.log(2)
 
-    sources = {k: {"learned_bpb": [bpb(base[s], k) for s in seeds], "bpb": [bpb(mine[s], k) for s in seeds],
-                   "ci": interval([mine[s][k][0] - base[s][k][0] for s in seeds])} for k in windows}
+    by_source = [s for s in seeds if set(mine[s]) == set(base[s]) == set(windows)]  # a record's runs list: none
+    sources = {k: {"learned_bpb": [bpb(base[s], k) for s in by_source], "bpb": [bpb(mine[s], k) for s in by_source],
+                   "ci": interval([mine[s][k][0] - base[s][k][0] for s in by_source])} for k in windows}
     curves = [c for w, at in (("learned", learned_lr), (v, lr)) for s in seeds
               if (c := read_curve(args, point(args, L, D, at), w, s))]
+    curve = [(t, [math.expm1(g) for g in gs]) for t, gs in scaling.seed_gaps(curves, v)]
     return {"size": f"{L}x{D}", "input": v, "vocab": args.vocab, "lr": lr, "learned_lr": learned_lr,
             "planned_seeds": args.seeds if v in INPUTS else args.control_seeds, "seeds": seeds,
             "trainable": n[v], "learned_trainable": n["learned"], "binary_trainable": n["binary"],
@@ -600,20 +827,31 @@ def gap_row(args, known, size, v, lr, learned_lr, windows, meta):
             "epochs": tokens / meta["splits"]["train"]["tokens"], "gap_nats": gaps, "ci": ci, **verdicts(ci),
             "learned_bpb": [whole_loss(base[s]) * per_nat for s in seeds],
             "bpb": [whole_loss(mine[s]) * per_nat for s in seeds], "sources": sources,
-            "curve": [(t, [math.expm1(g) for g in gs]) for t, gs in scaling.seed_gaps(curves, v)]}
+            "curve": curve or reused_curve(args, f"{L}x{D}", v, lr, learned_lr, seeds)}
+
+
+def reused_curve(args, size, v, lr, learned_lr, seeds):
+    """The curve of the same row (size, V, input, lrs, seeds) in a --reuse record, whose runs left no log
+    here; [] when none matches."""
+    for path in filter(os.path.exists, args.reuse):  # reused_runs has already refused a missing record
+        with open(path) as f:
+            for r in json.load(f)["rows"]:
+                same = (r["size"], r["vocab"], r["input"], r["lr"], r["learned_lr"], r["seeds"])
+                if same == (size, args.vocab, v, lr, learned_lr, seeds):
+                    return r["curve"]
+    return []
 
 
 def tuned_rows(args, known, windows, meta):
-    """Binary against learned at each size, each at its own tuned lr, and each control against learned at the
-    learned input's; a size whose lrs are not tuned yet has no such row."""
+    """Binary and each control against learned at each size, each input at its own tuned lr; a size whose
+    learned lr is not tuned yet has no such row, nor an input whose own lr is not."""
     rows = []
     for size in sizes(args):
         base = tuned(args, known, size, "learned")
         if base is None:
             continue
-        lrs = {"binary": tuned(args, known, size, "binary")}
-        if size in control_sizes(args):
-            lrs.update(dict.fromkeys(controls(args), base))
+        inputs = ["binary", *(controls(args) if size in control_sizes(args) else [])]
+        lrs = {v: tuned(args, known, size, v) for v in inputs}
         rows += [gap_row(args, known, size, v, lr, base, windows, meta) for v, lr in lrs.items() if lr is not None]
     return rows
 
@@ -623,11 +861,11 @@ def unfinished(args, known):
     runs = dict.fromkeys(j for _, work in stages(args, known) for j in work if key(*j) not in known)
     out = [f"{p.L}x{p.D} {v} lr {p.lr:g} seed {s}" for p, v, s in runs]
     for L, D in sizes(args):
-        for v in INPUTS:
+        for v in [*INPUTS, *(controls(args) if (L, D) in control_sizes(args) else [])]:
             _, best, where = grid(args, known, (L, D), v)
             if where == "unfinished":
-                out.append(f"{L}x{D} {v}: its lr grid is unfinished, so its seeds at the tuned lr (and the controls "
-                           "where they run) are not planned yet")
+                out.append(f"{L}x{D} {v}: its lr grid is unfinished, so its seeds at the tuned lr are not planned "
+                           "yet")
             elif where != "interior":
                 out.append(f"{L}x{D} {v}: best lr {best:g} at the grid's {where} (--extend {args.extend} spent): "
                            "no seeds, controls or gap at it")
@@ -639,14 +877,30 @@ def build_record(args, meta, windows, known, reused):
     rows = tuned_rows(args, known, windows, meta)
     by_size = sorted(sizes(args), key=lambda z: trainable(args, *z, "binary"))
     settings = {k: x for k, x in vars(args).items() if k not in ("jobs", "report")}  # how it ran, not what
-    return {"settings": {**settings, "corpus": [os.path.basename(c) for c in args.corpus]}, "rule": RULE,
-            "decision": decision(rows, [f"{L}x{D}" for L, D in by_size], args.seeds),
-            "sizes": [size_entry(args, known, size, meta) for size in sizes(args)], "rows": rows,
-            "unfinished": unfinished(args, known),
-            "sources": {k: {x: w[x] for x in ("all_bytes", "bytes", "documents")} for k, w in windows.items()},
-            "runs": [{"size": f"{z[0]}x{z[1]}", "input": v, "lr": lr, "seed": s,
-                      "loss": "diverged" if x is None else whole_loss(x), "reused": (z, v, lr, s) in reused}
-                     for (z, v, lr, s), x in sorted(known.items(), key=lambda run: run[0])]}
+    val = meta["splits"]["val"]
+    record = {"settings": {**settings, "corpus": [os.path.basename(c) for c in args.corpus]}, "rule": RULE,
+              "tie_rule": TIE_RULE, "seed_rule": SEED_RULE, "depth_rule": DEPTH_RULE,
+              "decision": decision(rows, [f"{L}x{D}" for L, D in by_size], args.seeds),
+              "sizes": [size_entry(args, known, size, meta) for size in sizes(args)], "rows": rows,
+              "tokens_per_byte": val["tokens"] / val["bytes"],
+              "ties": {f"{L}x{D}": {v: ties(args, known, (L, D), v) for v in INPUTS} for L, D in sizes(args)},
+              "unfinished": unfinished(args, known),
+              "sources": {k: {x: w[x] for x in ("all_bytes", "bytes", "documents")} for k, w in windows.items()},
+              "runs": [{"size": f"{z[0]}x{z[1]}", "input": v, "lr": lr, "seed": s,
+                        "loss": "diverged" if x is None else whole_loss(x), "reused": (z, v, lr, s) in reused}
+                       for (z, v, lr, s), x in sorted(known.items(), key=lambda run: run[0])]}
+    facts, order = {}, []
+    for other in [*map(read_record, args.beside), record]:
+        facts.update(size_facts(other))
+        order += [z["size"] for z in sorted(other["sizes"], key=lambda z: z["binary_trainable"])]
+    record["robustness"] = robustness(facts, order, args.seeds)
+    record["depth"] = depth_text(facts, args.seeds)
+    return record
+
+
+def read_record(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -691,15 +945,50 @@ def point_table(rows):
         "—" if r["ci"] is None else f"{r['ci']['sd']:.4f}", r["sign"], r["paper"]] for r in rows])
 
 
-def summary_table(rows):
-    """The README's table: each row's gap at the tuned lrs and its verdicts."""
-    header = [("size", "l"), ("input vs learned", "l"), ("table share", "r"), ("T", "r"), ("epochs", "r"),
-              ("lr, tuned (input / learned)", "r"), ("seeds", "r"), ("gap, perplexity (95% CI)", "r"),
-              ("vs 0", "l"), ("vs ±4.8%", "l")]
-    return compare.markdown_table(header, [[
-        f"{r['size']} (V {r['vocab']})", r["input"], f"{100 * r['share']:.1f}%", f"{r['tokens_per_param']:.1f}",
-        f"{r['epochs']:.2f}", f"{r['lr']:g} / {r['learned_lr']:g}", str(len(r["seeds"])), ci_text(r["ci"]),
-        r["sign"], r["paper"]] for r in rows])
+def key_table(records):
+    """README's key result: every size of these records with its depth, width, V, share, T, epochs, each
+    input's own tuned lr, seeds, the gap and its interval, the sign against 0 and whether it survives the
+    near-tied lrs; then the paper's own row."""
+    header = [("L x D", "l"), ("V (K)", "r"), ("input vs learned", "l"), ("share", "r"), ("T", "r"),
+              ("epochs", "r"), ("own tuned lr (input / learned)", "r"), ("seeds", "r"),
+              ("gap, perplexity (95% CI)", "r"), ("vs 0", "l"), ("under the tied lrs", "l")]
+    lines = []
+    for record in records:
+        robust_of = {v["verdict"]: v for v in record.get("robustness", [])}
+        for r in record["rows"]:
+            tie = robust_of.get(f"{r['size']}: binary vs learned") if r["input"] == "binary" else None
+            lines.append([r["size"], f"{r['vocab']} ({code_bits(r['vocab'])})", r["input"],
+                          f"{100 * r['share']:.1f}%", f"{r['tokens_per_param']:.1f}", f"{r['epochs']:.2f}",
+                          f"{r['lr']:g} / {r['learned_lr']:g}", str(len(r["seeds"])), ci_text(r["ci"]), r["sign"],
+                          "no ties checked (a control)" if tie is None else
+                          ("robust" if tie["robust"] else tie["outcome"])])
+    lines.append(["32x1024 (the paper)", "65536 (16)", "binary", f"{100 * PAPER['share']:.1f}%",
+                  f"{PAPER['tokens_per_param']:.1f}", "not stated", "not stated", "3",
+                  f"{100 * PAPER['gap_pct']:+.2f}% (perplexity 2.36 vs 2.44; no interval)",
+                  f"inside its ±{100 * PAPER['spread_pct']:.1f}% seed spread", "—"])
+    return compare.markdown_table(header, lines)
+
+
+def verdict_lines(record):
+    """Each verdict under the tied lrs, one line each: its outcome, at the tuned lrs, and how many choices."""
+    out = []
+    for v in record["robustness"]:
+        kinds = {}
+        for c in v["combinations"]:
+            kinds[c["verdict"]] = kinds.get(c["verdict"], 0) + 1
+        counts = ", ".join(f"{k}: {n}" for k, n in kinds.items())
+        label = "robust" if v["robust"] else v["outcome"]
+        out.append(f"- {v['verdict']}: {label} (at the tuned lrs: {v['at_tuned']}; over the "
+                   f"{len(v['combinations'])} choices of tied lrs: {counts})")
+    return "\n".join(out) or "- none yet"
+
+
+def tie_table(record):
+    """Each size and input's tuned lr, its tied lrs and the pooled seed sd that ties them."""
+    lines = [[z, v, f"{t['lrs'][0]:g}", ", ".join(f"{lr:g}" for lr in t["lrs"][1:]) or "none", f"{t['sd']:.4f}"]
+             for z, by in record["ties"].items() for v, t in by.items() if t]
+    header = [("size", "l"), ("input", "l"), ("tuned lr", "r"), ("tied lrs", "l"), ("pooled seed sd (nats)", "r")]
+    return compare.markdown_table(header, lines)
 
 
 def per_source_table(rows):
@@ -712,7 +1001,8 @@ def per_source_table(rows):
 
 def plot(rows, path):
     """The gap (perplexity %) along training against tokens per binary parameter at the tuned lrs: one line per
-    (size, input) over the seeds with logs (a reused run has none), the paper's point marked."""
+    (size, V, input) of this record and the --beside ones, over the seeds with logs (a reused row keeps its
+    record's curve), the paper's point marked."""
     if (plt := compare.pyplot()) is None:
         return None
     fig, ax = plt.subplots(figsize=(10, 4.8))
@@ -761,10 +1051,15 @@ def write_report(args, meta, windows, show=True):
         + per_source_table(record["rows"]),
         f"The decision rule, committed before the runs: {RULE}\n\n"
         + ("\n".join(f"- {d['text']}" for d in record["decision"]) or "- one size: nothing to decide."),
-        "In short (README):\n\n" + summary_table(record["rows"]),
+        f"Near ties, by the rule committed before the runs: {TIE_RULE}\n\n" + tie_table(record),
+        f"Seeds of a tuned pair: {SEED_RULE}",
+        "Each verdict under every choice of tied lrs:\n\n" + verdict_lines(record),
+        f"The depth rule, committed before the runs: {DEPTH_RULE}\n\n- {record['depth']}",
+        "In short (README):\n\n" + key_table([*map(read_record, args.beside), record]),
         "Not finished (in no table): " + ("; ".join(record["unfinished"]) or "none") + ".",
         "Diverged: " + ("; ".join(diverged) or "none") + "."]) + "\n"
-    compare.write_results(args.out, report, record, ("paper_point.png", lambda path: plot(record["rows"], path)),
+    rows = [r for other in map(read_record, args.beside) for r in other["rows"]] + record["rows"]
+    compare.write_results(args.out, report, record, ("paper_point.png", lambda path: plot(rows, path)),
                           show=show)
     if args.record:
         atomic_write(args.record, json.dumps(record, indent=1) + "\n")
