@@ -52,7 +52,8 @@ def test_per_source_windows_add_up_to_the_split_and_one_source_gives_the_whole_s
     for i, name in enumerate(("a", "b", "c")):
         books.append(tmp_path / f"{name}.txt")
         books[-1].write_text(words(400 * (i + 1), seed=i))
-    args = pp.parse_config(["--quick", "--corpus", *map(str, books), "--out", str(tmp_path / "runs"), "--doc_chars", "1000"])
+    args = pp.parse_config(["--quick", "--corpus", *map(str, books), "--out", str(tmp_path / "runs"),
+                            "--doc_chars", "1000"])
     data, meta = pp.data_of(args)
     windows = pp.source_windows(meta)  # raises when they do not add up
     assert set(windows) == {"a", "b", "c"} and all(w["documents"] >= 1 for w in windows.values())
