@@ -400,8 +400,8 @@ def source_windows(meta):
     for s in out.values():
         s["tokens"] = np.array(s["tokens"], dtype=np.int64)
     val = meta["splits"]["val"]
-    tokens, size = sum(len(s["tokens"]) for s in out.values()), sum(s["bytes"] for s in out.values())
-    if tokens != val["tokens"] or size != val["bytes"]:
+    tokens, n_bytes = sum(len(s["tokens"]) for s in out.values()), sum(s["bytes"] for s in out.values())
+    if tokens != val["tokens"] or n_bytes != val["bytes"]:
         raise ValueError("the validation documents recomputed per source do not add up to the prepared split: "
                          "was the data prepared from these files with these settings?")
     return out
