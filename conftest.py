@@ -1,12 +1,18 @@
-"""Fixtures shared by the test files that train small models. This file sits at the root so that pytest puts
-the root on the import path of every test, tests/ included (`import model` works there as here)."""
+"""Fixtures shared by several test files: data to train small models on, a tiny model over GPT-2's vocabulary,
+GPT-2's tokenizer. This file sits at the root so that pytest puts the root on the import path of every test,
+tests/ included (`import model` works there as here)."""
 
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tiktoken
 import torch
 
+from bincode_gpt.checkpoint import checkpoint_dict
+from bincode_gpt.tokenizer import get_tokenizer
+from model import GPT, get_config
 from prepare_data import prepare
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -15,7 +21,8 @@ SHAKESPEARE = Path(__file__).resolve().parent.parent / "shared" / "data" / "tiny
 SCRIPTS = ["model.py", "prepare_data.py", "sample.py", "train.py", "tools/bench.py", "tools/code_figure.py",
            "tools/compare.py", "tools/convert.py", "tools/gpu_check.py", "tools/lines.py", "tools/paper_point.py",
            "tools/quantize_quality.py", "tools/quickstart.py", "tools/scaling.py", "tools/share.py"]
-LIBRARIES = {"bincode_gpt/checkpoint.py": "python sample.py --ckpt FILE", "bincode_gpt/exits.py": "python -m tools.NAME --help",
+LIBRARIES = {"bincode_gpt/checkpoint.py": "python sample.py --ckpt FILE",
+             "bincode_gpt/exits.py": "python -m tools.NAME --help",
              "bincode_gpt/quantize.py": "python -m tools.quantize_quality --ckpt X --data_dir 'D D'",
              "bincode_gpt/tokenizer.py": "python prepare_data.py --help"}
 
@@ -35,6 +42,39 @@ def tiny_data(tmp_path_factory):
     return str(folder / "data")
 
 
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """Token shards of 200k characters at vocab 512, prepared once per test file: tiny Shakespeare where it lies
+    offline beside the checkout, else English-like words."""
+    tmp = tmp_path_factory.mktemp("data")
+    if SHAKESPEARE.is_file():
+        text = SHAKESPEARE.read_text(encoding="utf-8")[:200_000]
+    else:  # a fresh clone without ../shared: any English-like text will do
+        rng = np.random.default_rng(0)
+        words = "the king shall speak of love and death to thee my lord what is this night".split()
+        text = "\n".join(" ".join(rng.choice(words, 12)) for _ in range(8000))
+    (tmp / "corpus.txt").write_text(text, encoding="utf-8")
+    prepare([str(tmp / "corpus.txt")], str(tmp / "prepared"), vocab_size=512, workers=1, progress=False)
+    return tmp / "prepared"
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    """A tiny binary-code model over GPT-2's full tiktoken vocabulary (padded to 50,304), its checkpoint's folder
+    and the encoding."""
+    torch.manual_seed(0)
+    model = GPT(get_config("tiny", vocab_size=50304)).eval()
+    folder = tmp_path_factory.mktemp("native")
+    codec = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": None}
+    torch.save(checkpoint_dict(model, codec), folder / "ckpt.pt")
+    return model, str(folder), tiktoken.get_encoding("gpt2")
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return get_tokenizer("gpt2")
+
+
 @pytest.fixture(autouse=True)
 def fresh_compiler():
     """Each test compiles from scratch: torch.compile allows a function 8 compiles a process (its recompile
@@ -47,4 +87,5 @@ def fresh_compiler():
 def pytest_configure(config):
     """Under pytest-xdist (the -n of pytest.ini) each worker takes its share of the cores: N workers each running
     torch on every core would fight over them."""
-    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+    torch.set_num_threads(max(1, torch.get_num_threads() // workers))

@@ -30,7 +30,8 @@ HUB = {"fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),
 NAMED = ("shakespeare", *HUB)
 EXTS = (".txt", ".jsonl", ".parquet")
 # compressed inputs: known by their first bytes (a gzip file needs no .gz), their suffix naming the compression
-MAGICS = {"gzip": re.compile(rb"\x1f\x8b"), "xz": re.compile(rb"\xfd7zXZ\x00"), "zstd": re.compile(rb"\x28\xb5\x2f\xfd"),
+MAGICS = {"gzip": re.compile(rb"\x1f\x8b"), "xz": re.compile(rb"\xfd7zXZ\x00"),
+          "zstd": re.compile(rb"\x28\xb5\x2f\xfd"),
           "bz2": re.compile(rb"BZh[1-9](\x31\x41\x59\x26\x53\x59|\x17\x72\x45\x38\x50\x90)")}  # a block or the end
 PACKED = {".gz": "gzip", ".gzip": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
 
@@ -45,7 +46,8 @@ def resolve_input(arg: str) -> list[str]:
     if os.path.isdir(arg):
         files = sorted(str(p) for p in Path(arg).rglob("*") if input_type(p) in EXTS and not p.is_dir())
         if not files:
-            raise ValueError(f"{arg}: folder holds no {'/'.join(EXTS)} files (nor compressed ones: {', '.join(PACKED)})")
+            raise ValueError(f"{arg}: folder holds no {'/'.join(EXTS)} files "
+                             f"(nor compressed ones: {', '.join(PACKED)})")
         return [regular_file(f) for f in files]
     if os.path.lexists(arg):
         return [regular_file(arg)]
@@ -219,13 +221,15 @@ def file_documents(source: str, packing: str | None, text_field: str):
                     except json.JSONDecodeError as e:
                         raise ValueError(f"{source}:{lineno}: invalid JSON ({e.msg})") from None
                     except RecursionError:  # the parser recurses once per bracket
-                        raise ValueError(f"{source}:{lineno}: JSON nested too deeply to read (not a text record)") from None
+                        raise ValueError(f"{source}:{lineno}: JSON nested too deeply to read "
+                                         "(not a text record)") from None
                     yield from record_texts([record], text_field, f"{source}:{lineno}")
     elif kind == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise ValueError(f"{source}: reading .parquet needs the optional pyarrow package (pip install pyarrow)") from None
+            raise ValueError(f"{source}: reading .parquet needs the optional pyarrow package "
+                             "(pip install pyarrow)") from None
         if packing:  # parquet reads its footer first: a compressed file is decompressed into memory (its columns
             with open_input(source, packing) as f:  # are compressed inside the file anyway, so this is rare)
                 data = f.read()
@@ -246,7 +250,8 @@ def file_documents(source: str, packing: str | None, text_field: str):
         yield text
 
 
-BOM = "\ufeff"  # a byte-order mark (Windows editors write one at a file's start) is not text: dropped at document starts
+# a byte-order mark (Windows editors write one at a file's start) is not text: dropped at document starts
+BOM = "\ufeff"
 # UTF-16 and UTF-32 text starts with a byte-order mark, the one certain sign of an encoding (UTF-32 LE's starts with
 # UTF-16 LE's, so it is tried first); Python's UTF-16 and UTF-32 codecs read the mark and drop it
 MARKS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
@@ -348,7 +353,8 @@ def record_texts(records, text_field: str, name: str):
         try:
             text.encode("utf-8")  # a JSON "\\ud800" escape decodes to a lone surrogate, which is no text
         except UnicodeEncodeError as e:
-            raise ValueError(f"{name}: {text_field!r} holds a lone surrogate (\\u{ord(text[e.start]):04x}) at character "
+            code = ord(text[e.start])
+            raise ValueError(f"{name}: {text_field!r} holds a lone surrogate (\\u{code:04x}) at character "
                              f"{e.start}, which is not Unicode text") from None
         text = text.removeprefix(BOM)
         if text:

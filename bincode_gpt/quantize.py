@@ -139,7 +139,8 @@ class Int8Linear(nn.Module):
         kernel = self.kernel
         if KERNELS[kernel] is not None and not w.is_mkldnn:  # not packed yet: the plain rows, the same numbers
             kernel = "rows"
-        y = int8_product(kernel, xr, w, self).mul_(x_scale).view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
+        y = int8_product(kernel, xr, w, self).mul_(x_scale)
+        y = y.view(*x.shape[:-1], self.out_features)  # (rows, N) -> (..., N)
         return y if self.bias is None else y + self.bias
 
     def weight_only(self, x):
@@ -507,8 +508,8 @@ def wait_packed(model):
 # multiplying in float32. The one setting it needs: store an intermediate of more than one op rather than
 # inline it into its readers (realize_opcount_threshold 1), or inductor recomputes a LayerNorm or GELU
 # inside every output row's loop. Paper preset, one thread, an Intel Xeon with AMX (scratch): 17.5 tokens/s
-# without, 20.8 with (eager int8: 12.8); AMD EPYC Zen 4: docs/performance.md. Tokens may differ from the eager model's (float activations here, int8 there);
-# tools/quantize_quality.py measures both.
+# without, 20.8 with (eager int8: 12.8); AMD EPYC Zen 4: docs/performance.md. Tokens may differ from the
+# eager model's (float activations here, int8 there); tools/quantize_quality.py measures both.
 COMPILE_OPTIONS = {"realize_opcount_threshold": 1}
 
 
@@ -529,9 +530,11 @@ def compiles_weight_only(model):
     model.compile_options = COMPILE_OPTIONS  # a plain attribute: not a submodule, not in the state dict
 
 
-if __name__ == "__main__":  # it had a quality command once; `python quantize.py --ckpt X --data_dir D` still says where it went
+# it had a quality command once; `python quantize.py --ckpt X --data_dir D` still says where it went
+if __name__ == "__main__":
     import shlex
 
     from bincode_gpt.exits import not_a_command
-    sys.exit(not_a_command("bincode_gpt/quantize.py", "sample with int8 weights by `python sample.py --quantize int8`; measure what "
-                                          f"int8 costs by `{shlex.join(['python', '-m', 'tools.quantize_quality', *sys.argv[1:]])}`"))
+    quality = shlex.join(["python", "-m", "tools.quantize_quality", *sys.argv[1:]])
+    sys.exit(not_a_command("bincode_gpt/quantize.py", "sample with int8 weights by `python sample.py --quantize int8`; "
+                                                      f"measure what int8 costs by `{quality}`"))

@@ -12,7 +12,7 @@ import train
 from bincode_gpt.divergence import Divergence, likely_fault, why_diverged
 from bincode_gpt.exits import run_main
 # the run's helpers, and its autouse fixture one_thread (one thread a process)
-from test_train import cli, config, data_dir, flags, one_thread, train_log, weights  # noqa: F401
+from test_train import cli, config, flags, one_thread, train_log, weights  # noqa: F401 (one_thread)
 
 
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch, capsys):

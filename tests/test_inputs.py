@@ -8,7 +8,6 @@ import json
 import shutil
 import subprocess
 
-import numpy as np
 import pytest
 
 import prepare_data as P

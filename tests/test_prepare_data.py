@@ -24,11 +24,6 @@ needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"corpus not
 
 
 @pytest.fixture(scope="module")
-def gpt2():
-    return get_tokenizer("gpt2")
-
-
-@pytest.fixture(scope="module")
 def shakespeare():
     if not SHAKESPEARE.is_file():
         pytest.skip(f"corpus not found at {SHAKESPEARE}")

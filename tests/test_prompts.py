@@ -12,7 +12,7 @@ from bincode_gpt.exits import run_main
 from bincode_gpt.prompts import prompt_ids
 from bincode_gpt.tokenizer import load_text_codec
 from model import GPT, get_config
-from test_sample import expected_text, native  # noqa: F401 (native: a fixture)
+from test_sample import expected_text
 
 
 def test_long_prompt_is_cropped(native, capsys, tmp_path):

@@ -16,11 +16,11 @@ import torch
 
 import prepare_data
 import train
-from bincode_gpt import run_dir, shards
+from bincode_gpt import shards
 from bincode_gpt.exits import run_main
 from prepare_data import prepare
-# the run's helpers, and its fixtures: data_dir, one_thread (autouse: one thread a process)
-from test_train import (cli, config, copy_data, data_dir, expect_error, files, flags, one_thread,
+# the run's helpers, and its autouse fixture one_thread (one thread a process)
+from test_train import (cli, config, copy_data, expect_error, files, flags, one_thread,  # noqa: F401 (one_thread)
                         ROOT, train_log, weights)
 
 

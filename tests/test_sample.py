@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-import tiktoken
 import torch
 
 import sample
@@ -18,16 +17,6 @@ from bincode_gpt.decode import Decoder, generate, stream
 from bincode_gpt.tokenizer import load_text_codec, TiktokenText
 from model import GPT, get_config
 from tools import convert
-
-
-@pytest.fixture(scope="module")
-def native(tmp_path_factory):
-    """A tiny binary-code model over GPT-2's full tiktoken vocabulary (padded to 50,304)."""
-    torch.manual_seed(0)
-    model = GPT(get_config("tiny", vocab_size=50304)).eval()
-    folder = tmp_path_factory.mktemp("native")
-    torch.save(checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": None}), folder / "ckpt.pt")
-    return model, str(folder), tiktoken.get_encoding("gpt2")
 
 
 def expected_text(model, ids, n, decode, eos, allowed=None):

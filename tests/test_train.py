@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+import conftest
 import train
 from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.files import LOCK_NAME
@@ -25,7 +26,6 @@ from model import GPT, GPTConfig
 from prepare_data import prepare
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository's
-CORPUS = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 if (ROOT.parent / "shared" / "tiktoken-cache").is_dir():  # offline GPT-2 BPE files (CI); subprocesses inherit it
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(ROOT.parent / "shared" / "tiktoken-cache"))
 
@@ -41,18 +41,8 @@ def one_thread():
     del os.environ["OMP_NUM_THREADS"]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("data")
-    if CORPUS.is_file():
-        text = CORPUS.read_text(encoding="utf-8")[:200_000]
-    else:  # a fresh clone without ../shared: any English-like text will do
-        rng = np.random.default_rng(0)
-        words = "the king shall speak of love and death to thee my lord what is this night".split()
-        text = "\n".join(" ".join(rng.choice(words, 12)) for _ in range(8000))
-    (tmp / "corpus.txt").write_text(text, encoding="utf-8")
-    prepare([str(tmp / "corpus.txt")], str(tmp / "prepared"), vocab_size=512, workers=1, progress=False)
-    return tmp / "prepared"
+# test_run_dir.py imports the data_dir fixture (conftest.py's) from here
+data_dir = conftest.data_dir
 
 
 def config(data_dir, out_dir, **kw):

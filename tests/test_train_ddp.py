@@ -19,8 +19,8 @@ from bincode_gpt import ranks, run_dir, shards
 from bincode_gpt.checkpoint import load_checkpoint
 from bincode_gpt.shards import Split
 from model import GPT
-# the run's helpers, and its fixtures: data_dir, one_thread (autouse: one thread a process)
-from test_train import config, data_dir, flags, one_thread, ROOT, train_log, weights
+# the run's helpers, and its autouse fixture one_thread (one thread a process)
+from test_train import config, flags, one_thread, ROOT, train_log, weights  # noqa: F401 (one_thread)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc")

@@ -15,8 +15,8 @@ from bincode_gpt.checkpoint import model_config
 from bincode_gpt.exits import run_main
 from bincode_gpt.shards import ShardError
 from model import GPTConfig, canonical_code
-# the run's helpers, and its fixtures: data_dir, one_thread (autouse: one thread a process)
-from test_train import cli, config, copy_data, data_dir, expect_error, flags, one_thread
+# the run's helpers, and its autouse fixture one_thread (one thread a process)
+from test_train import cli, config, copy_data, expect_error, flags, one_thread  # noqa: F401 (one_thread)
 
 
 def test_bad_data_dirs_name_the_file(data_dir, tmp_path):

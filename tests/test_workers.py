@@ -12,7 +12,7 @@ import pytest
 
 import prepare_data as P
 from bincode_gpt import workers
-from test_prepare_data import gpt2, prepared, ROOT, SHAKESPEARE, snapshot, words  # noqa: F401 (fixtures)
+from test_prepare_data import prepared, ROOT, SHAKESPEARE, snapshot, words  # noqa: F401 (fixtures)
 
 
 def test_pieces_tokenize_like_the_whole_text(gpt2):

@@ -35,12 +35,13 @@ Design choices, up front:
   GRACE seconds before the end of its row's share gets SIGTERM, then SIGKILL at the end; and no row runs past
   --time_limit (570 s), under a 600 s job. A CPU dry run's shares are 5 times as long (--time_scale): its
   times say nothing, and a loaded machine must not fail it. The shares of one GPU's rows add up to 550 s
-  (the torchrun rows, with two GPUs or more, need a longer --time_limit). Expected on one H200 (an estimate: no GPU has run it
-  yet; each process starts in ~10 s, importing torch and starting CUDA): the data ~5 s; the paper row ~40 s
-  (470M parameters built, 3 steps of 16 x 1,024 tokens at ~0.3 s, an fsync'd 5.6 GB save ~15 s; a batch that
-  faults costs ~20 s more); the quick start ~70 s (compiling the mini model's training and evaluation graphs
-  from cold, ~50 s; its 100 steps take seconds); sampling ~100 s (eager ~10 s, each compiled way ~45 s); the
-  stop and resume ~50 s and --init_from ~25 s (inductor's cache warm by then): ~5 minutes, and 9.5 at most.
+  (the torchrun rows, with two GPUs or more, need a longer --time_limit). Expected on one H200 (an estimate: no
+  GPU has run it yet; each process starts in ~10 s, importing torch and starting CUDA): the data ~5 s; the
+  paper row ~40 s (470M parameters built, 3 steps of 16 x 1,024 tokens at ~0.3 s, an fsync'd 5.6 GB save
+  ~15 s; a batch that faults costs ~20 s more); the quick start ~70 s (compiling the mini model's training and
+  evaluation graphs from cold, ~50 s; its 100 steps take seconds); sampling ~100 s (eager ~10 s, each compiled
+  way ~45 s); the stop and resume ~50 s and --init_from ~25 s (inductor's cache warm by then): ~5 minutes,
+  and 9.5 at most.
 - Every step runs the scripts' real command lines (train.py, sample.py, torchrun) in a process of its own, in
   the work folder: nothing here re-implements them. A child's stdout is read line by line and its stderr
   drained by a thread alongside, so a child that writes more than a pipe holds to either never blocks.
@@ -59,9 +60,9 @@ Design choices, up front:
   (batch 32 gives it exactly 2^31, which overflows its 32-bit indexing), then smaller ones while a try fails
   with a CUDA fault (out of memory, an illegal memory access, ...) before its last step. Its peak
   (max_memory_allocated) and tokens/s are written beside the memory check's estimate, and the peak must not
-  exceed it (else the check could not warn before an out-of-memory); the time from its last step to the end (the one-batch check, the RNG
-  states, the fsync'd ~5.6 GB ckpt.pt, written under --work) is what a stop under torchrun must fit in its
-  --shutdown_timeout (docs/usage.md). On a CPU the tiny preset stands in, its RSS not compared.
+  exceed it (else the check could not warn before an out-of-memory); the time from its last step to the end (the
+  one-batch check, the RNG states, the fsync'd ~5.6 GB ckpt.pt, written under --work) is what a stop under
+  torchrun must fit in its --shutdown_timeout (docs/usage.md). On a CPU the tiny preset stands in, its RSS not compared.
 - The CUDA-graphs row counts the graphs recorded: train.py and sample.py run under CHILD, which counts each
   torch.cuda.CUDAGraph replayed (inductor replays a graph as soon as it records it); none recorded is a
   FAIL, with inductor's reason for skipping them (TORCH_LOGS=cudagraphs). On a CPU the row is n/a.

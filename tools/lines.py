@@ -1,7 +1,7 @@
 """
 The reading path's line counts: where GPT.forward starts in model.py, where train.py calls .backward(), the
-lines of train.py's training loop, the lines of each root file and the lines wider than 100 characters in model.py, train.py and sample.py; with the
-targets the project keeps (tests/test_layout.py holds them).
+lines of train.py's training loop, the lines of each root file and the lines wider than 100 characters in
+model.py, train.py and sample.py; with the targets the project keeps (tests/test_layout.py holds them).
 
     python -m tools.lines
 """

@@ -87,7 +87,8 @@ class ScalingConfig(compare.DataSettings):
     device: str = setting("auto", "auto | cpu | cuda | mps")
     compile: bool = setting(False, "torch.compile each model")
     contrast: list[str] | None = setting(None, "train nothing: compare two finished studies' gaps, size by size, in "
-                                               "bits per byte (e.g. two tokenizers)", nargs=2, type=str, metavar=("A", "B"))
+                                               "bits per byte (e.g. two tokenizers)",
+                                         nargs=2, type=str, metavar=("A", "B"))
 
 
 PAPER = {"trainable": 469_828_608, "gap_nats": math.log(2.36 / 2.44), "gap_pct": 2.36 / 2.44 - 1}
@@ -120,7 +121,8 @@ def ablation_depth(n_layer, n_embd, args, vocab_size):
     depth = n_layer
     while trainable(depth + 1, n_embd, "binary", args, vocab_size) <= target:
         depth += 1
-    below, above = trainable(depth, n_embd, "binary", args, vocab_size), trainable(depth + 1, n_embd, "binary", args, vocab_size)
+    below = trainable(depth, n_embd, "binary", args, vocab_size)
+    above = trainable(depth + 1, n_embd, "binary", args, vocab_size)
     return depth if target - below <= above - target else depth + 1
 
 
@@ -136,10 +138,12 @@ def plan(args, vocab_size):
         if (L, D) not in sizes:
             jobs += [(point(L, D), "learned", s) for s in range(args.seeds)]
         jobs += [(point(ablation_depth(L, D, args, vocab_size), D), "binary", s) for s in range(args.seeds)]
-    jobs += [(point(L, D), "affine", s) for L, D in parse_sizes(args.affine_sizes, allow_none=True) for s in range(args.seeds)]
+    affine = parse_sizes(args.affine_sizes, allow_none=True)
+    jobs += [(point(L, D), "affine", s) for L, D in affine for s in range(args.seeds)]
     if args.long_factor > 1:
         L, D = sizes[0]
-        jobs += [(point(L, D, "-long", args.long_factor), v, s) for s in range(args.long_seeds) for v in ("learned", "binary")]
+        long = point(L, D, "-long", args.long_factor)
+        jobs += [(long, v, s) for s in range(args.long_seeds) for v in ("learned", "binary")]
     return list(dict.fromkeys(jobs))
 
 
@@ -256,7 +260,12 @@ def trend(points, threshold, draws=2000, seed=0):
         if f is not None:
             alphas.append(f[1])
             cross.append(crossing(*f, threshold))
-    q = lambda xs: (sorted(xs)[round(0.16 * (len(xs) - 1))], sorted(xs)[round(0.84 * (len(xs) - 1))]) if xs else (math.nan, math.nan)  # noqa: E731
+
+    def q(xs):  # the 16th and 84th percentiles
+        if not xs:
+            return math.nan, math.nan
+        xs = sorted(xs)
+        return xs[round(0.16 * (len(xs) - 1))], xs[round(0.84 * (len(xs) - 1))]
     return {"c": fit[0], "alpha": fit[1], "r2": r_squared(np.array(n), np.array(means), *fit), "alpha_range": q(alphas),
             "threshold": threshold, "draws": len(alphas),
             "crossing": crossing(*fit, threshold), "crossing_range": q(cross)}
@@ -347,9 +356,10 @@ def reading(result):
                    f"({', '.join(f'{g:+.4f}' for g in p['gaps'])} per seed)")
     t = result["trend"]
     if t:
-        out.append(f"Fit (mean gap per size): gap = {t['c']:.3g} * N^-{t['alpha']:.3f}, R^2 {t['r2']:.2f} on log gap (alpha "
-                   f"16-84% over seed resamples: {t['alpha_range'][0]:.3f} to {t['alpha_range'][1]:.3f}; the range counts seed "
-                   f"noise only, not how well a power law fits). Extrapolated, the gap falls to the seed "
+        out.append(f"Fit (mean gap per size): gap = {t['c']:.3g} * N^-{t['alpha']:.3f}, R^2 {t['r2']:.2f} "
+                   f"on log gap (alpha 16-84% over seed resamples: {t['alpha_range'][0]:.3f} to "
+                   f"{t['alpha_range'][1]:.3f}; the range counts seed noise only, not how well a power law fits). "
+                   f"Extrapolated, the gap falls to the seed "
                    f"spread ({t['threshold']:.4f} nats) at N = {t['crossing']:.3g} trainable parameters (16-84%: "
                    f"{t['crossing_range'][0]:.3g} to {t['crossing_range'][1]:.3g}); the paper's model has "
                    f"{PAPER['trainable']:.3g} and trained on orders of magnitude more tokens, so this is an "
@@ -445,7 +455,8 @@ def contrast(a, b):
         ma, mb = statistics.mean(ga[p]), statistics.mean(gb[p])
         spread = max(max(g) - min(g) for g in (ga[p], gb[p]))
         verdict = "needs 2 seeds" if min(len(ga[p]), len(gb[p])) < 2 else "yes" if abs(mb - ma) > spread else "no"
-        rows.append([p, f"{len(ga[p])}, {len(gb[p])}", f"{ma:.4f}", f"{mb:.4f}", f"{mb - ma:+.4f}", f"{spread:.4f}", verdict])
+        seeds = f"{len(ga[p])}, {len(gb[p])}"
+        rows.append([p, seeds, f"{ma:.4f}", f"{mb:.4f}", f"{mb - ma:+.4f}", f"{spread:.4f}", verdict])
     header = [("size", "l"), ("seeds", "r"), ("gap A (bits/byte)", "r"), ("gap B (bits/byte)", "r"), ("B - A", "r"),
               ("seed spread of the gap", "r"), ("outside it?", "l")]
     return f"A = {a}, B = {b}\n\n" + compare.markdown_table(header, rows)
@@ -485,7 +496,8 @@ def main(argv=None):
                   f"x{args.long_factor}), {args.seeds} seeds, lr {args.lr}, {args.n_head} heads; data {args.data} "
                   f"({meta['encoding']} cut to {meta['vocab_size']}, {meta['splits']['train']['tokens']:,} train / "
                   f"{meta['splits']['val']['tokens']:,} val tokens)")
-        failed = "".join(f"\nDiverged, left out: {name} {r['variant']} seed {r['seed']}: {r['diverged']}" for name, r in failed)
+        failed = "".join(f"\nDiverged, left out: {name} {r['variant']} seed {r['seed']}: {r['diverged']}"
+                         for name, r in failed)
         compare.write_results(args.out, f"{header}\n\n{table(rows)}\n\n{reading(result)}{failed}\n",
                               {"rows": rows, "analysis": result, "runs": every},
                               ("scaling.png", lambda path: plot(result, path)))
@@ -493,4 +505,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, outlive_stdout=True))  # a study outlives a closed stdout (`| head`): its files are the record
+    # a study outlives a closed stdout (`| head`): its files are the record
+    sys.exit(run_main(main, outlive_stdout=True))

@@ -215,7 +215,8 @@ def analyse(args, pts, records, metas):
             curve = scaling.seed_gaps(runs, variant)
             rows.append({
                 "point": name(p), "role": p["role"], "text": p["text"], "vocab": p["vocab"],
-                "K": p.get("width") or code_bits(p["vocab"]), "size": f"{p['L']}x{p['D']}", "steps": p["steps"], "input": variant, "seeds": len(seeds),
+                "K": p.get("width") or code_bits(p["vocab"]), "size": f"{p['L']}x{p['D']}", "steps": p["steps"],
+                "input": variant, "seeds": len(seeds),
                 "learned_trainable": learned_n, "binary_trainable": binary_n, "share": share, "tokens": tokens,
                 "tokens_per_param": tokens / binary_n, "epochs": tokens / train, "bits_per_nat": per_byte,
                 "learned_bpb": [learned[s] * per_byte for s in seeds], "bpb": [mine[s] * per_byte for s in seeds],
@@ -376,7 +377,8 @@ def plot(rows, path):
         if r["input"] != "binary" or not r["curve"]:
             continue
         c = [(t / r["binary_trainable"], g) for t, g in r["curve"] if t > 0]
-        label = f"{r['text']} V={r['vocab']:,} (K={r['K']}) {r['size']}, {r['steps']:,} steps: share {100 * r['share']:.1f}%"
+        label = (f"{r['text']} V={r['vocab']:,} (K={r['K']}) {r['size']}, {r['steps']:,} steps: "
+                 f"share {100 * r['share']:.1f}%")
         line, = ax.plot([t for t, _ in c], [100 * statistics.mean(g) for _, g in c], label=label)
         ax.fill_between([t for t, _ in c], [100 * min(g) for _, g in c], [100 * max(g) for _, g in c],
                         color=line.get_color(), alpha=0.15)
@@ -420,7 +422,8 @@ def main(argv=None):
                   f"Along training (T = tokens per binary parameter; gap in perplexity):\n\n{curve_table(rows)}\n\n"
                   f"{reading(rows)}\n"
                   + "".join(f"\nDiverged, left out: {r['point']} {d}" for r in rows for d in r["diverged"]))
-        compare.write_results(args.out, report, {"rows": rows, "runs": records}, ("share.png", lambda path: plot(rows, path)))
+        compare.write_results(args.out, report, {"rows": rows, "runs": records},
+                              ("share.png", lambda path: plot(rows, path)))
     return rows
 
 
