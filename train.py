@@ -351,6 +351,7 @@ def save(run, state, name):
 # ---------------------------------------------------------- the run, and the command line
 def train(cfg: TrainConfig) -> dict:
     """Train as cfg says; returns a summary (steps, tokens, first/final/best val loss, ...)."""
+    cfg = checked(cfg)  # before a process group is joined or anything read
     rank, world, device, distributed = ranks.start_processes(device_name=cfg.device,
                                                              dist_timeout=cfg.dist_timeout)
     try:
@@ -361,7 +362,6 @@ def train(cfg: TrainConfig) -> dict:
         autocast = nullcontext()
         if dtype == "bfloat16":
             autocast = torch.autocast(device.type, dtype=torch.bfloat16)
-        cfg = checked(cfg)
         # what the run starts from, read and checked before anything is written
         shape = {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}  # the overrides
         start = run_dir.read_start(cfg.data_dir, out_dir=cfg.out_dir, resume=cfg.resume,

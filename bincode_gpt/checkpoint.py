@@ -61,7 +61,8 @@ def checkpoint_hint(file):
     """What the folder of a missing checkpoint file holds instead, and what to do with it: the run's other
     checkpoint, a Hugging Face model, or a run's log alone; '' for none of them."""
     folder = os.path.dirname(file) or "."
-    beside = [n for n in ("ckpt.pt", "best.pt") if n != os.path.basename(file) and os.path.isfile(os.path.join(folder, n))]
+    beside = [n for n in ("ckpt.pt", "best.pt")
+              if n != os.path.basename(file) and os.path.isfile(os.path.join(folder, n))]
     if beside:
         what = " (the weights of the run's best evaluation)" if beside[0] == "best.pt" else ""
         return f"; {os.path.join(folder, beside[0])}{what} is there: name that file, or the folder {folder}"
@@ -335,5 +336,5 @@ def is_int8(ckpt):
 
 if __name__ == "__main__":
     from bincode_gpt.exits import not_a_command
-    sys.exit(not_a_command("bincode_gpt/checkpoint.py", "sample from a checkpoint by `python sample.py --ckpt FILE`, convert one by "
-                                            "`python -m tools.convert --help`"))
+    sys.exit(not_a_command("bincode_gpt/checkpoint.py", "sample from a checkpoint by `python sample.py --ckpt FILE`, "
+                                                         "convert one by `python -m tools.convert --help`"))

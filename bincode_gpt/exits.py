@@ -257,5 +257,5 @@ if PROGRAM and os.path.dirname(os.path.abspath(PROGRAM)) in (ROOT, os.path.join(
 
 
 if __name__ == "__main__":
-    sys.exit(not_a_command("bincode_gpt/exits.py", "run train.py, sample.py or prepare_data.py (each with --help), or a tool: "
-                                        "python -m tools.NAME --help"))
+    sys.exit(not_a_command("bincode_gpt/exits.py", "run train.py, sample.py or prepare_data.py (each with --help), "
+                                                    "or a tool: python -m tools.NAME --help"))

@@ -172,9 +172,12 @@ def tokenizer_named(tag: int, meta: dict) -> str:
 def is_meta(meta) -> bool:
     """Whether parsed JSON is a prepared folder's meta.json (what its readers use is there and well-formed)."""
     splits = meta.get("splits") if isinstance(meta, dict) else None
-    return bool(isinstance(splits, dict) and all(map(_is_split, splits.values())) and splits.get("train", {}).get("shards")
-                and type(meta.get("vocab_size")) is int and meta["vocab_size"] > 0 and isinstance(meta.get("encoding"), str)
-                and isinstance(meta.get("reserve_zero", False), bool) and isinstance(meta.get("reserve_ones", False), bool))
+    return bool(isinstance(splits, dict) and all(map(_is_split, splits.values()))
+                and splits.get("train", {}).get("shards")
+                and type(meta.get("vocab_size")) is int and meta["vocab_size"] > 0
+                and isinstance(meta.get("encoding"), str)
+                and isinstance(meta.get("reserve_zero", False), bool)
+                and isinstance(meta.get("reserve_ones", False), bool))
 
 
 def _is_split(split) -> bool:
@@ -223,7 +226,8 @@ def prepared_from(meta: dict) -> list[str] | None:
         return meta["inputs"]
     sources = meta.get("sources")
     found = isinstance(sources, list) and sources and all(
-        isinstance(s, str) and (os.path.isabs(s) or os.path.exists(s) or s in HUB or s.startswith("hf:")) for s in sources)
+        isinstance(s, str) and (os.path.isabs(s) or os.path.exists(s) or s in HUB or s.startswith("hf:"))
+        for s in sources)
     return sources if found else None
 
 

@@ -43,7 +43,8 @@ def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve
     if encoding not in tiktoken.list_encoding_names():
         raise ValueError(f"unknown encoding {encoding!r}; choose one of {tiktoken.list_encoding_names()}")
     base = encoding_parts(encoding)
-    ranks, n_vocab = base["mergeable_ranks"], max(*base["mergeable_ranks"].values(), *base["special_tokens"].values()) + 1
+    ranks = base["mergeable_ranks"]
+    n_vocab = max(*ranks.values(), *base["special_tokens"].values()) + 1
     vocab_size = n_vocab if vocab_size is None else vocab_size  # 0 is a size, refused below, not 'none given'
     ones = all_ones_id(vocab_size)
     reserve_ones = reserve_ones and ones < vocab_size  # past the vocabulary: no token to move
@@ -293,5 +294,6 @@ def load_text_codec(ckpt, ckpt_path):
 
 if __name__ == "__main__":
     from bincode_gpt.exits import not_a_command
-    sys.exit(not_a_command("bincode_gpt/tokenizer.py", "tokenize a corpus by `python prepare_data.py --help` (--encoding, "
-                                           "--vocab_size); sample.py decodes a checkpoint's tokens"))
+    sys.exit(not_a_command("bincode_gpt/tokenizer.py", "tokenize a corpus by `python prepare_data.py --help` "
+                                                        "(--encoding, --vocab_size); sample.py decodes a checkpoint's "
+                                                        "tokens"))

@@ -1,7 +1,7 @@
 """bincode_gpt/memory.py's training estimate against what one eager training step takes: the peak RSS a fresh
-process adds over its model and optimizer during the step (gradients, AdamW's moments, activations, logits) lies within the
-estimate and not far below it, in float32 and under bfloat16 autocast; a KV cache that cannot fit is refused with its
-numbers."""
+process adds over its model and optimizer during the step (gradients, AdamW's moments, activations, logits) lies
+within the estimate and not far below it, in float32 and under bfloat16 autocast; a KV cache that cannot fit is
+refused with its numbers."""
 
 import os
 import subprocess

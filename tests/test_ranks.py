@@ -1,6 +1,7 @@
 """bincode_gpt/ranks.py, tested on a CPU with GPUs stood in for: a torchrun rank joins on its own GPU (its LOCAL_RANK)
-under --dist_timeout (and computes in the dtype train.py asks devices.set_precision for on it); every rank builds the same buffers, so DDP need not broadcast them; DDP's
-gradient buckets over a compiled model. Training under torchrun itself: tests/test_train_ddp.py."""
+under --dist_timeout (and computes in the dtype train.py asks devices.set_precision for on it); every rank builds the
+same buffers, so DDP need not broadcast them; DDP's gradient buckets over a compiled model. Training under torchrun
+itself: tests/test_train_ddp.py."""
 
 from datetime import timedelta
 from types import SimpleNamespace
@@ -8,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import train
 from bincode_gpt import devices, ranks
 from model import GPT, get_config
 
@@ -81,3 +83,14 @@ def test_compiled_ddp_cuts_the_paper_model_into_eight_buckets_not_seventy_five()
     assert ranks.bucket_cap_mb(weights, compiled=False) == 25 and weights / 25 / 2**20 > 70
     assert ranks.bucket_cap_mb(weights, compiled=True) == 225 and 7 < weights / 225 / 2**20 <= 8
     assert ranks.bucket_cap_mb(10**6, compiled=True) == 25
+
+
+def test_a_bad_setting_is_refused_before_any_process_starts(monkeypatch):
+    """train() checks its settings (train.checked) first: a bad one is refused before a process group is joined,
+    so no torchrun rank waits in a collective for a run that was never going to start."""
+    def start_processes(**settings):
+        raise AssertionError("the processes started before the settings were checked")
+
+    monkeypatch.setattr(ranks, "start_processes", start_processes)
+    with pytest.raises(ValueError, match=r"^batch_size must be at least 1, got 0$"):
+        train.train(train.TrainConfig(batch_size=0))

@@ -24,8 +24,11 @@ from bincode_gpt.exits import run_main
 from bincode_gpt.files import LOCK_NAME, file_stamp
 from bincode_gpt.run_dir import Log, clock, nats_per_byte, read_log
 from model import get_config
-# the run's helpers, and its fixtures: data_dir, one_thread (autouse: one thread a process)
-from test_train import cli, config, data_dir, files, flags, one_thread, ROOT, train_log
+import test_train
+from test_train import cli, config, files, flags, ROOT, train_log
+
+# test_train's fixtures, found here by name: the prepared data folder, and one thread a process (autouse)
+data_dir, one_thread = test_train.data_dir, test_train.one_thread
 
 
 def test_a_fresh_run_never_replaces_a_checkpoint(data_dir, tmp_path):
@@ -66,10 +69,12 @@ def test_a_save_killed_with_sigkill_leaves_a_temp_file_the_next_run_removes(data
     good = (tmp_path / "ckpt.pt").read_bytes()
     (tmp_path / "ckpt.pt.tmp_notes").write_text("the user's file")  # not a temp file of ours: kept
     kill_mid_save = ("import os, signal, sys, torch, train\n"
-                     "def save(obj, f):\n    f.write(b'half a checkpoint'); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+                     "def save(obj, f):\n"
+                     "    f.write(b'half a checkpoint'); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
                      "torch.save = save\nsys.exit(train.main(sys.argv[1:]))\n")
-    killed = subprocess.run([sys.executable, "-c", kill_mid_save, *flags(data_dir, tmp_path, max_steps=4, eval_interval=0,
-                             resume=True)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    resumed = flags(data_dir, tmp_path, max_steps=4, eval_interval=0, resume=True)
+    killed = subprocess.run([sys.executable, "-c", kill_mid_save, *resumed], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
     assert killed.returncode == -signal.SIGKILL
     left = sorted(p.name for p in tmp_path.iterdir() if ".tmp" in p.name)
     assert len(left) == 2 and re.fullmatch(r"ckpt\.pt\.tmp\d+", left[0]) and left[1] == "ckpt.pt.tmp_notes"
@@ -86,8 +91,9 @@ def test_a_fresh_run_keeps_the_log_of_a_run_that_saved_nothing(data_dir, tmp_pat
     log = (tmp_path / "log.jsonl").read_bytes()
     assert b'"diverged"' in log and not (tmp_path / "ckpt.pt").exists()
     rc, out, err = cli(*flags(data_dir, tmp_path, max_steps=2))
-    assert (rc, out, err) == (1, "", f"error: {tmp_path / 'log.jsonl'} holds the log of an earlier run, which saved no "
-                                     "checkpoint: keep it by choosing another out_dir, or replace it with --overwrite\n")
+    assert (rc, out, err) == (1, "", f"error: {tmp_path / 'log.jsonl'} holds the log of an earlier run, which saved "
+                                     "no checkpoint: keep it by choosing another out_dir, or replace it with "
+                                     "--overwrite\n")
     assert (tmp_path / "log.jsonl").read_bytes() == log
     assert cli(*flags(data_dir, tmp_path, max_steps=2, overwrite=True))[0] == 0
     assert not train_log(tmp_path, "diverged") and train_log(tmp_path)[-1]["step"] == 2
@@ -140,7 +146,8 @@ def test_kept_checkpoints_names_what_a_failed_write_left(tmp_path):
     (tmp_path / "best.pt").write_bytes(b"")
     assert run_dir.kept_checkpoints(str(tmp_path)) == f"kept as they were: {tmp_path / 'best.pt'}"
     (tmp_path / "ckpt.pt").write_bytes(b"")
-    assert run_dir.kept_checkpoints(str(tmp_path)) == f"kept as they were: {tmp_path / 'ckpt.pt'}, {tmp_path / 'best.pt'}"
+    both = f"{tmp_path / 'ckpt.pt'}, {tmp_path / 'best.pt'}"
+    assert run_dir.kept_checkpoints(str(tmp_path)) == f"kept as they were: {both}"
 
 
 def test_the_eta_and_tokens_per_s_leave_out_the_warm_up_step(capsys):

@@ -21,8 +21,13 @@ from bincode_gpt.exits import run_main
 from bincode_gpt.shards import ShardError, Split, write_shard
 from bincode_gpt.tokenizer import get_tokenizer
 from prepare_data import prepare
-from test_prepare_data import prepared, words  # noqa: F401 (a fixture)
-from test_train import ROOT, config, flags, one_thread, train_log  # noqa: F401 (one_thread: a fixture)
+import test_prepare_data
+import test_train
+from test_prepare_data import words
+from test_train import ROOT, config, flags, train_log
+
+# fixtures of other test files, found here by name: a prepared folder, and one thread a process (autouse)
+prepared, one_thread = test_prepare_data.prepared, test_train.one_thread
 
 
 # ---------------------------------------------------------------- shard format
@@ -202,7 +207,8 @@ def test_a_tokenizer_tiktoken_does_not_know_is_named_by_its_tag(two_vocabs):
         shards.load_meta(two_vocabs[512])
     assert str(e.value) == (f"{shard}: its header says tokenizer tag deadbeef (an encoding tiktoken does not know "
                             f"here), but {two_vocabs[512] / 'meta.json'} says gpt2 at vocab_size 512, reserve_zero "
-                            "True, reserve_ones True: the two come from different preparations; prepare the folder again")
+                            "True, reserve_ones True: the two come from different preparations; prepare the folder "
+                            "again")
 
 
 def test_a_shard_of_another_vocab_among_good_ones(two_vocabs):
@@ -283,9 +289,11 @@ def test_deep_binary_model_on_windows_that_start_with_the_formerly_zero_coded_to
         write_shard(data / f"{split}_000000.bin", ids)
     (data / "meta.json").write_text(json.dumps({
         "version": 1, "encoding": "gpt2", "vocab_size": 512, "eot_token": 511, "reserve_zero": reserve_zero,
-        "dtype": "uint16", "splits": {s: {"shards": [f"{s}_000000.bin"], "tokens": len(ids)} for s in ("train", "val")}}))
+        "dtype": "uint16",
+        "splits": {s: {"shards": [f"{s}_000000.bin"], "tokens": len(ids)} for s in ("train", "val")}}))
     cfg = config(data, tmp_path / "out", n_layer=32, n_embd=32, n_head=2, block_size=T, batch_size=8, max_steps=20,
-                 lr=2e-3, min_lr=2e-4, warmup_steps=2, eval_interval=0, save_interval=0, seed=0, bias=False, input="binary")
+                 lr=2e-3, min_lr=2e-4, warmup_steps=2, eval_interval=0, save_interval=0, seed=0, bias=False,
+                 input="binary")
     if reserve_zero:
         assert train.train(cfg)["steps"] == 20
         assert all(math.isfinite(e["grad_norm"]) for e in train_log(tmp_path / "out"))
@@ -300,8 +308,8 @@ def test_windows_that_start_with_a_constant_input_are_counted_before_the_first_s
     model reads as a constant vector, and the command that prepares the data again; that command, run as
     printed, gives data with no such window. A learned input or a model with biases: nothing to say."""
     docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(json.dumps({"text": f"Letter {i}. " + "My dear sister, the ball was long. " * (i % 4)}) + "\n"
-                            for i in range(400)))
+    letters = [{"text": f"Letter {i}. " + "My dear sister, the ball was long. " * (i % 4)} for i in range(400)]
+    docs.write_text("".join(json.dumps(letter) + "\n" for letter in letters))
     data, out = tmp_path / "data", tmp_path / "out"
     assert run_main(prepare_data.main, [str(docs), "--out", str(data), "--vocab_size", "512", "--workers", "1",
                                         "--no-reserve_ones"]) == 0
