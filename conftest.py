@@ -1,6 +1,7 @@
-"""Fixtures shared by several test files: data to train small models on, a tiny model over GPT-2's vocabulary,
-GPT-2's tokenizer. This file sits at the root so that pytest puts the root on the import path of every test,
-tests/ included (`import model` works there as here)."""
+"""Fixtures shared by several test files: data to train small models on, a prepared folder to replace or
+interrupt (and the helpers `words` and `snapshot` that make and compare one), a tiny model over GPT-2's
+vocabulary, GPT-2's tokenizer. This file sits at the root so that pytest puts the root on the import path of
+every test, tests/ included (`import model` works there as here)."""
 
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ import tiktoken
 import torch
 
 from bincode_gpt.checkpoint import checkpoint_dict
+from bincode_gpt.files import LOCK_NAME
 from bincode_gpt.tokenizer import get_tokenizer
 from model import GPT, get_config
 from prepare_data import prepare
@@ -56,6 +58,26 @@ def data_dir(tmp_path_factory):
     (tmp / "corpus.txt").write_text(text, encoding="utf-8")
     prepare([str(tmp / "corpus.txt")], str(tmp / "prepared"), vocab_size=512, workers=1, progress=False)
     return tmp / "prepared"
+
+
+def words(n, seed=0, vocab=("the", "king", "queen", "café", "naïve", "over", "hill", "42", "—", "a")):
+    """Generated text for tests where the real corpus isn't essential."""
+    rng = np.random.default_rng(seed)
+    lines = (" ".join(rng.choice(vocab, 8)) + rng.choice([".", ",", "", "  "]) for _ in range(n))
+    return "\n".join(lines) + "\n"
+
+
+def snapshot(folder):
+    """{name: bytes} of a folder's files, but the writer lock's, which holds the pid of the last writer."""
+    return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir()) if p.name != LOCK_NAME}
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    """A folder holding prepared data (several shards), and its bytes."""
+    (tmp_path / "old.txt").write_text(words(400))
+    prepare([str(tmp_path / "old.txt")], tmp_path / "out", shard_tokens=1000, workers=1, progress=False)
+    return tmp_path / "out", snapshot(tmp_path / "out")
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,8 @@ def run(main, argv, capsys):
 
 
 def script(*args, **kw):
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kw)
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kw)
 
 
 def tree(folder):
@@ -43,7 +43,8 @@ def tree(folder):
 def test_malformed_meta_json_is_one_line(tiny_data, tmp_path, capsys):
     data = shutil.copytree(tiny_data, tmp_path / "data")
     (data / "meta.json").write_text("[1, 2]")
-    code, out, err = run(train.main, ["--data_dir", str(data), "--out_dir", str(tmp_path / "out"), "--device", "cpu"], capsys)
+    argv = ["--data_dir", str(data), "--out_dir", str(tmp_path / "out"), "--device", "cpu"]
+    code, out, err = run(train.main, argv, capsys)
     assert (code, out) == (1, "")
     assert err == (f'error: {data / "meta.json"}: malformed: needs a positive vocab_size, an encoding and splits '
                    '{"train": {"shards": [file names], "tokens": N}, ...}; prepare the folder again\n')
@@ -57,7 +58,8 @@ def test_bogus_device_is_one_line(tiny_data, tmp_path, capsys):
 
 def test_unknown_option_value_is_refused_not_ignored(capsys):
     code, out, err = run(bench.main, ["--sections", "train,bogus"], capsys)  # once measured nothing and exited 0
-    assert (code, out, err) == (1, "", "error: unknown section(s) bogus: choose from train,sample,load,prep,compile_cache\n")
+    assert (code, out, err) == (1, "", "error: unknown section(s) bogus: "
+                                       "choose from train,sample,load,prep,compile_cache\n")
     code, out, err = run(compare.main, ["--seeds", "0"], capsys)
     assert (code, out, err) == (1, "", "error: --seeds must be at least 1, got 0\n")
 
@@ -68,9 +70,11 @@ def test_bad_input_leaves_prepared_data_byte_for_byte(tiny_data, tmp_path, capsy
     text = tmp_path / "ok.txt"
     text.write_text("fine text\n" * 50)
     missing = tmp_path / "missing.txt"
-    code, out, err = run(prepare_data.main, [str(text), str(missing), "--out", str(data), "--overwrite", "--workers", "1"], capsys)
+    argv = [str(text), str(missing), "--out", str(data), "--overwrite", "--workers", "1"]
+    code, out, err = run(prepare_data.main, argv, capsys)
     assert (code, out) == (1, "")
-    assert err == f"error: {missing}: no such file or folder (named inputs: shakespeare, fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n"
+    assert err == (f"error: {missing}: no such file or folder "
+                   "(named inputs: shakespeare, fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n")
     assert tree(data) == before
 
 
@@ -81,23 +85,26 @@ def test_no_command_replaces_a_checkpoint_it_did_not_create(tiny_data, tmp_path,
     (run_dir / "log.jsonl").write_text("{}\n")
     before = tree(run_dir)
     code, out, err = run(train.main, ["--data_dir", tiny_data, "--out_dir", str(run_dir), "--device", "cpu"], capsys)
-    assert (code, out, err) == (1, "", f"error: {run_dir / 'ckpt.pt'} exists: continue that run with --resume, or start "
-                                       "afresh and replace it with --overwrite\n")
+    assert (code, out, err) == (1, "", f"error: {run_dir / 'ckpt.pt'} exists: continue that run with --resume, "
+                                       "or start afresh and replace it with --overwrite\n")
     code, out, err = run(convert.main, ["hf2native", str(tmp_path / "release"), str(run_dir)], capsys)
-    assert (code, out, err) == (1, "", f"error: {run_dir} is not empty (it holds ckpt.pt, log.jsonl): pass --overwrite to "
-                                       "replace its model and tokenizer files (other files are kept)\n")
+    assert (code, out, err) == (1, "", f"error: {run_dir} is not empty (it holds ckpt.pt, log.jsonl): "
+                                       "pass --overwrite to replace its model and tokenizer files "
+                                       "(other files are kept)\n")
     assert tree(run_dir) == before
 
 
 def test_paths_from_a_config_stay_in_its_folder(tmp_path, capsys):
     release = tmp_path / "release"
     release.mkdir()
-    (release / "config.json").write_text('{"vocab_size": 512, "n_embd": 32, "n_layer": 2, "n_head": 2, "block_size": 32}')
+    config = '{"vocab_size": 512, "n_embd": 32, "n_layer": 2, "n_head": 2, "block_size": 32}'
+    (release / "config.json").write_text(config)
     (release / "model.safetensors.index.json").write_text('{"weight_map": {"x": "../../../../etc/passwd"}}')
     code, out, err = run(convert.main, ["hf2native", str(release), str(tmp_path / "out")], capsys)
-    assert (code, out, err) == (1, "", "note: config.json gives no RoPE base; assuming 10000 (not confirmed for the release)\n"
-                                       "error: model.safetensors.index.json names '../../../../etc/passwd', which is not a "
-                                       f"file name inside {release}: refused\n")
+    assert (code, out) == (1, "")
+    assert err == ("note: config.json gives no RoPE base; assuming 10000 (not confirmed for the release)\n"
+                   "error: model.safetensors.index.json names '../../../../etc/passwd', which is not a "
+                   f"file name inside {release}: refused\n")
     assert not (tmp_path / "out").exists()
 
 
@@ -105,8 +112,9 @@ def test_garbage_config_json_is_one_line(tmp_path, capsys):
     (tmp_path / "release").mkdir()
     (tmp_path / "release" / "config.json").write_text("{garbage")
     code, out, err = run(convert.main, ["hf2native", str(tmp_path / "release"), str(tmp_path / "out")], capsys)
-    assert (code, out, err) == (1, "", f"error: {tmp_path / 'release' / 'config.json'} is not valid JSON (Expecting property name "
-                                       "enclosed in double quotes: line 1 column 2 (char 1))\n")
+    assert (code, out, err) == (1, "", f"error: {tmp_path / 'release' / 'config.json'} is not valid JSON "
+                                       "(Expecting property name enclosed in double quotes: "
+                                       "line 1 column 2 (char 1))\n")
 
 
 def test_command_lines_print_one_line_and_exit_1(tmp_path):
@@ -115,16 +123,19 @@ def test_command_lines_print_one_line_and_exit_1(tmp_path):
     p = script("prepare_data.py", str(missing), "--out", str(tmp_path / "d"))
     out, err = p.communicate(timeout=120)
     assert (p.returncode, out) == (1, "")
-    assert err == f"error: {missing}: no such file or folder (named inputs: shakespeare, fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n"
+    assert err == (f"error: {missing}: no such file or folder "
+                   "(named inputs: shakespeare, fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n")
     p = script("train.py", "--device", "cuda:99", "--data_dir", str(tmp_path))
     out, err = p.communicate(timeout=300)
-    assert (p.returncode, out) == (1, "") and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert (p.returncode, out) == (1, "")
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_sigterm_mid_prepare_keeps_old_data(tiny_data, tmp_path):
     """SIGTERM while the workers encode: exit 130, one line, the old shards byte for byte, no staging left."""
     shakespeare = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare.txt")
-    text = open(shakespeare).read() if os.path.isfile(shakespeare) else "the quick brown fox jumps over the lazy dog\n" * 25_000
+    text = (open(shakespeare).read() if os.path.isfile(shakespeare)
+            else "the quick brown fox jumps over the lazy dog\n" * 25_000)
     big = tmp_path / "big.txt"
     big.write_text(text * 10)
     data = shutil.copytree(tiny_data, tmp_path / "data")
@@ -181,12 +192,12 @@ def test_traceback_env_turns_tracebacks_on_only_when_true(tmp_path, value, trace
     p = script("prepare_data.py", str(missing), "--out", str(tmp_path / "d"), env={**os.environ, "TRACEBACK": value})
     out, err = p.communicate(timeout=120)
     assert (p.returncode, out) == (1, "")
+    no_such = (f"{missing}: no such file or folder "
+               "(named inputs: shakespeare, fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n")
     if traceback:
-        assert err.startswith("Traceback (most recent call last):") and err.endswith(f"ValueError: {missing}: no such file "
-                                                                                     "or folder (named inputs: shakespeare, "
-                                                                                     "fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n")
+        assert err.startswith("Traceback (most recent call last):") and err.endswith(f"ValueError: {no_such}")
     else:
-        assert err == f"error: {missing}: no such file or folder (named inputs: shakespeare, fineweb-edu, cosmopedia, hf:REPO[:CONFIG])\n"
+        assert err == f"error: {no_such}"
 
 
 # ----------------------------------------------------------------------------- issue 25: round three
@@ -196,7 +207,8 @@ def shard_text(folder, split="train", vocab_size=512):
     from bincode_gpt.shards import read_shard
     from bincode_gpt.tokenizer import get_tokenizer
 
-    ids = np.concatenate([read_shard(os.path.join(folder, f)) for f in sorted(os.listdir(folder)) if f.startswith(split)])
+    names = [f for f in sorted(os.listdir(folder)) if f.startswith(split)]
+    ids = np.concatenate([read_shard(os.path.join(folder, f)) for f in names])
     return get_tokenizer("gpt2", vocab_size, True).decode(ids.tolist())
 
 
@@ -215,8 +227,8 @@ def test_file_types_by_extension_in_any_case_and_no_byte_order_mark(tmp_path, ca
     (src / "c.TXT").write_bytes(b"\xef\xbb\xbfFirst Citizen:\nBefore we proceed any further, hear me speak.\n")
     pq.write_table(pyarrow.table({"text": ["from a parquet file", None, "another"]}), src / "d.Parquet")
     (src / "e.md").write_text("not read: only .txt, .jsonl and .parquet in any case are")
-    code, out, err = run(prepare_data.main, [str(src), "--out", str(tmp_path / "d"), "--vocab_size", "512", "--workers", "1"],
-                         capsys)
+    argv = [str(src), "--out", str(tmp_path / "d"), "--vocab_size", "512", "--workers", "1"]
+    code, out, err = run(prepare_data.main, argv, capsys)
     assert (code, err) == (0, "")
     meta = json.loads((tmp_path / "d" / "meta.json").read_text())
     assert meta["sources"] == [str(src / n) for n in ("b.Jsonl", "c.TXT", "d.Parquet", "notes.JSONL")]
@@ -239,7 +251,8 @@ def test_prepare_settings_read_as_something_else_are_refused(tmp_path, capsys, a
     assert not (tmp_path / "d" / "meta.json").exists()
     with pytest.raises(SystemExit) as e:
         run(prepare_data.main, [str(tmp_path / "t.txt"), "--out", str(tmp_path / "d"), "--vocab_size", "many"], capsys)
-    assert e.value.code == 2 and capsys.readouterr().err.endswith("argument --vocab_size: expected an integer, got 'many'\n")
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith("argument --vocab_size: expected an integer, got 'many'\n")
 
 
 def test_native2hf_refuses_a_value_float16_cannot_hold(tmp_path, capsys):
@@ -253,13 +266,12 @@ def test_native2hf_refuses_a_value_float16_cannot_hold(tmp_path, capsys):
     with torch.no_grad():
         model.lm_head.weight[7, 3] = 1e6
     torch.save(checkpoint_dict(model, None), tmp_path / "ckpt.pt")
-    code, out, err = run(convert.main, ["native2hf", str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"), "--dtype", "float16"],
-                         capsys)
-    assert (code, out, err) == (1, "", "error: embed_out.weight (1e+06): beyond float16's largest value 65504, so written as "
-                                       "inf: export with --dtype float32 or bfloat16\n")
+    export = ["native2hf", str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"), "--dtype"]
+    code, out, err = run(convert.main, [*export, "float16"], capsys)
+    assert (code, out, err) == (1, "", "error: embed_out.weight (1e+06): beyond float16's largest value 65504, "
+                                       "so written as inf: export with --dtype float32 or bfloat16\n")
     assert not (tmp_path / "hf").exists()
-    code, out, err = run(convert.main, ["native2hf", str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"), "--dtype", "bfloat16"],
-                         capsys)
+    code, out, err = run(convert.main, [*export, "bfloat16"], capsys)
     assert code == 0, err
 
 
@@ -268,16 +280,18 @@ def test_files_that_are_not_files_say_what_they_are(tiny_data, tmp_path, capsys)
     data = shutil.copytree(tiny_data, tmp_path / "data")
     os.remove(data / "meta.json")
     os.symlink("meta.json", data / "meta.json")
-    code, out, err = run(train.main, ["--data_dir", str(data), "--out_dir", str(tmp_path / "out"), "--device", "cpu"], capsys)
-    assert (code, out, err) == (1, "", f"error: {data / 'meta.json'}: a symlink loop (it resolves to itself); prepare the "
-                                       "data again, or point at the folder it is in\n")
+    argv = ["--data_dir", str(data), "--out_dir", str(tmp_path / "out"), "--device", "cpu"]
+    code, out, err = run(train.main, argv, capsys)
+    assert (code, out, err) == (1, "", f"error: {data / 'meta.json'}: a symlink loop (it resolves to itself); "
+                                       "prepare the data again, or point at the folder it is in\n")
     release = tmp_path / "release"
     release.mkdir()
-    (release / "config.json").write_text('{"vocab_size": 512, "n_embd": 32, "n_layer": 2, "n_head": 2, "block_size": 32}')
+    config = '{"vocab_size": 512, "n_embd": 32, "n_layer": 2, "n_head": 2, "block_size": 32}'
+    (release / "config.json").write_text(config)
     os.symlink("/dev/zero", release / "model.safetensors")
     code, out, err = run(convert.main, ["hf2native", str(release), str(tmp_path / "o")], capsys)
-    assert (code, out) == (1, "") and err.endswith(f"error: {release / 'model.safetensors'}: a symlink to /dev/zero, a device, "
-                                                   "FIFO or socket, not a regular file\n")
+    assert (code, out) == (1, "") and err.endswith(f"error: {release / 'model.safetensors'}: a symlink to "
+                                                   "/dev/zero, a device, FIFO or socket, not a regular file\n")
 
 
 @pytest.mark.parametrize("main, argv, message", [
@@ -287,7 +301,8 @@ def test_files_that_are_not_files_say_what_they_are(tiny_data, tmp_path, capsys)
     (bench.main, ["--block_size", "0"], "--block_size must be at least 1, got 0"),  # was read as the default
     (train.main, ["--out_dir", ""], "--out_dir is '' (empty): name a folder"),
     (train.main, ["--data_dir", ""], "--data_dir is '' (empty): name a folder"),
-    (convert.main, ["native2hf", "", "no-such-folder"], "the checkpoint is '' (empty): name a .pt file or a folder holding ckpt.pt"),
+    (convert.main, ["native2hf", "", "no-such-folder"],
+     "the checkpoint is '' (empty): name a .pt file or a folder holding ckpt.pt"),
 ])
 def test_flags_are_named_in_their_refusals(main, argv, message, capsys):
     assert run(main, argv, capsys) == (1, "", f"error: {message}\n")
@@ -310,7 +325,8 @@ def test_a_full_disk_under_torch_save_says_the_disk_is_full(tmp_path, monkeypatc
     monkeypatch.setattr(torch, "save", full_disk)
     with pytest.raises(OSError) as e:
         atomic_torch_save({"step": 1}, tmp_path / "best.pt")
-    assert str(e.value) == f"{tmp_path / 'best.pt'}: not written: the disk is full: No space left on device; nothing was replaced"
+    assert str(e.value) == (f"{tmp_path / 'best.pt'}: not written: the disk is full: No space left on device; "
+                            "nothing was replaced")
     assert e.value.errno == errno.ENOSPC and os.listdir(tmp_path) == []
 
 
@@ -348,11 +364,11 @@ def test_quantize_refuses_a_nan_checkpoint_naming_the_tensor(tiny_data, tmp_path
     model = GPT(get_config("tiny"))
     with torch.no_grad():
         model.blocks[0].mlp.proj.weight[2, 2] = float("inf")
-    torch.save(checkpoint_dict(model, {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512, "reserve_zero": True}),
-               tmp_path / "ckpt.pt")
+    codec = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 512, "reserve_zero": True}
+    torch.save(checkpoint_dict(model, codec), tmp_path / "ckpt.pt")
     assert run(quantize_quality.main, ["--ckpt", str(tmp_path / "ckpt.pt"), "--data_dir", tiny_data], capsys) == (
-        1, "", f"error: {tmp_path / 'ckpt.pt'} holds NaN or inf values in blocks.0.mlp.proj.weight: refusing to measure a "
-               "diverged or corrupt checkpoint\n")
+        1, "", f"error: {tmp_path / 'ckpt.pt'} holds NaN or inf values in blocks.0.mlp.proj.weight: "
+               "refusing to measure a diverged or corrupt checkpoint\n")
 
 
 def test_a_folder_holding_one_file_of_a_run_is_read_or_named(tiny_data, tmp_path, capsys):
@@ -374,7 +390,8 @@ def test_a_folder_holding_one_file_of_a_run_is_read_or_named(tiny_data, tmp_path
     hf.mkdir()
     (hf / "config.json").write_text("{}")  # what native2hf writes first
 
-    read = f"note: {best} holds no ckpt.pt: reading {best / 'best.pt'}, the weights of the run's best evaluation (step 2)\n"
+    read = (f"note: {best} holds no ckpt.pt: reading {best / 'best.pt'}, "
+            "the weights of the run's best evaluation (step 2)\n")
     code, out, err = run(sample.main, ["--ckpt", str(best), "--max_new_tokens", "2", "--device", "cpu"], capsys)
     assert (code, err) == (0, read) and out
     code, _, err = run(train.main, ["--data_dir", tiny_data, "--out_dir", str(tmp_path / "tuned"), "--init_from",
@@ -390,9 +407,11 @@ def test_a_folder_holding_one_file_of_a_run_is_read_or_named(tiny_data, tmp_path
     assert (code, err) == (1, f"error: no config.json in {best}: it holds a native checkpoint (best.pt), not a Hugging "
                               "Face model (native2hf converts a native checkpoint to one)\n")
 
-    beside = f"; {best / 'best.pt'} (the weights of the run's best evaluation) is there: name that file, or the folder {best}"
-    logged = (f"; {log} holds a run's log.jsonl but neither of its checkpoints (ckpt.pt, best.pt): they were removed, or "
-              "the run stopped before its first save")
+    beside = (f"; {best / 'best.pt'} (the weights of the run's best evaluation) is there: "
+              f"name that file, or the folder {best}")
+    logged = (f"; {log} holds a run's log.jsonl but neither of its checkpoints (ckpt.pt, best.pt): "
+              "they were removed, or the run stopped before its first save")
+
     converted = (f"; {hf} holds a Hugging Face model (config.json): convert it to a native checkpoint first: python -m "
                  f"tools.convert hf2native {hf} OUT")
     for path, hint in ((best / "ckpt.pt", beside), (log, logged), (hf, converted)):

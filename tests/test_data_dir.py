@@ -14,7 +14,8 @@ import pytest
 import prepare_data as P
 from bincode_gpt import shards, workers
 from bincode_gpt.files import LOCK_NAME
-from test_prepare_data import cli, main, prepared, ROOT, shard_tokens, snapshot, words  # noqa: F401 (a fixture)
+from conftest import snapshot, words
+from test_prepare_data import cli, main, ROOT, shard_tokens
 
 
 # ---------------------------------------------------------------- bad input, faults: nothing lost
@@ -42,8 +43,8 @@ def test_bad_inputs_are_one_line_and_keep_the_old_data(tmp_path, capsys, prepare
         ([ok, ok, "--mix", "1.5"], "--mix needs one non-negative weight per input"),
         ([ok, "--val_fraction", "1"], "need 0 <= val_fraction < 1"),
         ([ok, "--workers", "-1"], "workers must be at least 1, got -1"),
-        ([ok, "--max_tokens", "1"], "the train split is empty (--val_fraction 0.1, --max_tokens 1): give a smaller fraction "
-                                    "or a larger budget"),
+        ([ok, "--max_tokens", "1"], "the train split is empty (--val_fraction 0.1, --max_tokens 1): "
+                                    "give a smaller fraction or a larger budget"),
         ([ok, "--val_fraction", "0.9999999"], "the train split is empty (--val_fraction 0.9999999): give a smaller "
                                               "fraction or a larger budget"),  # said --max_tokens, never given
         ([ok, "--mix", "0.5"], "--mix draws documents from two or more inputs, but 1 is named: drop --mix"),
@@ -89,9 +90,10 @@ def test_full_disk_keeps_the_old_data(tmp_path, capsys, monkeypatch, prepared):
             raise OSError(28, "No space left on device")
         fsync(fd)
     monkeypatch.setattr(os, "fsync", fills_up)
-    rc, err = main(capsys, tmp_path / "new.txt", "--out", out, "--overwrite", "--shard_tokens", "1000", "--workers", "1")
-    assert (rc, err) == (1, f"error: {out}: not prepared: the disk is full (No space left on device); the prepared data "
-                            "there is as it was\n")
+    rc, err = main(capsys, tmp_path / "new.txt", "--out", out, "--overwrite", "--shard_tokens", "1000",
+                   "--workers", "1")
+    assert (rc, err) == (1, f"error: {out}: not prepared: the disk is full (No space left on device); "
+                            "the prepared data there is as it was\n")
     assert snapshot(out) == before
 
 
@@ -103,7 +105,8 @@ def test_refuses_prepared_folder_unless_overwrite(tmp_path, capsys, prepared):
     assert snapshot(out) == before
     assert main(capsys, tmp_path / "b.txt", "--out", out, "--overwrite")[0] == 0
     meta = shards.load_meta(out)  # no stale shards from the bigger first run
-    assert sorted(os.listdir(out)) == sorted([LOCK_NAME, "meta.json", *meta["splits"]["train"]["shards"], *meta["splits"]["val"]["shards"]])
+    shard_names = [*meta["splits"]["train"]["shards"], *meta["splits"]["val"]["shards"]]
+    assert sorted(os.listdir(out)) == sorted([LOCK_NAME, "meta.json", *shard_names])
     assert len(meta["splits"]["train"]["shards"]) < len([n for n in before if n.startswith("train_")])
 
 
@@ -185,8 +188,8 @@ def test_user_files_in_the_output_folder_are_refused_by_name_and_kept(tmp_path):
                                  "write it): it is left alone; choose another --out"),
                         (staged, f"{staged / '.partial'} exists and prepare_data.py did not make it (it has no "
                                  ".prepare_data mark): it is left alone; move it away or choose another --out"),
-                        (shard, f"{shard / 'train_000000.bin'} is not a token shard (prepare_data.py did not write it): "
-                                "it is left alone; choose another --out")]:
+                        (shard, f"{shard / 'train_000000.bin'} is not a token shard (prepare_data.py did not "
+                                "write it): it is left alone; choose another --out")]:
         before = tree(folder)
         for overwrite in ([], ["--overwrite"]):
             r = cli(tmp_path / "a.txt", "--out", folder, "--workers", "1", *overwrite)
@@ -210,7 +213,8 @@ def test_a_marked_staging_folder_with_a_user_file_inside_is_refused(tmp_path, pr
 
 def tree(folder):
     """{relative path: bytes} of every file under folder, but the writer lock's (it holds the last writer's pid)."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file() and p.name != LOCK_NAME}
+    files = (p for p in Path(folder).rglob("*") if p.is_file() and p.name != LOCK_NAME)
+    return {str(p.relative_to(folder)): p.read_bytes() for p in files}
 
 
 def test_bad_inputs_of_every_kind_are_one_line_naming_them(tmp_path):
@@ -224,14 +228,20 @@ def test_bad_inputs_of_every_kind_are_one_line_naming_them(tmp_path):
     cases = [
         ([ok], "", "the output folder is '' (empty): name one, e.g. --out data/mine"),
         ([ok], ok, f"{ok} is a file, not a folder: name a folder to write into"),
-        ([ok, tmp_path / "nested.jsonl"], o, f"{tmp_path / 'nested.jsonl'}:2: JSON nested too deeply to read (not a text record)"),
+        ([ok, tmp_path / "nested.jsonl"], o,
+         f"{tmp_path / 'nested.jsonl'}:2: JSON nested too deeply to read (not a text record)"),
         ([tmp_path / "surrogate.jsonl"], o,
-         f"{tmp_path / 'surrogate.jsonl'}:2: 'text' holds a lone surrogate (\\ud800) at character 12, which is not Unicode text"),
-        ([ok, tmp_path / "zero.txt"], o, f"{tmp_path / 'zero.txt'}: a symlink to /dev/zero, a character device, not a file: "
-                                         "give a text file, a folder or a named corpus"),
-        ([tmp_path], o, f"{tmp_path / 'pipe.txt'}: a named pipe (FIFO), not a file: give a text file, a folder or a named corpus"),
+         f"{tmp_path / 'surrogate.jsonl'}:2: 'text' holds a lone surrogate (\\ud800) at character 12, "
+         "which is not Unicode text"),
+        ([ok, tmp_path / "zero.txt"], o,
+         f"{tmp_path / 'zero.txt'}: a symlink to /dev/zero, a character device, not a file: "
+         "give a text file, a folder or a named corpus"),
+        ([tmp_path], o,
+         f"{tmp_path / 'pipe.txt'}: a named pipe (FIFO), not a file: give a text file, a folder or a named corpus"),
     ]
     for named, out, msg in cases:
         r = cli(*named, "--out", out, "--workers", "1")
         assert (r.returncode, r.stdout, r.stderr) == (1, "", f"error: {msg}\n"), msg
-    assert not o.exists()  # the records past the first were read as the folder's writer, which removes the folder it made
+    # the records past the first were read as the folder's writer, which removes the folder it made
+    assert not o.exists()
+

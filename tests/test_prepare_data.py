@@ -18,6 +18,7 @@ from bincode_gpt import inputs, shards
 from bincode_gpt.files import LOCK_NAME  # noqa: E402
 from bincode_gpt.exits import run_main
 from bincode_gpt.tokenizer import get_tokenizer  # noqa: E402
+from conftest import prepared, snapshot, words  # noqa: F401 (re-exported for test_shards.py, test_inputs.py)
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"corpus not found at {SHAKESPEARE}")
@@ -28,13 +29,6 @@ def shakespeare():
     if not SHAKESPEARE.is_file():
         pytest.skip(f"corpus not found at {SHAKESPEARE}")
     return SHAKESPEARE.read_text()
-
-
-def words(n, seed=0, vocab=("the", "king", "queen", "café", "naïve", "over", "hill", "42", "—", "a")):
-    """Generated text for tests where the real corpus isn't essential."""
-    rng = np.random.default_rng(seed)
-    lines = (" ".join(rng.choice(vocab, 8)) + rng.choice([".", ",", "", "  "]) for _ in range(n))
-    return "\n".join(lines) + "\n"
 
 
 def shard_tokens(out, meta, split):
@@ -51,19 +45,6 @@ def cli(*argv, **kwargs):
     """The real command line, in a subprocess."""
     return subprocess.run([sys.executable, str(ROOT / "prepare_data.py"), *map(str, argv)],
                           capture_output=True, text=True, timeout=120, **kwargs)
-
-
-def snapshot(folder):
-    """{name: bytes} of a folder's files, but the writer lock's, which holds the pid of the last writer."""
-    return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir()) if p.name != LOCK_NAME}
-
-
-@pytest.fixture
-def prepared(tmp_path):
-    """A folder holding prepared data (several shards), and its bytes."""
-    (tmp_path / "old.txt").write_text(words(400))
-    P.prepare([str(tmp_path / "old.txt")], tmp_path / "out", shard_tokens=1000, workers=1, progress=False)
-    return tmp_path / "out", snapshot(tmp_path / "out")
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -100,7 +81,8 @@ def test_reserve_ones_moves_end_of_text_off_the_all_ones_id(encoding, vocab_size
     ones = vocab_size - 1
     assert (old.eot_token, new.eot_token, new.n_vocab) == (ones, 187, vocab_size)
     assert new.decode_single_token_bytes(ones) == old.decode_single_token_bytes(187) == b"\xff"
-    text = (SHAKESPEARE.read_text()[:100_000] if SHAKESPEARE.is_file() else words(2000)) + " café 日本語 ÿ \x00<|endoftext|>"
+    corpus = SHAKESPEARE.read_text()[:100_000] if SHAKESPEARE.is_file() else words(2000)
+    text = corpus + " café 日本語 ÿ \x00<|endoftext|>"
     swap = {ones: 187, 187: ones}
     tokens = new.encode(text, allowed_special="all")
     assert tokens == [swap.get(t, t) for t in old.encode(text, allowed_special="all")] and new.decode(tokens) == text
@@ -128,7 +110,8 @@ def test_reserve_ones_is_the_default_and_older_data_keeps_its_ids(tmp_path, caps
     assert main(capsys, *args, "--out", tmp_path / "old", "--no-reserve_ones")[0] == 0
     new, old = shards.load_meta(tmp_path / "new"), shards.load_meta(tmp_path / "old")
     assert (new["reserve_ones"], new["eot_token"], old["reserve_ones"], old["eot_token"]) == (True, 187, False, 511)
-    a, b = (np.concatenate([shard_tokens(tmp_path / d, m, s) for s in ("train", "val")]).tolist() for d, m in (("new", new), ("old", old)))
+    a, b = (np.concatenate([shard_tokens(tmp_path / d, m, s) for s in ("train", "val")]).tolist()
+            for d, m in (("new", new), ("old", old)))
     assert a.count(187) == b.count(511) == 40 and 511 not in a and a == [{511: 187, 187: 511}.get(t, t) for t in b]
     assert (old["constant_code_tokens"], "constant_code_tokens" in new) == (40, False)  # end-of-text on all ones
     del old["reserve_ones"]  # data prepared before the option
@@ -145,16 +128,19 @@ def test_reserve_zero_gives_id_0_to_the_nul_byte_and_meta_records_it(tmp_path, c
     text = tmp_path / "t.txt"
     text.write_text("Hello! Who's there? Nay, answer me!\n" * 50 + "a NUL \x00 byte")
     assert main(capsys, str(text), "--out", tmp_path / "r", "--vocab_size", "1000", "--workers", "1")[0] == 0
-    rc, err = main(capsys, str(text), "--out", tmp_path / "p", "--vocab_size", "1000", "--workers", "1", "--no-reserve_zero")
+    rc, err = main(capsys, str(text), "--out", tmp_path / "p", "--vocab_size", "1000", "--workers", "1",
+                   "--no-reserve_zero")
     assert rc == 0 and err.splitlines()[1] == (
         "note: 100 tokens on id 0, whose binary code is constant: the encoding's own ids, as --no-reserve_zero / "
         "--no-reserve_ones ask; a bias-free binary model reads them as a constant vector (docs/zero-code.md; "
         "meta.json: constant_code_tokens)")
     r, p = shards.load_meta(tmp_path / "r"), shards.load_meta(tmp_path / "p")
     assert r["reserve_zero"] is True and p["reserve_zero"] is False
-    assert (p["constant_code_tokens"], "constant_code_tokens" in r, r["dropped_nul"], p["dropped_nul"]) == (100, False, 1, 1)
-    reserved, plain = ([*shard_tokens(tmp_path / d, m, "train").tolist(), *shard_tokens(tmp_path / d, m, "val").tolist()]
+    assert (p["constant_code_tokens"], "constant_code_tokens" in r) == (100, False)
+    assert (r["dropped_nul"], p["dropped_nul"]) == (1, 1)
+    reserved, plain = (shard_tokens(tmp_path / d, m, "train").tolist() + shard_tokens(tmp_path / d, m, "val").tolist()
                        for d, m in (("r", r), ("p", p)))
+
     swap = {0: 188, 188: 0}
     assert plain.count(0) == 100 and reserved.count(0) == 0  # the "!"s; the NUL byte is dropped
     assert reserved == [swap.get(t, t) for t in plain]
@@ -211,11 +197,13 @@ def test_command_line_defaults_to_data_shakespeare(tmp_path):
     """`python prepare_data.py shakespeare` writes where train.py reads by default, from a pre-seeded cache."""
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "tinyshakespeare.txt").write_text(words(200))
-    r = cli("shakespeare", "--workers", "1", cwd=tmp_path, env={**os.environ, "BCGPT_CORPUS_CACHE": str(tmp_path / "cache")})
+    env = {**os.environ, "BCGPT_CORPUS_CACHE": str(tmp_path / "cache")}
+    r = cli("shakespeare", "--workers", "1", cwd=tmp_path, env=env)
     assert r.returncode == 0 and r.stderr == "" and r.stdout.splitlines()[-1] == "wrote data/shakespeare", r.stderr
     meta = shards.load_meta(tmp_path / "data" / "shakespeare")
     assert meta["sources"] == [str(tmp_path / "cache" / "tinyshakespeare.txt")]
-    assert meta["vocab_size"] == 512  # the mini preset's vocabulary (train.py's default), unless --vocab_size says otherwise
+    # the mini preset's vocabulary (train.py's default), unless --vocab_size says otherwise
+    assert meta["vocab_size"] == 512
     assert sorted(os.listdir(tmp_path)) == ["cache", "data"] and os.listdir(tmp_path / "data") == ["shakespeare"]
 
 
@@ -359,7 +347,8 @@ def test_hub_mixture_with_budget(tmp_path, monkeypatch):
     docs = text.split("<|endoftext|>")[:-1]
     assert abs(sum(d.startswith("FW") for d in docs) / len(docs) - 0.7) < 0.06
     P.prepare(["fineweb-edu", "cosmopedia"], tmp_path / "b", **kw)
-    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in os.listdir(tmp_path / "a"))
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+               for f in os.listdir(tmp_path / "a"))
 
 
 def test_optional_packages_missing_give_clear_errors(tmp_path, monkeypatch):
@@ -378,14 +367,18 @@ def test_mix_counts_the_inputs_named_not_their_files(tmp_path):
     for name, files, docs in (("a", 2, 10), ("b", 1, 200)):
         (tmp_path / name).mkdir()
         for i in range(files):
-            (tmp_path / name / f"{i}.jsonl").write_text("".join(json.dumps({"text": f"{name}{i} doc {j}"}) + "\n" for j in range(docs)))
+            lines = "".join(json.dumps({"text": f"{name}{i} doc {j}"}) + "\n" for j in range(docs))
+            (tmp_path / name / f"{i}.jsonl").write_text(lines)
     r = cli(tmp_path / "a", tmp_path / "b", "--mix", "0.2,0.3,0.5", "--out", tmp_path / "o", "--workers", "1")
-    assert (r.returncode, r.stderr) == (1, "error: --mix needs one non-negative weight per input (or all but the last), "
-                                           "got [0.2, 0.3, 0.5] for 2 inputs\n")
+    refusal = ("error: --mix needs one non-negative weight per input (or all but the last), "
+               "got [0.2, 0.3, 0.5] for 2 inputs\n")
+    assert (r.returncode, r.stderr) == (1, refusal)
+
     r = cli(tmp_path / "a", tmp_path / "b", "--mix", "0.5", "--out", tmp_path / "o", "--workers", "1")
     assert r.returncode == 0, r.stderr
-    text = get_tokenizer("gpt2", None, reserve_zero=True).decode(np.concatenate([shard_tokens(tmp_path / "o", shards.load_meta(tmp_path / "o"), s)
-                                                    for s in ("train", "val")]).tolist())
+    meta = shards.load_meta(tmp_path / "o")
+    tokens = np.concatenate([shard_tokens(tmp_path / "o", meta, s) for s in ("train", "val")])
+    text = get_tokenizer("gpt2", None, reserve_zero=True).decode(tokens.tolist())
     docs = text.split("<|endoftext|>")[:-1]  # folder a's two files are one stream: its second file is reached
     assert {d[:2] for d in docs} == {"a0", "a1", "b0"} and sum(d.startswith("a") for d in docs) == 20
 
@@ -400,9 +393,10 @@ def test_a_mixture_that_runs_dry_before_its_budget_says_so(tmp_path, monkeypatch
     meta = P.prepare(["fineweb-edu", "cosmopedia"], tmp_path / "a", max_tokens=10**9, **kw)
     total = sum(s["tokens"] for s in meta["splits"].values())
     err = capsys.readouterr().err
-    assert err == (f"note: the mixture stopped at {total:,} tokens when fineweb-edu ran dry, {10**9 - total:,} short of "
-                   f"--max_tokens 1,000,000,000 (0%): give that input more data or a lower --mix weight to meet the "
-                   "budget (the other inputs' remaining documents are left out, so the --mix ratio holds)\n")
+    assert err == (f"note: the mixture stopped at {total:,} tokens when fineweb-edu ran dry, "
+                   f"{10**9 - total:,} short of --max_tokens 1,000,000,000 (0%): "
+                   "give that input more data or a lower --mix weight to meet the budget "
+                   "(the other inputs' remaining documents are left out, so the --mix ratio holds)\n")
     P.prepare(["fineweb-edu", "cosmopedia"], tmp_path / "b", max_tokens=total // 2, **kw)
     assert capsys.readouterr().err == ""
 
@@ -442,7 +436,8 @@ def tokens_of(out):
                                         ("docs.jsonl", "gzip"), ("notes.txt.gz", "gzip"), ("notes.TXT.bz2", "bz2"),
                                         ("notes.txt", "xz")])
 def test_compressed_inputs_give_the_plain_files_tokens(tmp_path, name, pack):
-    """By suffix or by first bytes alone (a gzip file named docs.jsonl), in any case: the same shards as the plain file."""
+    """By suffix or by first bytes alone (a gzip file named docs.jsonl), in any case: the same shards as the
+    plain file."""
     data = jsonl_records(30) if "jsonl" in name.lower() else words(300).encode()
     plain = tmp_path / ("plain.jsonl" if "jsonl" in name.lower() else "plain.txt")
     plain.write_bytes(data)
@@ -463,8 +458,10 @@ def test_compressed_files_in_folders_and_mixes(tmp_path):
     pq.write_table(pa.table({"text": [words(5, seed=100 + i) for i in range(20)]}), buf)
     (tmp_path / "d" / "b.Parquet.XZ").write_bytes(lzma.compress(buf.getvalue()))
     (tmp_path / "c.txt.bz2").write_bytes(bz2.compress(words(200).encode()))
-    meta = P.prepare([str(tmp_path / "d"), str(tmp_path / "c.txt.bz2")], tmp_path / "o", mix=[0.5], workers=1, progress=False)
-    assert meta["sources"] == [str(tmp_path / "d" / "a.jsonl.gz"), str(tmp_path / "d" / "b.Parquet.XZ"), str(tmp_path / "c.txt.bz2")]
+    meta = P.prepare([str(tmp_path / "d"), str(tmp_path / "c.txt.bz2")], tmp_path / "o",
+                     mix=[0.5], workers=1, progress=False)
+    assert meta["sources"] == [str(tmp_path / "d" / "a.jsonl.gz"), str(tmp_path / "d" / "b.Parquet.XZ"),
+                               str(tmp_path / "c.txt.bz2")]
 
 
 def test_broken_or_unreadable_archives_write_nothing(tmp_path, monkeypatch):
@@ -473,13 +470,14 @@ def test_broken_or_unreadable_archives_write_nothing(tmp_path, monkeypatch):
     data = gzip.compress(jsonl_records(200))
     corrupt = bytearray(data)
     corrupt[len(data) // 2] ^= 0xFF
-    files = {"cut.jsonl.gz": data[:len(data) // 2], "corrupt.jsonl.gz": bytes(corrupt), "cut.txt.xz": lzma.compress(b"x" * 9999)[:60],
-             "cut.jsonl.bz2": bz2.compress(jsonl_records(200))[:300], "plain.txt.gz": b"plain text", "z.jsonl.ZST": b"\x28\xb5\x2f\xfd" + bytes(20)}
+    files = {"cut.jsonl.gz": data[:len(data) // 2], "corrupt.jsonl.gz": bytes(corrupt),
+             "cut.txt.xz": lzma.compress(b"x" * 9999)[:60], "cut.jsonl.bz2": bz2.compress(jsonl_records(200))[:300],
+             "plain.txt.gz": b"plain text", "z.jsonl.ZST": b"\x28\xb5\x2f\xfd" + bytes(20)}
     for name, content in files.items():
         (tmp_path / name).write_bytes(content)
     expected = {"plain.txt.gz": "named .gz but is not gzip data (it starts with b'plai')",
-                "z.jsonl.ZST": "zstd-compressed: reading it needs the optional zstandard package (pip install zstandard), "
-                               "or decompress it first (unzstd)"}
+                "z.jsonl.ZST": "zstd-compressed: reading it needs the optional zstandard package "
+                               "(pip install zstandard), or decompress it first (unzstd)"}
     if importlib.util.find_spec("zstandard"):
         expected["z.jsonl.ZST"] = "not readable zstd data, truncated or corrupt"
     for name in files:
@@ -512,6 +510,9 @@ def test_the_re_prepare_command_names_the_inputs_from_any_folder(tmp_path, monke
     monkeypatch.chdir("/")  # data prepared before meta.json recorded its inputs: relative sources, found or unknown
     old = {k: v for k, v in meta.items() if k != "inputs"} | {"sources": ["a.txt"]}
     assert shards.prepared_from(old) is None
-    assert shards.prepare_command(old, "o").startswith("python prepare_data.py '<INPUTS: unknown, its meta.json does not record them>'")
+    assert shards.prepare_command(old, "o").startswith(
+        "python prepare_data.py '<INPUTS: unknown, its meta.json does not record them>'")
     assert shards.prepared_from({**old, "sources": ["shakespeare-not-here", "hf:x/y"]}) is None
-    assert shards.prepared_from({**old, "sources": [str(tmp_path / "a.txt"), "hf:x/y"]}) == [str(tmp_path / "a.txt"), "hf:x/y"]
+    sources = [str(tmp_path / "a.txt"), "hf:x/y"]
+    assert shards.prepared_from({**old, "sources": sources}) == sources
+

@@ -12,7 +12,8 @@ import pytest
 
 import prepare_data as P
 from bincode_gpt import workers
-from test_prepare_data import prepared, ROOT, SHAKESPEARE, snapshot, words  # noqa: F401 (fixtures)
+from conftest import SHAKESPEARE, snapshot, words
+from test_prepare_data import ROOT
 
 
 def test_pieces_tokenize_like_the_whole_text(gpt2):
@@ -30,7 +31,9 @@ def test_deterministic_across_runs_and_workers(tmp_path, monkeypatch):
     for i in range(25):
         (tmp_path / f"{i:02d}.txt").write_text(words(60 + i, seed=i))
     kw = dict(shard_tokens=3000, vocab_size=4096, progress=False)
-    runs = [P.prepare([str(tmp_path / "*.txt")], tmp_path / f"out{n}", workers=w, **kw) for n, w in enumerate([1, 2, 2])]
+    runs = [P.prepare([str(tmp_path / "*.txt")], tmp_path / f"out{n}", workers=w, **kw)
+            for n, w in enumerate([1, 2, 2])]
+
     assert runs[0] == runs[1] == runs[2] and len(runs[0]["splits"]["train"]["shards"]) > 3
     for name in os.listdir(tmp_path / "out0"):
         assert len({(tmp_path / f"out{n}" / name).read_bytes() for n in range(3)}) == 1, name
