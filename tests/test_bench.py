@@ -21,8 +21,8 @@ def test_run_reports_every_section(tmp_path):
     pytest.importorskip("transformers")  # the sample section times HF generate() beside ours
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("It is a truth universally acknowledged.\nThat a single man in possession.\n" * 200)
-    cfg = bench.BenchConfig(**vars(bench.build_parser().parse_args(TINY + [f"--corpus={corpus}", "--workers=2",
-                                                                           "--sections=train,sample,load,prep", "--threads=1,2"])))
+    flags = TINY + [f"--corpus={corpus}", "--workers=2", "--sections=train,sample,load,prep", "--threads=1,2"]
+    cfg = bench.BenchConfig(**vars(bench.build_parser().parse_args(flags)))
     res = bench.run(cfg)
     tr = res["train"]
     assert tr["preset"] == "tiny" and tr["matmul_flops"] > 0 and tr["flops_per_token"] > 0
@@ -48,7 +48,8 @@ def test_run_reports_every_section(tmp_path):
     # every figure names its CPU; the int8 kernel sample.py would run is recorded (tiny: the rows, unmeasured)
     assert res["cpu"] == cpu_summary() and res["cpu"].split(": ")[0] in bench.table(res).splitlines()[0]
     kernel = res["sample"]["int8_kernel"]
-    assert kernel.split(" (")[0] in ("int8 kernel: rows", "int8 kernel: widened") and kernel.endswith(f") on {res['cpu']}")
+    assert kernel.split(" (")[0] in ("int8 kernel: rows", "int8 kernel: widened")
+    assert kernel.endswith(f") on {res['cpu']}")
     assert "(int8 weights under 16 MiB, in the CPU's caches: not packed; measured at load" in kernel
     lo = res["load"]
     assert lo["preset"] == "tiny" and lo["ckpt_bytes"] > 0 and 0 < lo["int8_ckpt_bytes"] < lo["ckpt_bytes"]
@@ -60,8 +61,9 @@ def test_run_reports_every_section(tmp_path):
     pr = res["prep"]
     assert pr["mb"] > 0 and pr["mb_s_1"] > 0 and pr["mb_s_all"] > 0 and pr["workers"] == 2
     assert pr["python_scaling"] > 0 and pr["tiktoken_scaling"] > 0
-    assert [t["goal"] for t in res["targets"]] == [">= 1", ">= 1.5", ">= 3", ">= 1", ">= 0.75", ">= 1.5", ">= 3", ">= 1",
-                                                   "<= 1.15", "<= 0.5", "<= 0.5", "<= 0.45", "<= 1", ">= 0.8", ">= 0.5"]
+    goals = [">= 1", ">= 1.5", ">= 3", ">= 1", ">= 0.75", ">= 1.5", ">= 3", ">= 1",
+             "<= 1.15", "<= 0.5", "<= 0.5", "<= 0.45", "<= 1", ">= 0.8", ">= 0.5"]
+    assert [t["goal"] for t in res["targets"]] == goals
     assert [t["target"] for t in res["targets"][1:8]] == [
         s for n in (1, 2) for s in (f"KV-cache / HF generate tokens/s, batch 1, {n} threads, same tokens (tiny)",
                                     f"int8 / float32 KV-cache tokens/s, batch 1, {n} threads (tiny)",
@@ -145,7 +147,8 @@ def test_one_training_step_is_timed_beside_nanogpts(tmp_path):
     target (CPU) report it. A folder without model.py is refused, naming it."""
     (tmp_path / "model.py").write_text(STAND_IN_NANOGPT)
     train_flags = [f for f in TINY if f.split("=")[0][2:].removeprefix("no-") in bench.READ_BY["train"] + ("device",)]
-    cfg = bench.BenchConfig(**vars(bench.build_parser().parse_args(train_flags + ["--sections=train", f"--nanogpt={tmp_path}"])))
+    flags = train_flags + ["--sections=train", f"--nanogpt={tmp_path}"]
+    cfg = bench.BenchConfig(**vars(bench.build_parser().parse_args(flags)))
     res = bench.run(cfg)
     ng = res["train"]["nanogpt"]
     assert ng["shape"] == bench.NANOGPT_SHAPE and ng["steps_timed"] == 1 and ng["checkout"] == str(tmp_path)
@@ -160,15 +163,15 @@ def test_one_training_step_is_timed_beside_nanogpts(tmp_path):
 def test_main_json_one_section(capsys):
     pytest.importorskip("transformers")
     sample_flags = [f for f in TINY if f.split("=")[0][2:].removeprefix("no-") in bench.READ_BY["sample"] + ("device",)]
-    assert bench.main(sample_flags + ["--sections=sample", "--sample_batches=1", "--no-recompute", "--precisions=", "--json",
-                              "--sample_compile"]) == 0
+    assert bench.main(sample_flags + ["--sections=sample", "--sample_batches=1", "--no-recompute", "--precisions=",
+                                      "--json", "--sample_compile"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["train"] is None and res["prep"] is None
     [row] = res["sample"]["rows"]
     assert "recompute" not in row and row["agree"] == {} and row["same_tokens_hf"] is True
     assert row["kv_compiled"] > 0 and row["compiled_same_tokens_hf"] is True and row["compiled_first_call_s"] > 0
-    assert [t["target"] for t in res["targets"][:2]] == [f"KV-cache{c} / HF generate tokens/s, batch 1, 1 threads, same tokens (tiny)"
-                                                        for c in ("", " compiled step")]
+    assert [t["target"] for t in res["targets"][:2]] == [
+        f"KV-cache{c} / HF generate tokens/s, batch 1, 1 threads, same tokens (tiny)" for c in ("", " compiled step")]
 
 
 def test_compile_cache_another_shape_compiles_nothing_new(capsys, monkeypatch):
@@ -192,7 +195,8 @@ def test_compile_cache_another_shape_compiles_nothing_new(capsys, monkeypatch):
 def test_prep_defaults_to_tiny_shakespeare(tmp_path, monkeypatch):
     """No --corpus: tiny Shakespeare, from $BCGPT_CORPUS_CACHE when it is there (as prepare_data.py fetches it)."""
     monkeypatch.setenv("BCGPT_CORPUS_CACHE", str(tmp_path))
-    (tmp_path / "tinyshakespeare.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 300)
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 300
+    (tmp_path / "tinyshakespeare.txt").write_text(text)
     res = bench.run(bench.BenchConfig(device="cpu", sections="prep", repeats=1, prep_copies=2, workers=2))
     assert res["prep"]["mb"] == 2 * os.path.getsize(tmp_path / "tinyshakespeare.txt") / 1e6
 
@@ -207,18 +211,23 @@ def test_prep_defaults_to_tiny_shakespeare(tmp_path, monkeypatch):
                                                                 "compile_cache section, which --sections=prep does not "
                                                                 "run: add compile_cache there, or drop the flag\n"),
     (["--sections=prep", "--threads=1,0"], "error: --threads must be positive integers, got '1,0'\n"),
-    (["--sections=prep", "--device=cpu", "--steps=3"], "error: --steps is a setting of the train section, which --sections=prep "
-                                                       "does not run: add train there, or drop the flag\n"),
-    (["--sections=train,prep", "--device=cpu", "--no-int8"], "error: --int8 is a setting of the sample and load sections, which "
-                                                             "--sections=train,prep does not run: add sample there, or drop the flag\n"),
-    (["--sections=load", "--device=cpu", "--repeats=2"], "error: --repeats is a setting of the train, sample and prep sections, "
-                                                          "which --sections=load does not run: add train there, or drop the flag\n"),
-    (["--sections=prep", "--device=cpu", "--threads=1,2"], "error: --threads=1,2: only the sample section is timed at each count "
-                                                            "(the others use the first): add sample to --sections, or give one count\n"),
+    (["--sections=prep", "--device=cpu", "--steps=3"],
+     "error: --steps is a setting of the train section, which --sections=prep does not run: add train there, "
+     "or drop the flag\n"),
+    (["--sections=train,prep", "--device=cpu", "--no-int8"],
+     "error: --int8 is a setting of the sample and load sections, which --sections=train,prep does not run: "
+     "add sample there, or drop the flag\n"),
+    (["--sections=load", "--device=cpu", "--repeats=2"],
+     "error: --repeats is a setting of the train, sample and prep sections, which --sections=load does not run: "
+     "add train there, or drop the flag\n"),
+    (["--sections=prep", "--device=cpu", "--threads=1,2"],
+     "error: --threads=1,2: only the sample section is timed at each count (the others use the first): "
+     "add sample to --sections, or give one count\n"),
 ])
 def test_bad_input_is_one_error_line(args, message):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-m", "tools.bench", *args], capture_output=True, text=True, timeout=300, cwd=root)
+    r = subprocess.run([sys.executable, "-m", "tools.bench", *args], capture_output=True, text=True, timeout=300,
+                       cwd=root)
     assert (r.returncode, r.stdout, r.stderr) == (1, "", message)
 
 
@@ -234,5 +243,7 @@ def test_each_section_reads_the_settings_it_claims():
 
     for section, names in bench.READ_BY.items():
         tree = ast.parse(inspect.getsource(getattr(bench, f"bench_{section}")))
-        read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", None) == "cfg"}
+        read = {n.attr for n in ast.walk(tree)
+                if isinstance(n, ast.Attribute) and getattr(n.value, "id", None) == "cfg"}
+
         assert read == set(names), section

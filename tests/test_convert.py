@@ -100,7 +100,8 @@ def to_convention(model, conv, conv1d=False):
             out[{"nanogpt": "transformer.wte.weight", "neox": "gpt_neox.embed_in.weight",
                  "llama": "model.embed_tokens.weight"}[conv]] = t
         elif name in ("embed.A", "embed.b"):
-            out[{"nanogpt": "transformer.", "neox": "gpt_neox.", "llama": "model."}[conv] + "input_code." + name[6:]] = t
+            prefix = {"nanogpt": "transformer.", "neox": "gpt_neox.", "llama": "model."}[conv]
+            out[prefix + "input_code." + name[6:]] = t
         elif name == "lm_head.weight":
             out["embed_out.weight" if conv == "neox" else "lm_head.weight"] = t
         elif name.startswith("ln_f."):
@@ -109,9 +110,11 @@ def to_convention(model, conv, conv1d=False):
         elif m:
             i, mod, kind = m.groups()
             if conv == "nanogpt":
-                out[f"transformer.h.{i}.{NANO[mod]}.{kind}"] = t.t().contiguous() if conv1d and t.dim() == 2 and mod != "ln_1" else t
+                key = f"transformer.h.{i}.{NANO[mod]}.{kind}"
+                out[key] = t.t().contiguous() if conv1d and t.dim() == 2 and mod != "ln_1" else t
             elif conv == "neox":
-                out[f"gpt_neox.layers.{i}.{NEOX[mod]}.{kind}"] = convert.to_neox_qkv(t, c.n_head) if mod == "attn.qkv" else t
+                key = f"gpt_neox.layers.{i}.{NEOX[mod]}.{kind}"
+                out[key] = convert.to_neox_qkv(t, c.n_head) if mod == "attn.qkv" else t
             elif mod == "attn.qkv":
                 for part, piece in zip("qkv", t.split(c.n_embd, dim=0)):
                     out[f"model.layers.{i}.self_attn.{part}_proj.{kind}"] = piece.contiguous()
@@ -121,7 +124,8 @@ def to_convention(model, conv, conv1d=False):
             raise AssertionError(name)
     for i in range(c.n_layer):  # non-weights a release may carry; all skipped explicitly
         if conv == "nanogpt":
-            out[f"transformer.h.{i}.attn.bias"] = torch.tril(torch.ones(c.block_size, c.block_size)).view(1, 1, c.block_size, c.block_size)
+            causal = torch.tril(torch.ones(c.block_size, c.block_size))
+            out[f"transformer.h.{i}.attn.bias"] = causal.view(1, 1, c.block_size, c.block_size)
         elif conv == "llama":
             out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = torch.ones(c.n_embd // c.n_head // 2)
     return out
@@ -137,7 +141,8 @@ def bvv_config(model):
     cfg = {"architectures": ["BVVForCausalLM"], "model_type": model_type, "vocab_size": c.vocab_size,
            "block_size": c.block_size, "n_embd": c.n_embd, "d_model": c.n_embd, "n_layer": c.n_layer,
            "n_head": c.n_head, "pad_id": c.pad_token_id, "pad_token_id": c.pad_token_id, "rope_theta": c.rope_base,
-           "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "torch_dtype": "float32"}
+           "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+           "torch_dtype": "float32"}
     if c.input != "learned":
         cfg["n_embed"] = K
     return cfg
@@ -235,8 +240,8 @@ def test_exported_table_is_checked(tmp_path):
     t = safetensors.load_file(str(tmp_path / "hf" / "model.safetensors"))
     t["gpt_neox.embed_in.weight"][3, 0] += 0.5
     safetensors.save_file(t, str(tmp_path / "hf" / "model.safetensors"))
-    with pytest.raises(convert.ConversionError, match="the stored 256 x 32 input table is not the binary code lifted with "
-                                                      "layout tile"):
+    with pytest.raises(convert.ConversionError,
+                       match="the stored 256 x 32 input table is not the binary code lifted with layout tile"):
         convert.hf_to_native(str(tmp_path / "hf"))
 
 
@@ -244,7 +249,8 @@ def test_exported_table_is_checked(tmp_path):
                                         ("affine", True), ("learned", False), ("learned", True)])
 def test_transformers_matches(tmp_path, input, bias):
     transformers = pytest.importorskip("transformers")
-    model = tiny(input, bias, "interleave" if bias else "tile", vocab_size=512, pad_token_id=9 if input == "binary" else None)
+    model = tiny(input, bias, "interleave" if bias else "tile", vocab_size=512,
+                 pad_token_id=9 if input == "binary" else None)
     convert.convert_native_to_hf(save_native(model, tmp_path / "native", TIKTOKEN_512), str(tmp_path / "hf"))
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
     assert type(hf).__name__ == "GPTNeoXForCausalLM"
@@ -254,27 +260,30 @@ def test_transformers_matches(tmp_path, input, bias):
     assert diff < 1e-4, diff
     prompt = x[:1, :6]
     ours = generate(model, prompt, 20, temperature=0)
-    theirs = hf.generate(prompt, max_new_tokens=20, min_new_tokens=20, do_sample=False, attention_mask=torch.ones_like(prompt))
+    theirs = hf.generate(prompt, max_new_tokens=20, min_new_tokens=20, do_sample=False,
+                         attention_mask=torch.ones_like(prompt))
     assert torch.equal(ours, theirs)
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == 511
 
 
-@pytest.mark.parametrize("vocab_size, reserve_zero, reserve_ones", [(None, False, False), (1000, False, False), (1000, True, False),
-                                                                  (512, True, True)])  # 512: end-of-text at 187, amid the ranks
+@pytest.mark.parametrize("vocab_size, reserve_zero, reserve_ones",
+                         [(None, False, False), (1000, False, False), (1000, True, False),
+                          (512, True, True)])  # 512: end-of-text at 187, amid the ranks
 def test_tokenizer_matches_tiktoken(tmp_path, vocab_size, reserve_zero, reserve_ones):
     pytest.importorskip("tokenizers")
     enc = get_tokenizer("gpt2", vocab_size, reserve_zero, reserve_ones)
     tk = convert.tiktoken_to_hf(enc)
-    texts = [SHAKESPEARE, SHAKESPEARE.upper(), "  leading spaces", "a\n\n\nb", "x" * 300, "1234567890 3.14159", "", "Hi!\x00!"]
+    texts = [SHAKESPEARE, SHAKESPEARE.upper(), "  leading spaces", "a\n\n\nb", "x" * 300, "1234567890 3.14159", "",
+             "Hi!\x00!"]
     for text in texts:
         want = enc.encode(text, allowed_special="all")
         assert tk.encode(text, add_special_tokens=False).ids == want
         assert tk.decode(want, skip_special_tokens=False) == text
     transformers = pytest.importorskip("transformers")
     model = tiny("learned", vocab_size=enc.n_vocab)
-    save_native(model, tmp_path / "n", {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": vocab_size, "reserve_zero": reserve_zero,
-                                          "reserve_ones": reserve_ones})
+    save_native(model, tmp_path / "n", {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": vocab_size,
+                                        "reserve_zero": reserve_zero, "reserve_ones": reserve_ones})
     convert.convert_native_to_hf(str(tmp_path / "n"), str(tmp_path / "hf"))
     auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     assert auto(SHAKESPEARE, add_special_tokens=False)["input_ids"] == enc.encode(SHAKESPEARE, allowed_special="all")
@@ -287,8 +296,9 @@ def test_release_tokenizer_to_transformers(tmp_path):
     model = tiny("binary", layout="interleave", vocab_size=128, pad_token_id=0)
     src = write_hf(tmp_path / "release", to_convention(model, "llama"), bvv_config(model))
     tk = char_tokenizer(str(src))
-    (src / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>", "pad_token": "<pad>",
-                                                           "unk_token": "<unk>", "auto_map": {"AutoTokenizer": ["x.Y", None]}}))
+    tokenizer_config = {"eos_token": "</s>", "bos_token": "<s>", "pad_token": "<pad>", "unk_token": "<unk>",
+                        "auto_map": {"AutoTokenizer": ["x.Y", None]}}
+    (src / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     convert.convert_hf_to_native(str(src), str(tmp_path / "native"), "interleave")
     convert.convert_native_to_hf(str(tmp_path / "native"), str(tmp_path / "hf"))
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
@@ -394,7 +404,8 @@ def test_layout_auto_picks_the_trained_layout(tmp_path, layout):
     assert_same_model(model, back)
     # the user may still force a layout
     code, out, err = run("hf2native", src, tmp_path / "forced", "--layout", other)
-    assert code == 0 and "layout auto" not in out and load_checkpoint(str(tmp_path / "forced"))[0].config.layout == other
+    assert code == 0 and "layout auto" not in out
+    assert load_checkpoint(str(tmp_path / "forced"))[0].config.layout == other
 
 
 def test_layout_auto_needs_a_tokenizer(tmp_path):
@@ -436,8 +447,8 @@ def test_native2int8_of_weights_saved_through_wrappers(tmp_path):
     torch.save(wrapped, tmp_path / "wrapped" / "ckpt.pt")  # DDP(model)'s
     assert run("native2int8", tmp_path / "plain", tmp_path / "a")[0] == 0
     code, _, err = run("native2int8", tmp_path / "wrapped", tmp_path / "b")
-    assert code == 0 and err.startswith(f"note: {tmp_path / 'wrapped' / 'ckpt.pt'}: its weights were saved from a wrapped model "
-                                        "(torch.compile, DDP): read without their 'module.' prefixes\n")
+    assert code == 0 and err.startswith(f"note: {tmp_path / 'wrapped' / 'ckpt.pt'}: its weights were saved from a "
+                                        "wrapped model (torch.compile, DDP): read without their 'module.' prefixes\n")
     a, b = (torch.load(tmp_path / o / "ckpt.pt", weights_only=True)["model"] for o in ("a", "b"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -459,7 +470,8 @@ def test_native2hf_overwrite_leaves_no_stale_files(tmp_path):
     code, stdout, err = run("native2hf", native, out, "--overwrite")
     assert code == 0, err
     assert err == "warning: the checkpoint names no tokenizer; none exported\n"
-    assert sorted(os.listdir(out)) == [LOCK_NAME, "README.md", "config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(os.listdir(out)) == [LOCK_NAME, "README.md", "config.json", "generation_config.json",
+                                       "model.safetensors"]
     assert (out / "README.md").read_text() == "my model card"
     _, back, _ = convert.convert_hf_to_native(str(out), str(tmp_path / "again"))
     assert_same_model(model, back)
@@ -486,8 +498,8 @@ def test_out_is_never_the_source_or_around_it(tmp_path):
     before = files(tmp_path)
     for args, where in [((native, native), "is the source"), ((native / "ckpt.pt", native), "is the source folder of")]:
         code, stdout, err = run("native2hf", *args, "--overwrite")
-        assert (code, stdout, err) == (1, "", f"error: OUT {args[1]} {where} {args[0]}: write the conversion to a folder "
-                                              "of its own\n")
+        assert (code, stdout, err) == (1, "", f"error: OUT {args[1]} {where} {args[0]}: "
+                                              "write the conversion to a folder of its own\n")
     assert files(tmp_path) == before
 
 
@@ -596,7 +608,8 @@ def good():
 def test_error_no_config(tmp_path, good):
     write_hf(tmp_path / "hf", good[1], None)
     code, out, err = run("hf2native", tmp_path / "hf", tmp_path / "o", "--layout", "tile")
-    assert (code, out, err) == (1, "", f"error: no config.json in {tmp_path / 'hf'}: is this a Hugging Face model folder?\n")
+    assert (code, out, err) == (1, "", f"error: no config.json in {tmp_path / 'hf'}: "
+                                       "is this a Hugging Face model folder?\n")
 
 
 def test_error_unknown_names(tmp_path, good):
@@ -624,7 +637,9 @@ def test_error_wrong_shapes(tmp_path, good):
         convert.hf_to_native(str(tmp_path / "hf"), "tile")
     t["gpt_neox.layers.0.mlp.dense_h_to_4h.weight"] = torch.zeros(100, 32)
     write_hf(tmp_path / "hf2", t, cfg)
-    with pytest.raises(convert.ConversionError, match=r"blocks.0.mlp.fc.weight .*expected \(128, 32\), found \(100, 32\)"):
+    with pytest.raises(convert.ConversionError,
+                       match=r"blocks.0.mlp.fc.weight .*expected \(128, 32\), found \(100, 32\)"):
+
         convert.hf_to_native(str(tmp_path / "hf2"), "tile")
 
 

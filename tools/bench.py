@@ -31,20 +31,21 @@ Design choices, up front:
   forward without a cache), and transformers' generate(do_sample=False, use_cache=True) on convert.py's
   stock GPT-NeoX export of the same weights. Beside them, "matmuls alone": each token's nn.Linear
   weights times one row, nothing else; at batch 1 on a CPU reading the weights bounds decoding, so this
-  is the ceiling any implementation with these matmuls could reach (ceiling/HF bounds KV/HF). Token equality with the KV-cache output is asserted for the recompute path (the
-  same code) and reported for HF (another implementation); the KV/HF target counts only with equal tokens.
+  is the ceiling any implementation with these matmuls could reach (ceiling/HF bounds KV/HF). Token equality
+  with the KV-cache output is asserted for the recompute path (the same code) and reported for HF (another
+  implementation); the KV/HF target counts only with equal tokens.
   Each way runs at every --threads count, interleaved. At batch 1 the KV cache also runs on bfloat16 and
   float16 copies of the weights: speed against float32, and how many leading tokens stay float32's.
   On a CPU the KV cache also runs on quantize.py's int8 copy (eager, as sample.py gets it, packing done
   before timing; the kernel quantize.choose_kernel picked, and why, in the report), and on the kernel that
   copy does not run, forced: the plain rows (torch._int_mm: what runs until the packing thread is done;
   what a model under quantize.PACK_MIN_BYTES runs), or where those run, oneDNN's packed weights (uint8
-  activations) where their sums are exact on this CPU, else the widened rows; and (--sample_compile) compiled: the weight-only product inductor writes (Int8Linear.weight_only,
-  what sample.py --compile runs on int8 weights); beside them "int8 matmuls alone"
-  (the int8 ceiling) and the bytes of weights a token reads in each; beside them, the read bandwidth (a
-  float32 sum over bandwidth_mb, timed in the same rounds), and the fraction of it each decodes at: weight
-  bytes a step reads x steps/s / bandwidth, both in the process's CPU seconds (a shared machine's other
-  jobs take wall time from both, unevenly).
+  activations) where their sums are exact on this CPU, else the widened rows; and (--sample_compile) compiled:
+  the weight-only product inductor writes (Int8Linear.weight_only, what sample.py --compile runs on int8
+  weights); beside them "int8 matmuls alone" (the int8 ceiling) and the bytes of weights a token reads in
+  each; beside them, the read bandwidth (a float32 sum over bandwidth_mb, timed in the same rounds), and the
+  fraction of it each decodes at: weight bytes a step reads x steps/s / bandwidth, both in the process's CPU
+  seconds (a shared machine's other jobs take wall time from both, unevenly).
   On CUDA the compiled step also runs recorded as CUDA graphs (stream(cuda_graphs=True), sample.py --cuda_graphs).
   Paper preset: --sample_preset=paper --no-recompute (recomputing 470M parameters per context token is slow).
 - Loading (--sections=load): what a sampling start costs, as a user runs it: sample.py --prompt Hello --temperature 0
@@ -121,7 +122,8 @@ class BenchConfig:
     preset: str | None = setting(None, "training preset (default: small on CPU, paper on CUDA)")
     block_size: int | None = setting(None, "training sequence length (default: 128 CPU, 1024 CUDA)")
     batch_size: int | None = setting(None, "sequences per step (default 8)")
-    train_repeats: int | None = setting(None, "train() calls per variant (default: --repeats on CPU, 1 on CUDA: compiles)")
+    train_repeats: int | None = setting(None, "train() calls per variant "
+                                              "(default: --repeats on CPU, 1 on CUDA: compiles)")
     steps: int = setting(6, "timed optimizer steps per train() call")
     warmup: int = setting(2, "optimizer steps dropped before them")
     compile: bool | None = setting(None, "torch.compile in training (default: on CUDA only)")
@@ -136,16 +138,19 @@ class BenchConfig:
     new_tokens: int = setting(64, "tokens generated")
     sample_batches: str = setting("1,8", "comma-separated batch sizes")
     recompute: bool = setting(True, "also time decoding that recomputes the whole context (slow on the paper preset)")
-    sample_compile: bool = setting(True, "also time the KV cache with its one-token step compiled (stream(compile=True)), "
-                                           "the int8 copy's too (CPU, --int8); compiling happens in the untimed warm-up")
-    precisions: str = setting("bfloat16,float16", "comma-separated weight dtypes timed against float32 at batch 1 (KV cache)")
+    sample_compile: bool = setting(True, "also time the KV cache with its one-token step compiled "
+                                         "(stream(compile=True)), the int8 copy's too (CPU, --int8); "
+                                         "compiling happens in the untimed warm-up")
+    precisions: str = setting("bfloat16,float16",
+                              "comma-separated weight dtypes timed against float32 at batch 1 (KV cache)")
     int8: bool = setting(True, "also time quantize.py's int8 weights (KV cache, eager) and their matmuls alone (CPU)")
     bandwidth_mb: int = setting(512, "MB of float32 summed, at each thread count, to measure the read bandwidth that "
                                      "decoding is compared with (CPU)")
     # loading
     load_preset: str = setting("paper", "model preset of the checkpoint loaded (paper: a 1.9 GB file in a temp dir)")
     load_repeats: int = setting(3, "child processes per loading path and tree, interleaved")
-    load_tokens: int = setting(64, "greedy tokens each loading child generates (end to end: load, quantize, these tokens)")
+    load_tokens: int = setting(64, "greedy tokens each loading child generates "
+                                   "(end to end: load, quantize, these tokens)")
     ref: str | None = setting(None, "a git commit of this repository (8470b11, a tag): its sample.py timed beside this "
                                     "tree's, the same commands alternating, so a regression shows as a ratio")
     load_dir: str | None = setting(None, "a folder to keep the load section's checkpoints in and use again "
@@ -156,7 +161,8 @@ class BenchConfig:
                                          "(to token --new_tokens) from the cache --prompt_len and --new_tokens warmed")
     cache_repeats: int = setting(1, "rounds of the compile_cache section, each from empty caches, interleaved")
     # data preparation
-    corpus: str | None = setting(None, "text file for data preparation (default: tiny Shakespeare, fetched as prepare_data.py does)")
+    corpus: str | None = setting(None, "text file for data preparation "
+                                       "(default: tiny Shakespeare, fetched as prepare_data.py does)")
     prep_copies: int = setting(8, "copies of the corpus concatenated")
     workers: int | None = setting(None, "prep workers for 'all cores' (default: cpu count)")
     json: bool = setting(False, "print JSON instead of the table")
@@ -186,7 +192,9 @@ def write_random_data(folder, vocab_size, tokens=200_000, seed=0):
     splits = {}
     for split, n in (("train", tokens), ("val", tokens // 10)):
         name = f"{split}_000000.bin"
-        shards.write_shard(os.path.join(folder, name), rng.integers(0, vocab_size - 1, n).astype(np.uint16 if vocab_size <= 65536 else np.uint32))
+        dtype = np.uint16 if vocab_size <= 65536 else np.uint32
+        shards.write_shard(os.path.join(folder, name), rng.integers(0, vocab_size - 1, n).astype(dtype))
+
         splits[split] = {"shards": [name], "tokens": n, "bytes": 0, "documents": 1}
     meta = {"version": shards.VERSION, "encoding": "gpt2", "vocab_size": vocab_size, "eot_token": vocab_size - 1,
             "dtype": "uint16" if vocab_size <= 65536 else "uint32", "splits": splits}
@@ -376,8 +384,8 @@ def bench_sample(cfg, device, tmp, threads):
         prompt = torch.randint(0, vocab, (B, cfg.prompt_len), generator=torch.Generator().manual_seed(B)).to(device)
         ways = {"kv_cache": lambda: D.generate(model, prompt, cfg.new_tokens, temperature=0),
                 "hf_generate": lambda: hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                                                   use_cache=True, max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens,
-                                                   pad_token_id=0)}
+                                                   use_cache=True, max_new_tokens=cfg.new_tokens,
+                                                   min_new_tokens=cfg.new_tokens, pad_token_id=0)}
         if cfg.recompute:
             ways["recompute"] = lambda: recompute_generate(model, prompt, cfg.new_tokens)
         ways["matmuls_alone"] = lambda: matmuls_alone(model, B, cfg.new_tokens)
@@ -392,11 +400,14 @@ def bench_sample(cfg, device, tmp, threads):
         if int8_decoder is not None:
             ways["int8_compiled"] = lambda: int8_decoder.generate(prompt, cfg.new_tokens, temperature=0)
         if B == 1:
-            ways.update({name: (lambda m=m: D.generate(m, prompt, cfg.new_tokens, temperature=0)) for name, m in low.items()})
+            ways.update({name: (lambda m=m: D.generate(m, prompt, cfg.new_tokens, temperature=0))
+                         for name, m in low.items()})
         outs, times, first = {}, {(t, k): [] for t in threads for k in ways}, {}
-        reads, cpu = {t: [] for t in threads}, {(t, k): [] for t in threads for k in ("read", "kv_cache", "int8", "int8_compiled")}
+        reads = {t: [] for t in threads}
+        cpu = {(t, k): [] for t in threads for k in ("read", "kv_cache", "int8", "int8_compiled")}
         with torch.no_grad():
-            for t in threads:  # warm-up (and compiling), and the tokens compared (a thread count may change float rounding)
+            # warm-up (and compiling), and the tokens compared (a thread count may change float rounding)
+            for t in threads:
                 torch.set_num_threads(t)
                 outs[t] = {}
                 for k, fn in ways.items():
@@ -417,7 +428,8 @@ def bench_sample(cfg, device, tmp, threads):
                         cpu[t, "read"].append(time.process_time() - c0)
         for t in threads:
             out = outs[t]
-            assert "recompute" not in out or torch.equal(out["recompute"], out["kv_cache"]), "KV-cache and recompute greedy tokens differ"
+            assert "recompute" not in out or torch.equal(out["recompute"], out["kv_cache"]), \
+                "KV-cache and recompute greedy tokens differ"
             assert "int8" not in out or torch.equal(out["int8"], out["int8_forced"]), \
                 f"the int8 greedy tokens of {Q.kernel_line(int8)} and of {forced} differ"
             row = {"threads": t, "batch": B, **{k: B * cfg.new_tokens / statistics.median(times[t, k]) for k in ways},
@@ -427,7 +439,8 @@ def bench_sample(cfg, device, tmp, threads):
                 row["compiled_first_call_s"] = first[B, "kv_compiled"]
             if "kv_cuda_graphs" in out:
                 row["cuda_graphs_same_tokens"] = bool(torch.equal(out["kv_cuda_graphs"], out["kv_compiled"]))
-            row["agree"] = {name: leading_agreement(out[name], out["kv_cache"], cfg.prompt_len) for name in low if name in out}
+            row["agree"] = {name: leading_agreement(out[name], out["kv_cache"], cfg.prompt_len)
+                            for name in low if name in out}
             if "int8" in out:
                 row["int8_agree"] = leading_agreement(out["int8"], out["kv_cache"], cfg.prompt_len)
             if "int8_compiled" in out:
@@ -440,9 +453,11 @@ def bench_sample(cfg, device, tmp, threads):
                 # unevenly
                 row["cpu_s"] = {k: statistics.median(v) for (u, k), v in cpu.items() if u == t and v}
                 row["bandwidth_cpu"] = big.numel() * 4 / row["cpu_s"]["read"]
-                row["kv_fraction"] = weight_bytes(model) * cfg.new_tokens / row["cpu_s"]["kv_cache"] / row["bandwidth_cpu"]
+                row["kv_fraction"] = (weight_bytes(model) * cfg.new_tokens / row["cpu_s"]["kv_cache"]
+                                      / row["bandwidth_cpu"])
                 if "int8" in out:
-                    row["int8_fraction"] = weight_bytes(int8) * cfg.new_tokens / row["cpu_s"]["int8"] / row["bandwidth_cpu"]
+                    row["int8_fraction"] = (weight_bytes(int8) * cfg.new_tokens / row["cpu_s"]["int8"]
+                                            / row["bandwidth_cpu"])
                 if "int8_compiled" in out:
                     row["int8_compiled_fraction"] = (weight_bytes(int8) * cfg.new_tokens / row["cpu_s"]["int8_compiled"]
                                                      / row["bandwidth_cpu"])
@@ -708,7 +723,8 @@ def bench_prep(cfg, tmp):
     for _ in range(cfg.repeats):  # interleaved: prep 1 worker, prep all, then what the machine gives now
         for w in times:
             t0 = time.perf_counter()
-            P.prepare([corpus], os.path.join(tmp, f"prep{w}"), vocab_size=8192, workers=w, overwrite=True, progress=False)
+            P.prepare([corpus], os.path.join(tmp, f"prep{w}"), vocab_size=8192, workers=w, overwrite=True,
+                      progress=False)
             times[w].append(time.perf_counter() - t0)
         py.append(parallel_scaling(_python_work, 3_000_000, workers))
         tk.append(parallel_scaling(_tiktoken_work, text[:1_000_000], workers))
@@ -724,7 +740,8 @@ def run(cfg: BenchConfig) -> dict:
     check_settings(cfg)
     sections = set(cfg.sections.split(","))
     if not sections <= set(SECTIONS):
-        raise ValueError(f"unknown section(s) {', '.join(sorted(sections - set(SECTIONS)))}: choose from {','.join(SECTIONS)}")
+        unknown = ", ".join(sorted(sections - set(SECTIONS)))
+        raise ValueError(f"unknown section(s) {unknown}: choose from {','.join(SECTIONS)}")
     device = pick_device(cfg.device)
     threads = [parse_int(t) for t in cfg.threads.split(",")] if cfg.threads else [torch.get_num_threads()]
     if min(threads) < 1:
@@ -753,12 +770,14 @@ def run(cfg: BenchConfig) -> dict:
     def target(name, value, goal, measured=True, at_most=False, valid=True):
         """valid=False: a condition besides the ratio (identical tokens) failed, so MISS whatever the ratio."""
         met = measured and valid and (value <= goal if at_most else value >= goal)
-        targets.append({"target": name, "ratio": value if measured else None, "goal": f"{'<=' if at_most else '>='} {goal:g}",
+        targets.append({"target": name, "ratio": value if measured else None,
+                        "goal": f"{'<=' if at_most else '>='} {goal:g}",
                         "verdict": "not measured" if not measured else "PASS" if met else "MISS"})
 
     if tr and device.type == "cpu":
         v = tr["variants"]
-        target("binary / learned training tokens/s (CPU)", v["binary"]["tokens_per_s"] / v["learned"]["tokens_per_s"], 1.0)
+        target("binary / learned training tokens/s (CPU)",
+               v["binary"]["tokens_per_s"] / v["learned"]["tokens_per_s"], 1.0)
     if tr and tr["nanogpt"] and device.type == "cpu":
         target("training step time, nanoGPT's model.py / model.py (CPU, NANOGPT_SHAPE)", tr["nanogpt"]["ratio"], 1.1)
     for r in sa["rows"] if sa else []:
@@ -766,7 +785,8 @@ def run(cfg: BenchConfig) -> dict:
             target(f"KV-cache / HF generate tokens/s, batch 1, {r['threads']} threads, same tokens ({sa['preset']})",
                    r["kv_cache"] / r["hf_generate"], 1.5, valid=r["same_tokens_hf"])
             if "kv_compiled" in r:
-                target(f"KV-cache compiled step / HF generate tokens/s, batch 1, {r['threads']} threads, same tokens ({sa['preset']})",
+                target(f"KV-cache compiled step / HF generate tokens/s, batch 1, {r['threads']} threads, "
+                       f"same tokens ({sa['preset']})",
                        r["kv_compiled"] / r["hf_generate"], 1.5, valid=r["compiled_same_tokens_hf"])
             if "int8" in r:
                 target(f"int8 / float32 KV-cache tokens/s, batch 1, {r['threads']} threads ({sa['preset']})",
@@ -777,7 +797,8 @@ def run(cfg: BenchConfig) -> dict:
                 target(f"int8 decoding: weight bytes read / one-thread read bandwidth, batch 1 ({sa['preset']})",
                        r["int8_fraction"], 0.75)
             if "int8_compiled_fraction" in r and r["threads"] == 1:
-                target(f"int8 decoding, compiled step: weight bytes read / one-thread read bandwidth, batch 1 ({sa['preset']})",
+                target(f"int8 decoding, compiled step: weight bytes read / one-thread read bandwidth, "
+                       f"batch 1 ({sa['preset']})",
                        r["int8_compiled_fraction"], 0.75)
     if lo:
         row = {(r["way"], r["tree"]): r for r in lo["rows"]}
@@ -798,9 +819,11 @@ def run(cfg: BenchConfig) -> dict:
             target(f"first token, int8 checkpoint / float32 ({lo['preset']})", ckpt8["to_first_s"] / f32["to_first_s"],
                    1.0, at_most=True)
     if pr:
-        target(f"prep all cores / ({pr['workers']} x one worker) MB/s", pr["mb_s_all"] / (pr["workers"] * pr["mb_s_1"]), 0.8)
+        target(f"prep all cores / ({pr['workers']} x one worker) MB/s",
+               pr["mb_s_all"] / (pr["workers"] * pr["mb_s_1"]), 0.8)
     h200 = tr is not None and "H200" in res["device"] and tr["preset"] == "paper"
-    target("paper preset MFU vs measured bf16 matmul (H200)", tr["variants"]["binary"]["mfu_measured"] if h200 else None, 0.5, h200)
+    mfu = tr["variants"]["binary"]["mfu_measured"] if h200 else None
+    target("paper preset MFU vs measured bf16 matmul (H200)", mfu, 0.5, h200)
     res["targets"] = targets
     return res
 
@@ -815,17 +838,21 @@ def rate(x):
 
 
 def table(res) -> str:
-    lines = [f"CPU: {res['cpu']}", f"device: {res['device']}, {res['threads']} torch threads (sampling: {res['config']['threads'] or 'default'}); 1-min load average {res['load_before']:.2f} before, "
-             f"{res['load_after']:.2f} after", ""]
+    lines = [f"CPU: {res['cpu']}",
+             f"device: {res['device']}, {res['threads']} torch threads "
+             f"(sampling: {res['config']['threads'] or 'default'}); "
+             f"1-min load average {res['load_before']:.2f} before, {res['load_after']:.2f} after", ""]
     tr, sa, lo, pr = res["train"], res["sample"], res["load"], res["prep"]
     if tr:
-        lines += [f"training: preset {tr['preset']}, block {tr['block_size']}, batch {tr['batch_size']}, {tr['dtype']}, "
-                  f"compile {tr['compile']}; measured matmul {tr['matmul_flops'] / 1e9:,.1f} GFLOP/s, "
+        lines += [f"training: preset {tr['preset']}, block {tr['block_size']}, batch {tr['batch_size']}, "
+                  f"{tr['dtype']}, compile {tr['compile']}; measured matmul {tr['matmul_flops'] / 1e9:,.1f} GFLOP/s, "
                   f"datasheet peak {fmt(tr['peak_flops'] and tr['peak_flops'] / 1e12, ',.0f')} TFLOP/s",
-                  "| input | tokens/s | MFU (measured matmul) | MFU (datasheet) | steps timed |", "|---|---:|---:|---:|---:|"]
+                  "| input | tokens/s | MFU (measured matmul) | MFU (datasheet) | steps timed |",
+                  "|---|---:|---:|---:|---:|"]
         for v, r in tr["variants"].items():
             lines.append(f"| {v} | {r['tokens_per_s']:,.0f} | {100 * r['mfu_measured']:.1f}% | "
-                         f"{fmt(r['mfu_peak'] and 100 * r['mfu_peak'], '.1f')}{'%' if r['mfu_peak'] else ''} | {r['steps_timed']} |")
+                         f"{fmt(r['mfu_peak'] and 100 * r['mfu_peak'], '.1f')}{'%' if r['mfu_peak'] else ''} | "
+                         f"{r['steps_timed']} |")
         ng = tr["nanogpt"]
         if ng:
             shape = ", ".join(f"{k} {v:,}" for k, v in ng["shape"].items())
@@ -836,17 +863,20 @@ def table(res) -> str:
     if sa:
         lines += [f"sampling: preset {sa['preset']}, {sa['input']} input, prompt {sa['prompt_len']}, "
                   f"{sa['new_tokens']} new tokens, greedy, float32; "
-                  "tokens/s, and ratios to HF generate (matmuls alone: every weight times one row per token, the ceiling)",
-                  "| threads | batch | KV cache | KV compiled | recompute | HF generate | matmuls alone | KV/HF | compiled/HF | "
-                  "ceiling/HF | same tokens as HF (KV, compiled) |",
+                  "tokens/s, and ratios to HF generate "
+                  "(matmuls alone: every weight times one row per token, the ceiling)",
+                  "| threads | batch | KV cache | KV compiled | recompute | HF generate | matmuls alone | KV/HF | "
+                  "compiled/HF | ceiling/HF | same tokens as HF (KV, compiled) |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in sa["rows"]:
             comp, hf = r.get("kv_compiled"), r["hf_generate"]
-            lines.append(f"| {r['threads']} | {r['batch']} | {rate(r['kv_cache'])} | {rate(comp)} | {rate(r.get('recompute'))} | "
-                         f"{rate(hf)} | {rate(r['matmuls_alone'])} | {r['kv_cache'] / hf:.2f}x | {fmt(comp and comp / hf, '.2f')}"
+            lines.append(f"| {r['threads']} | {r['batch']} | {rate(r['kv_cache'])} | {rate(comp)} | "
+                         f"{rate(r.get('recompute'))} | {rate(hf)} | {rate(r['matmuls_alone'])} | "
+                         f"{r['kv_cache'] / hf:.2f}x | {fmt(comp and comp / hf, '.2f')}"
                          f"{'x' if comp else ''} | {r['matmuls_alone'] / hf:.2f}x | {r['same_tokens_hf']}, "
                          f"{r.get('compiled_same_tokens_hf', '-')} |")
-        compiled = [f"{r['compiled_first_call_s']:.1f} s (batch {r['batch']})" for r in sa["rows"] if "compiled_first_call_s" in r]
+        compiled = [f"{r['compiled_first_call_s']:.1f} s (batch {r['batch']})"
+                    for r in sa["rows"] if "compiled_first_call_s" in r]
         if compiled:
             lines.append(f"compiled step: first call, compiling included: {', '.join(dict.fromkeys(compiled))}")
         lines += [f"CUDA graphs (the compiled step recorded), batch {r['batch']}: {rate(r['kv_cuda_graphs'])} tok/s, "
@@ -854,42 +884,54 @@ def table(res) -> str:
                   f"{r['cuda_graphs_same_tokens']}" for r in sa["rows"] if "kv_cuda_graphs" in r]
         i8 = [r for r in sa["rows"] if "int8" in r]
         if i8:
-            lines += ["", f"int8 weights (quantize.py, eager): a token reads {sa['weight_bytes'] / 1e6:,.0f} MB of weights in float32, "
-                      f"{sa['int8_weight_bytes'] / 1e6:,.0f} MB in int8 (with scales); int8 KV: quantize_int8 as sample.py runs it "
-                      f"({sa['int8_kernel']}); forced: the same weights on {sa['int8_forced']} (the plain rows, what a "
-                      "layer runs until the packing thread reaches it; where those were chosen, oneDNN's uint8 kernel if "
-                      "its sums are exact here, else the widened rows), the same tokens; int8 matmuls alone: the int8 ceiling; "
-                      f"read: a float32 sum over {sa['bandwidth_mb']:,} MB; of read: weight bytes a step reads x steps/s / read, "
+            lines += ["", f"int8 weights (quantize.py, eager): a token reads {sa['weight_bytes'] / 1e6:,.0f} MB of "
+                      f"weights in float32, {sa['int8_weight_bytes'] / 1e6:,.0f} MB in int8 (with scales); "
+                      f"int8 KV: quantize_int8 as sample.py runs it ({sa['int8_kernel']}); "
+                      f"forced: the same weights on {sa['int8_forced']} (the plain rows, what a layer runs until the "
+                      "packing thread reaches it; where those were chosen, oneDNN's uint8 kernel if its sums are "
+                      "exact here, else the widened rows), the same tokens; "
+
+                      "int8 matmuls alone: the int8 ceiling; "
+                      f"read: a float32 sum over {sa['bandwidth_mb']:,} MB; "
+                      "of read: weight bytes a step reads x steps/s / read, "
                       "both in this process's CPU seconds (other jobs' time left out)",
-                      "| threads | batch | float32 KV | int8 KV | int8 forced | int8 / float32 | int8 / HF | int8 matmuls alone | "
-                      "int8 ceiling / HF | read GB/s (wall, CPU) | float32 of read | int8 of read | leading tokens equal to float32 |",
+                      "| threads | batch | float32 KV | int8 KV | int8 forced | int8 / float32 | int8 / HF | "
+                      "int8 matmuls alone | int8 ceiling / HF | read GB/s (wall, CPU) | float32 of read | "
+                      "int8 of read | leading tokens equal to float32 |",
                       "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
             lines += [f"| {r['threads']} | {r['batch']} | {rate(r['kv_cache'])} | {rate(r['int8'])} | "
                       f"{rate(r['int8_forced'])} | "
                       f"{r['int8'] / r['kv_cache']:.2f}x | "
                       f"{r['int8'] / r['hf_generate']:.2f}x | {rate(r['int8_matmuls_alone'])} | "
-                      f"{r['int8_matmuls_alone'] / r['hf_generate']:.2f}x | {fmt(r.get('bandwidth') and r['bandwidth'] / 1e9, '.1f')}, "
+                      f"{r['int8_matmuls_alone'] / r['hf_generate']:.2f}x | "
+                      f"{fmt(r.get('bandwidth') and r['bandwidth'] / 1e9, '.1f')}, "
                       f"{fmt(r.get('bandwidth_cpu') and r['bandwidth_cpu'] / 1e9, '.1f')} | "
                       f"{fmt(r.get('kv_fraction') and 100 * r['kv_fraction'], '.0f')}% | "
-                      f"{fmt(r.get('int8_fraction') and 100 * r['int8_fraction'], '.0f')}% | {r['int8_agree']} / {sa['new_tokens']} |"
+                      f"{fmt(r.get('int8_fraction') and 100 * r['int8_fraction'], '.0f')}% | "
+                      f"{r['int8_agree']} / {sa['new_tokens']} |"
                       for r in i8]
         i8c = [r for r in sa["rows"] if "int8_compiled" in r]
         if i8c:
-            lines += ["", "int8 compiled (sample.py --compile: Int8Linear.weight_only, weights alone int8), beside float32 compiled; "
-                      "of read: as above",
-                      "| threads | batch | float32 compiled | int8 compiled | int8 / float32, both compiled | int8 compiled / int8 eager "
-                      "| int8 compiled of read | leading tokens equal to float32 | first call s (compiling) |",
+            lines += ["", "int8 compiled (sample.py --compile: Int8Linear.weight_only, weights alone int8), "
+                      "beside float32 compiled; of read: as above",
+                      "| threads | batch | float32 compiled | int8 compiled | int8 / float32, both compiled | "
+                      "int8 compiled / int8 eager | int8 compiled of read | leading tokens equal to float32 | "
+                      "first call s (compiling) |",
                       "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-            lines += [f"| {r['threads']} | {r['batch']} | {rate(r.get('kv_compiled'))} | {rate(r['int8_compiled'])} | "
+            lines += [f"| {r['threads']} | {r['batch']} | {rate(r.get('kv_compiled'))} | "
+                      f"{rate(r['int8_compiled'])} | "
                       f"{fmt(r.get('kv_compiled') and r['int8_compiled'] / r['kv_compiled'], '.2f')}x | "
                       f"{r['int8_compiled'] / r['int8']:.2f}x | "
                       f"{fmt(r.get('int8_compiled_fraction') and 100 * r['int8_compiled_fraction'], '.0f')}% | "
-                      f"{r['int8_compiled_agree']} / {sa['new_tokens']} | {r['int8_compiled_first_call_s']:.1f} |" for r in i8c]
+                      f"{r['int8_compiled_agree']} / {sa['new_tokens']} | {r['int8_compiled_first_call_s']:.1f} |"
+                      for r in i8c]
         low = [(r, name, n) for r in sa["rows"] for name, n in r["agree"].items()]
         if low:
             lines += ["", "sampling precision: KV cache at batch 1, weights and activations in the dtype, greedy",
-                      "| threads | dtype | tok/s | vs float32 | leading tokens equal to float32 |", "|---:|---|---:|---:|---:|"]
-            lines += [f"| {r['threads']} | {name} | {rate(r[name])} | {r[name] / r['kv_cache']:.2f}x | {n} / {sa['new_tokens']} |"
+                      "| threads | dtype | tok/s | vs float32 | leading tokens equal to float32 |",
+                      "|---:|---|---:|---:|---:|"]
+            lines += [f"| {r['threads']} | {name} | {rate(r[name])} | {r[name] / r['kv_cache']:.2f}x | "
+                      f"{n} / {sa['new_tokens']} |"
                       for r, name, n in low]
         lines.append("")
     if lo:
@@ -897,8 +939,9 @@ def table(res) -> str:
         beside = f"; this tree beside {lo['ref']} (git archive), alternating" if lo["ref"] else ""
         lines += [f"loading: preset {lo['preset']}, checkpoint {lo['ckpt_bytes'] / 1e9:.2f} GB{int8_file}; "
                   f"sample.py --prompt Hello --temperature 0 --max_new_tokens {lo['tokens']} in a fresh process a "
-                  f"run{beside}; median of {lo['repeats']}; s from the child's first line (imports: torch, sample.py's, "
-                  "quantize.py's for int8); building: load_checkpoint less reading and the kernel choice; rest: "
+                  f"run{beside}; median of {lo['repeats']}; s from the child's first line "
+                  "(imports: torch, sample.py's, quantize.py's for int8); "
+                  "building: load_checkpoint less reading and the kernel choice; rest: "
                   "sample.py's other set-up",
                   f"| path | code | imports | tokenizer | reading the file | building the model | int8 kernel choice | "
                   f"first token | rest | to first token | to token {lo['tokens']} | peak RSS GB | CPU s | kernel |",
@@ -918,10 +961,12 @@ def table(res) -> str:
         lines.append("")
     if pr:
         lines += [f"data preparation: {pr['mb']:.1f} MB corpus, vocab 8192",
-                  f"| 1 worker MB/s | {pr['workers']} workers MB/s | speed-up | machine: pure-Python speed-up | machine: tiktoken speed-up | prep / pure-Python speed-up |",
+                  f"| 1 worker MB/s | {pr['workers']} workers MB/s | speed-up | machine: pure-Python speed-up | "
+                  "machine: tiktoken speed-up | prep / pure-Python speed-up |",
                   "|---:|---:|---:|---:|---:|---:|",
                   f"| {pr['mb_s_1']:.2f} | {pr['mb_s_all']:.2f} | {pr['mb_s_all'] / pr['mb_s_1']:.2f}x | "
-                  f"{pr['python_scaling']:.2f}x | {pr['tiktoken_scaling']:.2f}x | {pr['mb_s_all'] / pr['mb_s_1'] / pr['python_scaling']:.2f} |", ""]
+                  f"{pr['python_scaling']:.2f}x | {pr['tiktoken_scaling']:.2f}x | "
+                  f"{pr['mb_s_all'] / pr['mb_s_1'] / pr['python_scaling']:.2f} |", ""]
     cc = res["compile_cache"]
     if cc:
         lines += [f"compiled step from inductor's cache on disk: preset {cc['preset']}, a fresh process per run "
@@ -953,8 +998,9 @@ def table(res) -> str:
 # ----------------------------------------------------------------------------- checks on the settings
 # the settings each section reads (the others: device, sections, threads, json, read by the run as a whole):
 # one given for sections that are not run is refused, not ignored
-READ_BY = {"train": ("preset", "block_size", "batch_size", "train_repeats", "steps", "warmup", "compile", "matmul_n", "repeats",
-                     "nanogpt"),
+READ_BY = {"train": ("preset", "block_size", "batch_size", "train_repeats", "steps", "warmup", "compile", "matmul_n",
+                     "repeats", "nanogpt"),
+
            "sample": ("sample_preset", "sample_input", "prompt_len", "new_tokens", "sample_batches", "recompute",
                       "sample_compile", "precisions", "int8", "bandwidth_mb", "repeats"),
            "load": ("load_preset", "load_repeats", "load_tokens", "int8", "ref", "load_dir"),
@@ -980,8 +1026,9 @@ def check_sections(cfg, sections, device):
 
 def check_settings(cfg):
     """Counts a timing needs at least one of (0 would time nothing, or be read as the default), by flag."""
-    counts = ("repeats", "steps", "prompt_len", "new_tokens", "load_repeats", "load_tokens", "prep_copies", "block_size",
-              "batch_size", "train_repeats", "matmul_n", "workers", "cache_repeats")
+    counts = ("repeats", "steps", "prompt_len", "new_tokens", "load_repeats", "load_tokens", "prep_copies",
+              "block_size", "batch_size", "train_repeats", "matmul_n", "workers", "cache_repeats")
+
     check_at_least_1(cfg, *counts)
     if cfg.warmup < 0:
         raise ValueError(f"--warmup must be 0 or more, got {cfg.warmup}")

@@ -213,13 +213,14 @@ def read_weights(folder):
     for shard, path in paths.items():  # a file that is missing or no file is named before any package is asked for
         problem = file_problem(path)
         if problem:
-            raise ConversionError(f"{index} lists {shard}, which is not in {folder}" if index and problem == "no such file"
-                                  else f"{path}: {problem}")
+            raise ConversionError(f"{index} lists {shard}, which is not in {folder}"
+                                  if index and problem == "no such file" else f"{path}: {problem}")
     if any(s.lower().endswith(".safetensors") for s in shards):
         try:
             from safetensors.torch import load_file
         except ImportError:
-            raise ConversionError("reading .safetensors files needs the safetensors package: pip install safetensors") from None
+            raise ConversionError("reading .safetensors files needs the safetensors package: "
+                                  "pip install safetensors") from None
     tensors = {}
     for shard, path in paths.items():
         try:  # torch.load maps the file instead of reading it
@@ -365,7 +366,8 @@ def code_table_pad(table, pad_token_id):
     V, K = table.shape
     t = table.float()
     if not bool(((t == 0) | (t == 1)).all()):
-        raise ConversionError(f"the {V} x {K} input table is not 0/1 (values {t.unique()[:8].tolist()}...): not a code table")
+        raise ConversionError(f"the {V} x {K} input table is not 0/1 (values {t.unique()[:8].tolist()}...): "
+                              "not a code table")
     expected = canonical_code(V, pad_token_id)
     if torch.equal(t, expected):
         return pad_token_id
@@ -373,7 +375,8 @@ def code_table_pad(table, pad_token_id):
         print(f"note: the code table keeps the plain code on pad row {pad_token_id}", file=sys.stderr)
         return None
     bad = (t != expected).any(dim=1).nonzero().flatten()
-    shown = "\n".join(f"  id {int(i)}: expected {expected[i].int().tolist()}, found {t[i].int().tolist()}" for i in bad[:8])
+    shown = "\n".join(f"  id {int(i)}: expected {expected[i].int().tolist()}, found {t[i].int().tolist()}"
+                      for i in bad[:8])
     raise ConversionError(f"the stored {V} x {K} code table is not the canonical code (bit i = (t >> i) & 1, "
                           f"pad row {pad_token_id} zero): {len(bad)} rows differ, the first:\n{shown}")
 
@@ -388,10 +391,12 @@ def affine_A_b(sd, meta, K, tensors):
     missing = [n for n in ("embed.A", "embed.b") if n not in sd]
     if missing:
         raise ConversionError(f"the affine variant needs its recoding A (K x K) and b (K) to be stored; {missing} "
-                              "not found (they are never invented). Tensors found:\n" + listing(sorted(tensors.items())))
+                              "not found (they are never invented). Tensors found:\n"
+                              + listing(sorted(tensors.items())))
     A, b = sd["embed.A"].float(), sd["embed.b"].float()
     if tuple(A.shape) != (K, K) or tuple(b.shape) != (K,) or not all(bool(((x == 0) | (x == 1)).all()) for x in (A, b)):
-        raise ConversionError(f"affine A {tuple(A.shape)} / b {tuple(b.shape)} must be 0/1 of shapes ({K}, {K}) / ({K},)")
+        raise ConversionError(f"affine A {tuple(A.shape)} / b {tuple(b.shape)} must be 0/1 of shapes "
+                              f"({K}, {K}) / ({K},)")
 
 
 def keep_biases(sd, config, meta, origin):
@@ -436,15 +441,17 @@ def lifted_table(model):
 def pick_layout(config, sd, tokenizer, folder):
     """--layout auto: the model built with each layout, scored by next-token loss on ENGLISH -> the better model."""
     if tokenizer is None:
-        raise ConversionError("--layout auto scores both layouts on English text, but the folder has no tokenizer.json: "
-                              "pass --layout tile or --layout interleave")
+        raise ConversionError("--layout auto scores both layouts on English text, "
+                              "but the folder has no tokenizer.json: pass --layout tile or --layout interleave")
     ids = load_text_codec({"tokenizer": tokenizer}, folder).encode(ENGLISH)[: config.block_size + 1]
     if len(ids) < 2 or max(ids) >= config.vocab_size:
-        raise ConversionError(f"the tokenizer gives {len(ids)} tokens (largest id {max(ids, default=None)}) for English "
-                              f"text, not a sequence the model's vocabulary ({config.vocab_size}) can score: pass --layout")
+        raise ConversionError(f"the tokenizer gives {len(ids)} tokens (largest id {max(ids, default=None)}) "
+                              f"for English text, not a sequence the model's vocabulary ({config.vocab_size}) "
+                              "can score: pass --layout")
     x = torch.tensor(ids)[None]
     # both models hold the same tensors (assigned, not copied); only the lift index differs
-    models = {layout: model_from_weights(replace(config, layout=layout), sd, folder).eval() for layout in ("tile", "interleave")}
+    models = {layout: model_from_weights(replace(config, layout=layout), sd, folder).eval()
+              for layout in ("tile", "interleave")}
     with torch.no_grad():
         loss = {layout: model(x[:, :-1], x[:, 1:])[1].item() for layout, model in models.items()}
     best = min(loss, key=loss.get)
@@ -461,7 +468,8 @@ def hf_to_native(folder, layout="auto", input=None):
     fields, raw, meta = read_hf_config(folder)
     tensors = read_weights(folder)
     check_finite(tensors, folder, "convert")
-    n_embd = fields["n_embd"] or next((t.shape[0] for n, t in tensors.items() if re.search(r"(ln_f|norm)\.weight$", n)), None)
+    norm_widths = (t.shape[0] for n, t in tensors.items() if re.search(r"(ln_f|norm)\.weight$", n))
+    n_embd = fields["n_embd"] or next(norm_widths, None)
     if n_embd is None:
         raise ConversionError("config.json gives no width (n_embd / d_model / hidden_size) and no final norm shows it")
     sd, origin, conventions = gather(tensors, fields["n_head"], n_embd)
@@ -574,7 +582,8 @@ def tiktoken_to_hf(enc):
     except ImportError:
         raise ConversionError("writing tokenizer.json needs the tokenizers package: pip install tokenizers") from None
     ranks, specials = mergeable_ranks(enc), encoding_fields(enc)["special_tokens"]
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
     rest = [n for n in range(256) if n not in bs]  # GPT-2's bytes_to_unicode: other bytes -> 256, 257, ...
     byte_char = str.maketrans({**{chr(b): chr(b) for b in bs}, **{chr(b): chr(256 + k) for k, b in enumerate(rest)}})
     s = {tok: tok.decode("latin-1").translate(byte_char) for tok in ranks}  # each token's bytes as those characters
@@ -596,7 +605,8 @@ def tiktoken_to_hf(enc):
     for text, i in sorted(specials.items(), key=lambda kv: kv[1]):
         tk.add_special_tokens([AddedToken(text, special=True, normalized=False)])
         if tk.token_to_id(text) != i:
-            raise ConversionError(f"special token {text} has id {i}, but tokenizer.json gives it {tk.token_to_id(text)}")
+            raise ConversionError(f"special token {text} has id {i}, "
+                                  f"but tokenizer.json gives it {tk.token_to_id(text)}")
     return tk
 
 
@@ -655,7 +665,8 @@ def convert_native_to_hf(ckpt_path, out_dir, dtype="float32", overwrite=False):
     try:
         from safetensors.torch import save
     except ImportError:
-        raise ConversionError("writing model.safetensors needs the safetensors package: pip install safetensors") from None
+        raise ConversionError("writing model.safetensors needs the safetensors package: "
+                              "pip install safetensors") from None
     state = neox_state_dict(model)
     check_fits_dtype(state, dtype)
     tensors = {n: t.to(getattr(torch, dtype)) for n, t in state.items()}
@@ -781,16 +792,20 @@ class NativeToHf:
 
 
 def main(argv=None):
-    parser = config_parser({"hf2native": HfToNative, "native2hf": NativeToHf, "native2int8": NativeToInt8}, __doc__.strip().split("\n\n")[0],
-                           epilog="examples:\n  python -m tools.convert hf2native ./llm-fix-min-fixed-minimal-binary-code out/fixmin\n"
-                                  "  python -m tools.convert native2hf out/fixmin out/fixmin-hf\n"
-                                  "  python -m tools.convert native2int8 out/fixmin out/fixmin-int8")
+    commands = {"hf2native": HfToNative, "native2hf": NativeToHf, "native2int8": NativeToInt8}
+    examples = ("examples:\n"
+                "  python -m tools.convert hf2native ./llm-fix-min-fixed-minimal-binary-code out/fixmin\n"
+                "  python -m tools.convert native2hf out/fixmin out/fixmin-hf\n"
+                "  python -m tools.convert native2int8 out/fixmin out/fixmin-int8")
+    parser = config_parser(commands, __doc__.strip().split("\n\n")[0], epilog=examples)
     cfg = parse_settings(parser, argv)
     if isinstance(cfg, HfToNative):
         path, model, info = convert_hf_to_native(cfg.src, cfg.out, cfg.layout, cfg.input, cfg.overwrite)
         n = model.num_params()
-        print(f"wrote {path}: {info['variant']} input, layout {info['layout']}, names {', '.join(info['conventions'])}, "
+        print(f"wrote {path}: {info['variant']} input, layout {info['layout']}, "
+              f"names {', '.join(info['conventions'])}, "
               f"{n['trainable']:,} trainable parameters, {n['frozen']:,} frozen values")
+
     elif isinstance(cfg, NativeToInt8):
         path, int8 = convert_native_to_int8(cfg.src, cfg.out, cfg.overwrite)
         print(f"wrote {path}: {len(int8['quantization']['layers'])} linear layers in int8 (sample.py --ckpt {cfg.out})")
