@@ -12,7 +12,8 @@ def test_panels_are_the_code_and_its_two_lifts():
     t, j = torch.arange(16)[:, None], torch.arange(16)[None, :]
     assert torch.equal(code, ((t >> torch.arange(4)) & 1).float())  # row t: the bits of t, least significant first
     assert torch.equal(tile, ((t >> (j % 4)) & 1).float()) and tile_cols.tolist() == [0, 1, 2, 3] * 4
-    assert torch.equal(inter, ((t >> (j // 4)) & 1).float()) and inter_cols.tolist() == [k for k in range(4) for _ in range(4)]
+    assert torch.equal(inter, ((t >> (j // 4)) & 1).float())
+    assert inter_cols.tolist() == [k for k in range(4) for _ in range(4)]
     assert code_cols.tolist() == [0, 1, 2, 3]
 
 
@@ -28,5 +29,6 @@ def test_writes_its_png_and_never_replaces_a_file_it_did_not_write(tmp_path, cap
     theirs.write_bytes(b"\x89PNG a user's picture")
     capsys.readouterr()
     assert run_main(code_figure.main, ["--out", str(theirs)]) == 1
-    assert capsys.readouterr().err == f"error: {theirs} exists and this tool did not write it: it is left alone; choose another --out\n"
+    assert capsys.readouterr().err == (f"error: {theirs} exists and this tool did not write it: it is left alone; "
+                                       "choose another --out\n")
     assert theirs.read_bytes() == b"\x89PNG a user's picture"

@@ -105,9 +105,9 @@ def test_a_diverged_run_is_reported_and_not_retried(data, tmp_path):
     assert "diverged, left out: binary seed 0: " in report
 
 
-# ---------------------------------------------------------------- reused runs match their settings; one writer (issue 18)
-TINY = ["--preset", "tiny", "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
-        "--evals", "2", "--eval_batches", "2", "--seeds", "1", "--device", "cpu"]
+# -------------------------------------------------------------- reused runs match their settings; one writer (issue 18)
+TINY = ["--preset", "tiny", "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--block_size", "32",
+        "--batch_size", "4", "--evals", "2", "--eval_batches", "2", "--seeds", "1", "--device", "cpu"]
 
 
 def cli(*args, **kw):
@@ -116,7 +116,8 @@ def cli(*args, **kw):
 
 
 def files(folder):
-    return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file() and p.name != ".writer.lock"}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*")
+            if p.is_file() and p.name != ".writer.lock"}
 
 
 def test_a_rerun_with_other_settings_or_data_is_refused_not_mixed_in(data, tmp_path):
@@ -126,10 +127,10 @@ def test_a_rerun_with_other_settings_or_data_is_refused_not_mixed_in(data, tmp_p
     p = cli("--data", data, "--out", out, "--variants", "learned", "--steps", "8", "--lr", "1e-3", *TINY)
     stdout, stderr = p.communicate(timeout=300)
     assert (p.returncode, stdout) == (1, "")
-    assert stderr == (f"error: {out / 'learned-seed0'} was trained with max_steps=4, lr=0.002, min_lr=0.0002, eval_interval=2, "
-                      "save_interval=1, but this command asks for max_steps=8, lr=0.001, min_lr=0.0001, eval_interval=4, "
-                      "save_interval=2: its results would be reported under settings it never used; use another --out "
-                      "(or remove that folder to train it again)\n")
+    assert stderr == (f"error: {out / 'learned-seed0'} was trained with max_steps=4, lr=0.002, min_lr=0.0002, "
+                      "eval_interval=2, save_interval=1, but this command asks for max_steps=8, lr=0.001, "
+                      "min_lr=0.0001, eval_interval=4, save_interval=2: its results would be reported under settings "
+                      "it never used; use another --out (or remove that folder to train it again)\n")
     moved = tmp_path / "data"  # the same settings on data re-prepared in place: refused too
     shutil.copytree(data, moved)
     run = out / "learned-seed0"
@@ -139,8 +140,9 @@ def test_a_rerun_with_other_settings_or_data_is_refused_not_mixed_in(data, tmp_p
     before = files(out)
     p = cli("--data", moved, "--out", out, "--variants", "learned", "--steps", "4", *TINY)
     stdout, stderr = p.communicate(timeout=300)
-    assert (p.returncode, stderr) == (1, f"error: {run} was trained on other data than {moved} holds now (its meta.json "
-                                         "changed since): use another --out (or remove that folder to train it again)\n")
+    assert (p.returncode, stderr) == (1, f"error: {run} was trained on other data than {moved} holds now "
+                                         "(its meta.json changed since): use another --out (or remove that folder "
+                                         "to train it again)\n")
     assert files(out) == before
 
 
@@ -161,7 +163,8 @@ def test_runs_moved_beside_their_data_prepared_again_read_back(data, tmp_path):
     assert files(run) == before  # read back, not trained again
     # a final.json written before (the hash of meta.json's bytes, paths and all) still reads back where it was made
     final = json.loads((out / "learned-seed0" / "final.json").read_text())
-    (out / "learned-seed0" / "final.json").write_text(json.dumps({**final, "data": compare.data_hash(data, legacy=True)}))
+    legacy = {**final, "data": compare.data_hash(data, legacy=True)}
+    (out / "learned-seed0" / "final.json").write_text(json.dumps(legacy))
     before = files(out / "learned-seed0")
     compare.main(["--data", data, "--out", str(out), "--variants", "learned", "--steps", "4", *TINY])
     assert files(out / "learned-seed0") == before
@@ -186,8 +189,9 @@ def test_a_second_comparison_into_one_out_is_refused_while_the_first_runs(data, 
         assert first.poll() is None, first.communicate()
         first.send_signal(signal.SIGSTOP)
         second = cli(*args)
-        assert second.communicate(timeout=300) == ("", f"error: {out} is being written by another process (pid {first.pid}); "
-                                                       "wait for it to finish or choose another folder\n")
+        assert second.communicate(timeout=300) == ("", f"error: {out} is being written by another process "
+                                                       f"(pid {first.pid}); wait for it to finish or choose "
+                                                       "another folder\n")
         assert second.returncode == 1
     finally:
         first.send_signal(signal.SIGCONT)
@@ -201,8 +205,9 @@ def test_a_users_results_file_in_out_is_refused_and_kept(data, tmp_path):
     out.mkdir()
     (out / "results.md").write_text("my own notes\n")
     p = cli("--data", data, "--out", out, "--variants", "learned", "--steps", "4", *TINY)
-    assert p.communicate(timeout=300) == ("", f"error: {out} holds results.md, not written by this study (no results.json "
-                                              "of its own beside them): they are left alone; choose another --out\n")
+    assert p.communicate(timeout=300) == ("", f"error: {out} holds results.md, not written by this study "
+                                              "(no results.json of its own beside them): they are left alone; "
+                                              "choose another --out\n")
     assert p.returncode == 1 and files(out) == {"results.md": b"my own notes\n"}
 
 
@@ -217,5 +222,6 @@ def test_corpus_is_prepared_with_reserve_zero_as_asked_and_reused_only_so(tmp_pa
     assert (own["reserve_zero"], reserved["reserve_zero"]) == (False, True)
     with pytest.raises(ValueError) as e:
         compare.prepared(compare.parse_config([*args, str(tmp_path / "own")]))
-    assert str(e.value) == (f"{tmp_path / 'own' / 'data'} was prepared with reserve_zero=False, but this command asks for "
-                            f"reserve_zero=True: use another --out (or remove {tmp_path / 'own' / 'data'} to prepare it again)")
+    own_data = tmp_path / "own" / "data"
+    assert str(e.value) == (f"{own_data} was prepared with reserve_zero=False, but this command asks for "
+                            f"reserve_zero=True: use another --out (or remove {own_data} to prepare it again)")

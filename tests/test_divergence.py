@@ -48,9 +48,10 @@ def test_a_diverged_state_is_never_saved(data_dir, tmp_path, capsys):
     fresh = tmp_path / "fresh"
     assert run_main(train.main, flags(data_dir, fresh, lr=1e6, save_interval=1, eval_interval=0)) == 1
     err = capsys.readouterr().err
-    assert re.fullmatch(r"error: validation diverged: loss \S+ above 2 ln V = 12\.48 at step 1: stopped without saving; "
-                        r"the last good checkpoint is untouched: none was written\. Most likely at fault: --lr 1e\+06, "
-                        r"during the warmup \(below its peak\): try a lower --lr, or --grad_clip\.\n", err), err
+    assert re.fullmatch(r"error: validation diverged: loss \S+ above 2 ln V = 12\.48 at step 1: stopped without "
+                        r"saving; the last good checkpoint is untouched: none was written\. Most likely at fault: "
+                        r"--lr 1e\+06, during the warmup \(below its peak\): try a lower --lr, or --grad_clip\.\n",
+                        err), err
     assert not (fresh / "ckpt.pt").exists() and train_log(fresh, "diverged")[0]["step"] == 1
     # the same on a resumed run: its last checkpoint survives byte for byte and still resumes
     run = tmp_path / "run"
@@ -59,7 +60,9 @@ def test_a_diverged_state_is_never_saved(data_dir, tmp_path, capsys):
     # lr 1e10, far past where the first resumed update ruins the weights (1e6 is borderline: on some data
     # step 5 still passes its one-batch validation check and step 6 fails)
     assert run_main(train.main, flags(data_dir, run, max_steps=10, resume=True, lr=1e10, save_interval=1)) == 1
-    assert f"at step 5: stopped without saving; the last good checkpoint is untouched: {run / 'ckpt.pt'} (step 4)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert (f"at step 5: stopped without saving; the last good checkpoint is untouched: {run / 'ckpt.pt'} "
+            "(step 4)") in err
     assert (run / "ckpt.pt").read_bytes() == good
     s = train.train(config(data_dir, run, max_steps=6, lr_decay_steps=10, resume=True))
     assert s["steps"] == 6 and s["final_val_loss"] < 6.3

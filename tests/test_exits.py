@@ -16,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 
 
 def test_a_library_run_as_a_script_says_what_to_run_instead():
-    """Issue 35: `python quantize.py --ckpt X --data_dir D` (its old quality command) once exited 0 having done nothing."""
+    """Issue 35: `python quantize.py --ckpt X --data_dir D` (its old quality command) once exited 0 having done
+    nothing."""
     runs = {f: subprocess.Popen([sys.executable, "-m", f[:-3].replace("/", "."), "--ckpt", "X", "--data_dir", "D D"],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for f in LIBRARIES}
     for f, p in runs.items():
@@ -40,10 +41,12 @@ STAND_INS = {
     "raised": "raise KeyboardInterrupt\n",
     # a KeyboardInterrupt turned into an ImportError of the module's own, as numpy's C import does (PyCapsule_Import)
     "swallowed": "import os, signal\ntry:\n    os.kill(os.getpid(), signal.SIGINT)\n    [i for i in range(10**6)]\n"
-                 "except KeyboardInterrupt:\n    raise ImportError(\"PyCapsule_Import could not import module 'datetime'\")\n",
+                 "except KeyboardInterrupt:\n"
+                 "    raise ImportError(\"PyCapsule_Import could not import module 'datetime'\")\n",
     # one raised in a callback (an import lock's, in the wild): Python says it ignored it, and the imports go on
     "ignored": "import os, signal, weakref\nclass A:\n    pass\na = A()\n"
-               "r = weakref.ref(a, lambda _: [os.kill(os.getpid(), signal.SIGINT)] + [i for i in range(10**6)])\ndel a\n",
+               "r = weakref.ref(a, lambda _: [os.kill(os.getpid(), signal.SIGINT)] + [i for i in range(10**6)])\n"
+               "del a\n",
 }
 
 

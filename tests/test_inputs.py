@@ -59,7 +59,8 @@ def test_a_folder_of_marked_files_prepares_as_its_utf8_copy(tmp_path):
         for name, (encoding, text) in files.items():
             (tmp_path / folder / name).write_bytes(write(text, encoding))
         P.prepare([str(tmp_path / folder)], tmp_path / f"{folder}.out", vocab_size=512, workers=1, progress=False)
-    shards = [{k: v for k, v in snapshot(tmp_path / f"{f}.out").items() if k.endswith(".bin")} for f in ("utf8", "marked")]
+    shards = [{k: v for k, v in snapshot(tmp_path / f"{f}.out").items() if k.endswith(".bin")}
+              for f in ("utf8", "marked")]
     assert shards[0] == shards[1]
 
 

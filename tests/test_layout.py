@@ -89,7 +89,8 @@ def tools_imported(name):
     found = set()
     if not name.startswith("tools."):
         return found
-    for node in ast.walk(ast.parse(open(os.path.join(ROOT, name.replace(".", os.sep) + ".py"), encoding="utf-8").read())):
+    path = os.path.join(ROOT, name.replace(".", os.sep) + ".py")
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
         if isinstance(node, ast.ImportFrom) and node.module == "tools":
             found.update(a.name for a in node.names)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -211,12 +212,14 @@ def test_no_module_reads_anothers_objects_through_an_untyped_parameter():
 
 def test_each_package_module_has_its_test_file():
     """Where a newcomer looks for a module's tests (issue 51): bincode_gpt/X.py's are in tests/test_X.py."""
-    modules = sorted(f for f in os.listdir(os.path.join(ROOT, "bincode_gpt")) if f.endswith(".py") and f != "__init__.py")
+    modules = sorted(f for f in os.listdir(os.path.join(ROOT, "bincode_gpt"))
+                     if f.endswith(".py") and f != "__init__.py")
     assert [m for m in modules if not os.path.isfile(os.path.join(ROOT, "tests", f"test_{m}"))] == []
 
 
 def test_sampling_pulls_in_no_training_or_tool_code():
-    code = "import sys, sample; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in {'train', 'prepare_data', 'tools'})))"
+    code = ("import sys, sample; print(' '.join(sorted(m for m in sys.modules "
+            "if m.split('.')[0] in {'train', 'prepare_data', 'tools'})))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stdout, r.stderr) == (0, "\n", "")
 

@@ -18,7 +18,8 @@ from test_sample import expected_text
 def test_long_prompt_is_cropped(native, capsys, tmp_path):
     _, folder, _ = native
     (tmp_path / "p.txt").write_text("to be or not to be " * 40, encoding="utf-8")
-    sample.main(["--ckpt", folder, "--prompt_file", str(tmp_path / "p.txt"), "--max_new_tokens", "3", "--temperature", "0"])
+    sample.main(["--ckpt", folder, "--prompt_file", str(tmp_path / "p.txt"), "--max_new_tokens", "3",
+                 "--temperature", "0"])
     err = capsys.readouterr().err
     assert "longer than the context (32)" in err and "last 32" in err
 
@@ -94,7 +95,7 @@ def test_a_prompt_file_that_is_not_text_or_too_big_is_refused(native, tmp_path, 
                        (tmp_path / "zero", "is not a regular file (a device, FIFO or socket): give a text file"),
                        (tmp_path / "fifo", "is not a regular file (a device, FIFO or socket): give a text file"),
                        (tmp_path, "is a folder: give a text file"),
-                       (tmp_path / "huge.txt", "is 17,825,792 bytes, over the 16,777,216-byte limit (a prompt keeps only "
-                                               "its last block_size tokens)")]:
+                       (tmp_path / "huge.txt", "is 17,825,792 bytes, over the 16,777,216-byte limit (a prompt keeps "
+                                               "only its last block_size tokens)")]:
         assert run_main(sample.main, ["--ckpt", folder, "--device", "cpu", "--prompt_file", str(path)]) == 1
         assert capsys.readouterr() == ("", f"error: {path}: the prompt file {what}\n")

@@ -21,8 +21,8 @@ from bincode_gpt.decode import compiled_step, generate, KVCache
 from bincode_gpt.shards import load_meta
 from model import canonical_code, get_config, GPT
 from bincode_gpt.quantize import (check_quantize, choose_kernel, cpu_summary, drop_pages, file_mappings,
-                                   gives_exact_sums, int8_rows, Int8Linear, KERNELS, kernel_line, PACK_MIN_BYTES, quantize_int8, SCHEME,
-                                   start_packing, wait_packed, weight_only_copy, widened_sums)
+                                   gives_exact_sums, int8_rows, Int8Linear, KERNELS, kernel_line, PACK_MIN_BYTES,
+                                   quantize_int8, SCHEME, start_packing, wait_packed, weight_only_copy, widened_sums)
 from bincode_gpt.shards import Split
 from tools import convert
 from tools.quantize_quality import main as quantize_main
@@ -35,8 +35,8 @@ def trained(tiny_data, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     train.train(train.TrainConfig(data_dir=tiny_data, out_dir=str(out), preset="tiny", block_size=32, batch_size=8,
-                                  max_steps=60, lr=3e-3, min_lr=3e-4, warmup_steps=5, eval_interval=0, log_interval=1000,
-                                  save_interval=0, device="cpu", seed=0))
+                                  max_steps=60, lr=3e-3, min_lr=3e-4, warmup_steps=5, eval_interval=0,
+                                  log_interval=1000, save_interval=0, device="cpu", seed=0))
     torch.set_num_threads(threads)
     model, _ = load_checkpoint(str(out))
     val = Split(tiny_data, load_meta(tiny_data), "val", 32, model.config.vocab_size)
@@ -197,7 +197,8 @@ def test_choose_kernel_measures_each_kernel_on_a_real_layer(trained):
     probe = min(layers, key=lambda m: m.weight.numel())  # the tiny model: every layer is a leading one
     why, f32 = why.rsplit("; float32 ", 1)  # float32's product on the same layer, for scale
     why, _, inexact = why.partition("; left out, inexact sums here: ")
-    times = dict(part.rsplit(" ", 1) for part in why.split(": ", 1)[1].replace("; left out after one:", ",").split(", "))
+    timed = why.split(": ", 1)[1].replace("; left out after one:", ",")
+    times = dict(part.rsplit(" ", 1) for part in timed.split(", "))
     inexact = inexact.split(", ") if inexact else []
     assert sorted([*times, *inexact]) == sorted(KERNELS) and float(times[kernel]) == min(map(float, times.values()))
     assert all(gives_exact_sums(k, probe) == (k in times) for k in KERNELS)
@@ -406,7 +407,9 @@ def test_compiled_int8_step_computes_the_weight_only_product(trained):
         with torch.inference_mode():
             for t in range(6):
                 idx = x[:B, t : t + 1]
-                got, want, eager = step(idx, cache=caches[0])[0], twin(idx, cache=caches[1])[0], q(idx, cache=caches[2])[0]
+                got = step(idx, cache=caches[0])[0]
+                want = twin(idx, cache=caches[1])[0]
+                eager = q(idx, cache=caches[2])[0]
                 assert (got - want).abs().max() < 1e-4 < (eager - want).abs().max()
 
 
@@ -428,7 +431,8 @@ def test_sample_compile_runs_an_int8_model_on_its_rows(trained, int8_ckpt, capsy
     codec = sample.load_text_codec(torch.load(os.path.join(folder, "ckpt.pt"), weights_only=True), folder)
     new = generate(quantize_int8(model, pack=False), torch.tensor([[codec.eos_token_id]]), 12, temperature=0,
                    eos_token_id=codec.eos_token_id, compile=True)[0, 1:].tolist()
-    assert texts[0] == texts[1] == codec.decode(new[: new.index(codec.eos_token_id)] if codec.eos_token_id in new else new) + "\n"
+    before_eos = new[: new.index(codec.eos_token_id)] if codec.eos_token_id in new else new
+    assert texts[0] == texts[1] == codec.decode(before_eos) + "\n"
 
 
 def test_a_packed_int8_model_is_not_compiled(trained):
@@ -484,7 +488,7 @@ def test_quality_cli_reports_both_losses_and_the_greedy_agreement(trained, tiny_
         assert next_same >= 0.95 * x.numel()  # int8 rounding moves few choices on a trained model
 
 
-# ----------------------------------------------------------------------------- the int8 checkpoint (convert.py native2int8)
+# ------------------------------------------------------------------------- the int8 checkpoint (convert.py native2int8)
 @pytest.fixture(scope="module")
 def int8_ckpt(trained, tmp_path_factory):
     """The trained model's int8 checkpoint, written by the command line."""
@@ -531,8 +535,8 @@ def test_int8_checkpoint_samples_the_tokens_of_quantize_int8(trained, int8_ckpt,
     assert torch.equal(generate(q, prompt, 24, temperature=0), generate(ref, prompt, 24, temperature=0))
     args = ["--prompt", "", "--temperature", "0", "--max_new_tokens", "20", "--device", "cpu"]
     texts = []
-    for extra in (["--ckpt", folder, "--quantize", "int8"], ["--ckpt", int8_ckpt], ["--ckpt", int8_ckpt, "--quantize", "int8"],
-                  ["--ckpt", folder]):
+    for extra in (["--ckpt", folder, "--quantize", "int8"], ["--ckpt", int8_ckpt],
+                  ["--ckpt", int8_ckpt, "--quantize", "int8"], ["--ckpt", folder]):
         assert sample.main(args + extra) == 0
         texts.append(capsys.readouterr().out)
     assert texts[0] == texts[1] == texts[2] and len(texts[0]) > 1
@@ -573,7 +577,8 @@ def test_packing_an_int8_checkpoint_drops_each_layers_file_pages(trained, int8_c
     wait_packed(start_packing(model, file, kernel="onednn-u8"))
     assert all(m.weight.is_mkldnn for m in layers)
     assert [id(t) for t, _ in dropped] == [id(t) for t in rows] * 2  # the very tensors, in forward order
-    assert all(mapped == file_mappings(file) and any(lo <= t.data_ptr() < hi for lo, hi in mapped) for t, mapped in dropped)
+    assert all(mapped == file_mappings(file) and any(lo <= t.data_ptr() < hi for lo, hi in mapped)
+               for t, mapped in dropped)
     dropped.clear()
     packed_copy(trained[0])
     assert dropped == []

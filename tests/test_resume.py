@@ -110,7 +110,8 @@ def test_checkpoints_of_another_shape_name_the_file(data_dir, tmp_path, capsys):
     assert "--init_from" in expect_error(config(data_dir, tmp_path / "weights_only", resume=True), "no training state")
     assert os.listdir(tmp_path / "weights_only") == ["ckpt.pt"]  # refused before the claim: no lock file written
     # through the command line: a clear one-line error, exit status 1
-    assert run_main(train.main, [f"--data_dir={data_dir}", f"--out_dir={out}", "--resume", "--n_layer=5", "--device=cpu"]) == 1
+    argv = [f"--data_dir={data_dir}", f"--out_dir={out}", "--resume", "--n_layer=5", "--device=cpu"]
+    assert run_main(train.main, argv) == 1
     assert f"error: {ckpt_path}" in capsys.readouterr().err
 
 
@@ -125,9 +126,10 @@ def test_resume_on_data_of_another_tokenizer_says_so(data_dir, tmp_path, capsys)
     ckpt = tmp_path / "run" / "ckpt.pt"
     before = ckpt.read_bytes()
     assert run_main(train.main, flags(d, tmp_path / "run", max_steps=4, resume=True)) == 1
-    assert capsys.readouterr().err == (f"error: {ckpt}: trained on gpt2 tokens at vocab_size 512, ids 0 and 511 reserved, but "
-                                       f"{d / 'meta.json'} says r50k_base at vocab_size 512, ids 0 and 511 reserved: prepare the data "
-                                       "with --encoding gpt2 --vocab_size 512\n")
+    err = capsys.readouterr().err
+    assert err == (f"error: {ckpt}: trained on gpt2 tokens at vocab_size 512, ids 0 and 511 reserved, but "
+                   f"{d / 'meta.json'} says r50k_base at vocab_size 512, ids 0 and 511 reserved: prepare the data "
+                   "with --encoding gpt2 --vocab_size 512\n")
     assert ckpt.read_bytes() == before
     expect_error(config(d, tmp_path / "ft", init_from=str(ckpt)), "says r50k_base at vocab_size 512")
 
@@ -138,15 +140,15 @@ def test_resume_on_other_data_is_refused(data_dir, tmp_path):
     train.train(config(d, run, max_steps=2))
     before = files(run)
     (tmp_path / "other.txt").write_text("another corpus entirely, prepared into the same folder\n" * 400)
-    assert run_main(prepare_data.main, [str(tmp_path / "other.txt"), "--out", str(d), "--overwrite", "--vocab_size", "512",
-                                        "--workers", "1"]) == 0
+    assert run_main(prepare_data.main, [str(tmp_path / "other.txt"), "--out", str(d), "--overwrite",
+                                        "--vocab_size", "512", "--workers", "1"]) == 0
     saved = torch.load(run / "ckpt.pt", weights_only=True)["data"]["fingerprint"]
     rc, out, err = cli(*flags(d, run, max_steps=4, resume=True))
     assert (rc, out) == (1, "")
-    assert re.fullmatch(rf"error: {re.escape(str(run / 'ckpt.pt'))} was reading other data than {re.escape(str(d))} now "
-                        rf"holds \(fingerprint {saved}, now [0-9a-f]{{16}}: meta.json or the shards changed\): its saved "
-                        r"position would index other windows. Resume on the data it was reading, or start from its "
-                        r"weights with --init_from\n", err), err
+    assert re.fullmatch(rf"error: {re.escape(str(run / 'ckpt.pt'))} was reading other data than "
+                        rf"{re.escape(str(d))} now holds \(fingerprint {saved}, now [0-9a-f]{{16}}: meta.json or the "
+                        r"shards changed\): its saved position would index other windows. Resume on the data it was "
+                        r"reading, or start from its weights with --init_from\n", err), err
     assert files(run) == before
     # a checkpoint written before fingerprints still resumes, and says it cannot check
     ckpt = torch.load(run / "ckpt.pt", weights_only=True)
@@ -186,19 +188,21 @@ def test_fine_tuning_a_tokenizer_json_model_on_tiktoken_data_is_refused(data_dir
     rc, out, err = cli(*flags(data_dir, tmp_path / "ft", init_from=release / "ckpt.pt"))
     assert (rc, out) == (1, "")
     assert err == (f"error: {release / 'ckpt.pt'}: its tokenizer is a tokenizer.json ('tokenizer.json'), but "
-                   f"{data_dir / 'meta.json'} says the data was made with tiktoken's gpt2: the same ids would mean other "
-                   "text. prepare_data.py writes tiktoken data only, so this model cannot be trained on it here\n")
+                   f"{data_dir / 'meta.json'} says the data was made with tiktoken's gpt2: the same ids would mean "
+                   "other text. prepare_data.py writes tiktoken data only, so this model cannot be trained on it "
+                   "here\n")
     assert not (tmp_path / "ft").exists()
 
 
 @pytest.mark.parametrize("damage, message", [
     (lambda c: c["data"].pop("position"), "cannot resume: 'data' has no whole-number 'position' >= 0 (a checkpoint of "
                                           "another program or version?); start from its weights with --init_from"),
-    (lambda c: c.update(rng={"torch": 1}), "cannot resume: 'rng' is not a list of RNG states (torch, cuda, python, numpy) "
-                                          "per process (a checkpoint of another program or version?); start from its "
-                                          "weights with --init_from"),
-    (lambda c: c.update(step="4"), "cannot resume: 'step' is not a whole number >= 0 (a checkpoint of another program or "
-                                   "version?); start from its weights with --init_from"),
+    (lambda c: c.update(rng={"torch": 1}),
+     "cannot resume: 'rng' is not a list of RNG states (torch, cuda, python, numpy) per process (a checkpoint of "
+     "another program or version?); start from its weights with --init_from"),
+    (lambda c: c.update(step="4"),
+     "cannot resume: 'step' is not a whole number >= 0 (a checkpoint of another program or version?); start from "
+     "its weights with --init_from"),
     (lambda c: c.update(model_config=list(c["model_config"].values())),
      "its 'model_config' entry is not a dict of GPTConfig fields (a list)"),
     (lambda c: c.update(tokenizer=["gpt2"]), "unknown tokenizer entry ['gpt2']"),
@@ -231,8 +235,8 @@ def test_a_save_that_fails_midway_keeps_the_previous_checkpoint(data_dir, tmp_pa
     rc = run_main(train.main, flags(data_dir, tmp_path, max_steps=8, eval_interval=100, resume=True))
     err = capsys.readouterr().err
     if fault == "full disk":
-        assert (rc, err) == (1, f"error: {tmp_path / 'ckpt.pt'}: not written (the disk is full: No space left on device); "
-                                f"kept as they were: {tmp_path / 'ckpt.pt'}, {tmp_path / 'best.pt'}\n")
+        assert (rc, err) == (1, f"error: {tmp_path / 'ckpt.pt'}: not written (the disk is full: No space left on "
+                                f"device); kept as they were: {tmp_path / 'ckpt.pt'}, {tmp_path / 'best.pt'}\n")
     else:
         assert rc == 130 and err.endswith("SIGINT: finishing this step, saving, then exiting\ninterrupted\n"), err
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != "log.jsonl"} == before  # no temp file left
@@ -246,6 +250,7 @@ def test_init_from_a_nan_checkpoint_names_the_tensor(data_dir, tmp_path, capsys)
     ckpt["model"]["blocks.1.mlp.fc.weight"][3, 4] = float("nan")
     torch.save(ckpt, tmp_path / "nan.pt")
     assert run_main(train.main, flags(data_dir, tmp_path / "b", init_from=tmp_path / "nan.pt")) == 1
-    assert capsys.readouterr().err == (f"error: {tmp_path / 'nan.pt'} holds NaN or inf values in blocks.1.mlp.fc.weight: "
-                                       "refusing to train from a diverged or corrupt checkpoint\n")
+    err = capsys.readouterr().err
+    assert err == (f"error: {tmp_path / 'nan.pt'} holds NaN or inf values in blocks.1.mlp.fc.weight: "
+                   "refusing to train from a diverged or corrupt checkpoint\n")
     assert not (tmp_path / "b").exists()

@@ -30,7 +30,8 @@ def expected_text(model, ids, n, decode, eos, allowed=None):
 def test_greedy_matches_generate(native, capsys):
     model, folder, enc = native
     prompt = "Question: What is the capital of France?\nAnswer:"
-    assert sample.main(["--ckpt", folder, "--prompt", prompt, "--temperature", "0", "--max_new_tokens", "12", "--device", "cpu"]) == 0
+    assert sample.main(["--ckpt", folder, "--prompt", prompt, "--temperature", "0", "--max_new_tokens", "12",
+                        "--device", "cpu"]) == 0
     want = prompt + expected_text(model, enc.encode(prompt), 12, enc.decode, enc.eot_token) + "\n"
     assert capsys.readouterr().out == want
 
@@ -113,13 +114,14 @@ def test_converted_hf_checkpoint_samples(tmp_path, capsys):
     tk = char_tokenizer(str(src))
     names = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
              "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+    outside_blocks = {"embed.weight": "transformer.wte.weight", "ln_f.weight": "transformer.ln_f.weight"}
     tensors = {}
     for name, t in model.state_dict().items():
         if name.startswith("blocks."):
             _, i, rest = name.split(".", 2)
             mod, kind = rest.rsplit(".", 1)
             name = f"transformer.h.{i}.{names[mod]}.{kind}"
-        tensors[{"embed.weight": "transformer.wte.weight", "ln_f.weight": "transformer.ln_f.weight"}.get(name, name)] = t.clone()
+        tensors[outside_blocks.get(name, name)] = t.clone()
     save_file(tensors, str(src / "model.safetensors"))
     (src / "config.json").write_text(json.dumps({
         "model_type": "model_n_embed_7_binary_n_layer_2", "vocab_size": 128, "block_size": 32, "n_embd": 32,
@@ -165,12 +167,14 @@ def test_bad_input_ends_in_one_error_line(native, tmp_path, capsys):
         (["--ckpt", str(tmp_path / "none")], f"error: {tmp_path / 'none'}: no checkpoint there"),
         (["--ckpt", str(corrupt)], f"error: {corrupt}: cannot read this checkpoint, truncated or not a PyTorch file"),
         (["--ckpt", folder, "--top_p", "0"], "error: --top_p must be in (0, 1], got 0.0"),
-        (["--ckpt", folder, "--temperature", "nan"], "error: --temperature must be a number >= 0 (0 = greedy), got nan"),
+        (["--ckpt", folder, "--temperature", "nan"],
+         "error: --temperature must be a number >= 0 (0 = greedy), got nan"),
         (["--ckpt", folder, "--device", no_gpu], f"error: device '{no_gpu}' asked for, but"),
         (["--ckpt", folder, "--prompt_file", str(tmp_path / "missing.txt")],
          f"error: {tmp_path / 'missing.txt'}: cannot read the prompt file (No such file or directory)"),
-        (["--ckpt", folder, "--prompt_file", str(latin1)], f"error: {latin1}: not valid UTF-8 at byte offset 3: it looks "
-                                                         "like 8-bit text, Latin-1 or Windows-1252: convert it to UTF-8"),
+        (["--ckpt", folder, "--prompt_file", str(latin1)],
+         f"error: {latin1}: not valid UTF-8 at byte offset 3: it looks like 8-bit text, Latin-1 or Windows-1252: "
+         "convert it to UTF-8"),
     ]
     r = run_sample(*cases[0][0])  # the command line itself, once (a subprocess costs seconds)
     assert r.returncode == 1 and r.stdout == "" and r.stderr == cases[0][1] + "\n"
@@ -188,8 +192,8 @@ def test_nonfinite_weights_are_refused_naming_the_tensor(native, tmp_path):
     torch.save(state, tmp_path / "ckpt.pt")
     r = run_sample("--ckpt", str(tmp_path), "--temperature", "0", "--device", "cpu")
     assert (r.returncode, r.stdout) == (1, "")  # not "hi!!!!!!!!"
-    assert r.stderr == (f"error: {tmp_path} holds NaN or inf values in blocks.1.mlp.proj.weight: refusing to sample from "
-                        "a diverged or corrupt checkpoint\n")
+    assert r.stderr == (f"error: {tmp_path} holds NaN or inf values in blocks.1.mlp.proj.weight: refusing to "
+                        "sample from a diverged or corrupt checkpoint\n")
 
 
 def test_sizes_that_cannot_fit_are_refused_up_front(native, tmp_path, capsys):
@@ -199,8 +203,9 @@ def test_sizes_that_cannot_fit_are_refused_up_front(native, tmp_path, capsys):
     r = run_sample("--ckpt", folder, "--device", "cpu", "--max_new_tokens", "1000000000")
     assert (r.returncode, r.stdout) == (1, "")
     # the rotary tables of the size class, 2**30 positions x 32 bytes x head_dim 16: 512 GiB
-    assert re.fullmatch(r"error: prompt \+ --max_new_tokens = 1,000,000,001 positions need 512\.0 GiB for the KV cache "
-                        r"and rotary tables, but [\d,.]+ GiB is free on cpu: ask for fewer tokens\n", r.stderr), r.stderr
+    assert re.fullmatch(r"error: prompt \+ --max_new_tokens = 1,000,000,001 positions need 512\.0 GiB for the "
+                        r"KV cache and rotary tables, but [\d,.]+ GiB is free on cpu: ask for fewer tokens\n",
+                        r.stderr), r.stderr
     for name, value, message in [
         ("n_layer", 10**9, "its model_config says n_layer 1,000,000,000, but its weights hold 2 blocks: missing "
                     r"blocks.2.ln_1.weight \(and 5 more missing\)"),
@@ -211,7 +216,8 @@ def test_sizes_that_cannot_fit_are_refused_up_front(native, tmp_path, capsys):
         torch.save(state, tmp_path / "big.pt")
         assert run_main(sample.main, ["--ckpt", str(tmp_path / "big.pt"), "--device", "cpu"]) == 1
         out = capsys.readouterr()
-        assert out.out == "" and re.fullmatch(rf"error: {re.escape(str(tmp_path / 'big.pt'))}: {message}\n", out.err), out.err
+        big = re.escape(str(tmp_path / "big.pt"))
+        assert out.out == "" and re.fullmatch(rf"error: {big}: {message}\n", out.err), out.err
 
 
 def test_weights_saved_from_a_compiled_ddp_model_sample_the_same_text(native, tmp_path, capsys):
@@ -253,7 +259,8 @@ def hf_ckpt(tmp_path):
     return make
 
 
-@pytest.mark.parametrize("name", ["../tokenizer.json", "/etc/passwd", "../../../../etc/passwd", "sub/tokenizer.json", ".."])
+@pytest.mark.parametrize("name", ["../tokenizer.json", "/etc/passwd", "../../../../etc/passwd", "sub/tokenizer.json",
+                                  ".."])
 def test_tokenizer_path_stays_in_checkpoint_folder(hf_ckpt, tmp_path, capsys, name):
     """A path from a checkpoint never leaves its folder, even when a valid tokenizer waits outside it."""
     folder = hf_ckpt(name)
@@ -273,7 +280,8 @@ def test_corrupt_tokenizer_json_is_one_error_line(hf_ckpt, capsys, data):
     assert run_main(sample.main, ["--ckpt", folder, "--max_new_tokens", "1", "--device", "cpu"]) == 1
     out = capsys.readouterr()
     path = os.path.join(folder, "tokenizer.json")
-    assert out.out == "" and out.err.startswith(f"error: {path}: not a readable tokenizer.json (") and out.err.count("\n") == 1
+    assert (out.out == "" and out.err.startswith(f"error: {path}: not a readable tokenizer.json (")
+            and out.err.count("\n") == 1)
 
 
 def test_corrupt_tokenizer_config_is_one_error_line(hf_ckpt, capsys):
@@ -283,7 +291,8 @@ def test_corrupt_tokenizer_config_is_one_error_line(hf_ckpt, capsys):
         f.write("{not json")
     assert run_main(sample.main, ["--ckpt", folder, "--max_new_tokens", "1", "--device", "cpu"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {os.path.join(folder, 'tokenizer_config.json')}: not valid JSON (") and err.count("\n") == 1
+    path = os.path.join(folder, "tokenizer_config.json")
+    assert err.startswith(f"error: {path}: not valid JSON (") and err.count("\n") == 1
 
 
 # ----- issue 25: a vocabulary wider than its tokenizer, extreme settings, a closed pipe ----------
@@ -311,7 +320,8 @@ def test_ids_the_tokenizer_cannot_decode_are_never_drawn(tmp_path, capsys, encod
     model, ckpt = padded(tmp_path, model_vocab, {"kind": "tiktoken", "encoding": encoding, "vocab_size": vocab_size},
                          ~decodable)
     ids = codec.encode("ROMEO:")
-    assert int(generate(model, torch.tensor([ids]), 1, temperature=0)[0, -1]) not in codec.token_ids()  # the test's teeth
+    # the test's teeth: unmasked, the greedy pick is an id outside the tokenizer
+    assert int(generate(model, torch.tensor([ids]), 1, temperature=0)[0, -1]) not in codec.token_ids()
     greedy = "ROMEO:" + expected_text(model, ids, 20, codec.decode, codec.eos_token_id, decodable.clone()) + "\n"
     for temperature in ("0", "1e-45", "1e-30"):  # below 1.2e-38 greedy by definition; 1e-30 divides without inf - inf
         argv = ["--ckpt", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "20", "--temperature", temperature]

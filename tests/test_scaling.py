@@ -25,9 +25,9 @@ def data(tiny_data):
 
 def sweep(data, out, sizes="1x16,1x32"):
     return scaling.main(["--data", data, "--out", str(out), "--sizes", sizes, "--affine_sizes", "1x16",
-                         "--ablation", "1x32", "--long_factor", "2", "--long_seeds", "2", "--steps", "3", "--evals", "1", "--seeds", "2",
-                         "--n_head", "2", "--block_size", "16", "--batch_size", "2", "--eval_batches", "1",
-                         "--device", "cpu"])
+                         "--ablation", "1x32", "--long_factor", "2", "--long_seeds", "2", "--steps", "3",
+                         "--evals", "1", "--seeds", "2", "--n_head", "2", "--block_size", "16", "--batch_size", "2",
+                         "--eval_batches", "1", "--device", "cpu"])
 
 
 def test_sweep_end_to_end_and_resume(data, tmp_path):
@@ -54,7 +54,8 @@ def test_sweep_end_to_end_and_resume(data, tmp_path):
     assert points["1x32", "binary"]["gap_nats"][0] == pytest.approx(sum(gaps) / 2)
     assert [p["gaps"] for p in result["axis"]][1] == pytest.approx(gaps)
     assert result["ablation"]["binary"] == "2x32" and result["ablation"]["learned"] == "1x32"
-    assert result["ablation"]["gaps"] == pytest.approx([loss("2x32", "binary", s) - loss("1x32", "learned", s) for s in (0, 1)])
+    deeper_gaps = [loss("2x32", "binary", s) - loss("1x32", "learned", s) for s in (0, 1)]
+    assert result["ablation"]["gaps"] == pytest.approx(deeper_gaps)
     long = result["long"]["curve"]  # evaluated at steps 0, 3, 6: tokens = step x 2 x 16
     assert [p[0] for p in long] == [0, 96, 192] and result["long"]["short"][-1][0] == 96
 
@@ -72,9 +73,10 @@ def test_sweep_end_to_end_and_resume(data, tmp_path):
             "--long_factor", "2", "--long_seeds", "2", "--steps", "5", "--evals", "1", "--seeds", "2", "--n_head", "2",
             "--block_size", "16", "--batch_size", "2", "--eval_batches", "1", "--device", "cpu")
     assert (r.returncode, r.stdout) == (1, "")
-    assert r.stderr == (f"error: {tmp_path / '1x16' / 'learned-seed0'} was trained with max_steps=3, eval_interval=3, but "
-                        "this command asks for max_steps=5, eval_interval=5: its results would be reported under settings "
-                        "it never used; use another --out (or remove that folder to train it again)\n")
+    assert r.stderr == (f"error: {tmp_path / '1x16' / 'learned-seed0'} was trained with max_steps=3, "
+                        "eval_interval=3, but this command asks for max_steps=5, eval_interval=5: its results would "
+                        "be reported under settings it never used; use another --out (or remove that folder to train "
+                        "it again)\n")
     assert files(tmp_path) == before
 
 
@@ -102,9 +104,11 @@ def test_fit_refuses_what_a_power_law_cannot_describe():
 def test_bad_arguments_are_one_line_errors(data, tmp_path):
     with pytest.raises(ValueError, match="sizes must look like 2x48"):
         sweep(data, tmp_path, sizes="two by 48")
-    with pytest.raises(ValueError, match=r"^--sizes must look like 2x48,4x128 \(n_layer x n_embd, positive integers\), got '0x48,2x64'$"):
+    with pytest.raises(ValueError, match=r"^--sizes must look like 2x48,4x128 \(n_layer x n_embd, positive integers\), "
+                                         r"got '0x48,2x64'$"):
         sweep(data, tmp_path, sizes="0x48,2x64")
-    with pytest.raises(ValueError, match=r"^--affine_sizes must look like 2x48,4x128 \(n_layer x n_embd, positive integers\), got '2x'$"):
+    with pytest.raises(ValueError, match=r"^--affine_sizes must look like 2x48,4x128 \(n_layer x n_embd, "
+                                         r"positive integers\), got '2x'$"):
         scaling.main(["--affine_sizes", "2x", "--data", data, "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="--quick and --gpu"):
         scaling.main(["--quick", "--gpu", "--data", data, "--out", str(tmp_path)])
@@ -124,12 +128,13 @@ def _has_matplotlib():
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "tools.scaling", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", "tools.scaling", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
 
 
 def files(folder):
-    return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file() and p.name != ".writer.lock"}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*")
+            if p.is_file() and p.name != ".writer.lock"}
 
 
 @pytest.mark.parametrize("flag, value, message", [
@@ -147,13 +152,15 @@ def test_malformed_values_are_one_error_line(data, tmp_path, flag, value, messag
 
 def test_a_second_sweep_into_one_out_is_refused_while_the_first_runs(data, tmp_path):
     """Two real processes: the second is refused while the first (paused with SIGSTOP mid-training) holds --out."""
-    args = [sys.executable, "-m", "tools.scaling", "--data", data, "--out", str(tmp_path), "--sizes", "1x16", "--affine_sizes", "",
-            "--ablation", "none", "--long_factor", "1", "--steps", "3", "--evals", "1", "--seeds", "1", "--n_head", "2",
-            "--block_size", "16", "--batch_size", "2", "--eval_batches", "1", "--device", "cpu"]
+    args = [sys.executable, "-m", "tools.scaling", "--data", data, "--out", str(tmp_path), "--sizes", "1x16",
+            "--affine_sizes", "", "--ablation", "none", "--long_factor", "1", "--steps", "3", "--evals", "1",
+            "--seeds", "1", "--n_head", "2", "--block_size", "16", "--batch_size", "2", "--eval_batches", "1",
+            "--device", "cpu"]
     first = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
-        while not (tmp_path / "1x16" / "learned-seed0" / "log.jsonl").exists() and first.poll() is None and time.time() < deadline:
+        log = tmp_path / "1x16" / "learned-seed0" / "log.jsonl"
+        while not log.exists() and first.poll() is None and time.time() < deadline:
             time.sleep(0.01)
         assert first.poll() is None, first.communicate()
         first.send_signal(signal.SIGSTOP)

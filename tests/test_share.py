@@ -45,7 +45,8 @@ def test_tiny_sweep_resumes_and_reports_its_own_results(corpus, tmp_path):
     assert r["K"] == 9 and by["text-V1024/1x16-3", "binary"]["K"] == 10
 
     # the gap of each seed is binary - learned of that seed, read from the runs' final.json
-    loss = lambda v, s: json.loads((out / "text-V512" / "1x16-4" / f"{v}-seed{s}" / "final.json").read_text())["val_loss"]  # noqa: E731
+    runs = out / "text-V512" / "1x16-4"
+    loss = lambda v, s: json.loads((runs / f"{v}-seed{s}" / "final.json").read_text())["val_loss"]  # noqa: E731
     gaps = [loss("binary", s) - loss("learned", s) for s in (0, 1)]
     assert r["gap_nats"] == pytest.approx(gaps)
     assert r["gap_pct"] == pytest.approx([math.exp(g) - 1 for g in gaps])
@@ -59,7 +60,8 @@ def test_tiny_sweep_resumes_and_reports_its_own_results(corpus, tmp_path):
     w = by["text-V512/1x16-4-w12", "binary"]
     wide = out / "text-V512" / "1x16-4-w12"
     assert sorted(p.name for p in wide.iterdir() if p.is_dir()) == ["binary-seed0", "binary-seed1"]
-    assert json.loads((wide / "binary-seed0" / "log.jsonl").read_text().split("\n")[0])["model_config"]["code_width"] == 12
+    first_entry = json.loads((wide / "binary-seed0" / "log.jsonl").read_text().split("\n")[0])
+    assert first_entry["model_config"]["code_width"] == 12
     wgaps = [json.loads((wide / f"binary-seed{s}" / "final.json").read_text())["val_loss"] - loss("learned", s)
              for s in (0, 1)]
     assert w["K"] == 12 and w["gap_nats"] == pytest.approx(wgaps) and w["share"] == r["share"]
@@ -87,7 +89,8 @@ def test_a_changed_setting_is_refused_before_training(corpus, tmp_path):
 def test_flags_are_checked():
     for bad, match in ((["--steps", "4"], "one value per --vocabs"), (["--vocabs", "0,512"], "positive integers"),
                        (["--depth_point", "1x16"], "1024:1x128"),
-                       (["--width_point", "2048:16"], "1024:16"), (["--width_point", "512"], "1024:16"), (["--seeds", "0"], "at least 1")):
+                       (["--width_point", "2048:16"], "1024:16"), (["--width_point", "512"], "1024:16"),
+                       (["--seeds", "0"], "at least 1")):
         with pytest.raises(ValueError, match=match):
             share.main([*FLAGS, *bad])
 

@@ -233,7 +233,8 @@ def test_a_hole_below_the_cut(holey, vocab_size):
     assert exported.encode(TEXT, add_special_tokens=False).ids == ids
     assert exported.decode(ids, skip_special_tokens=False) == TEXT
     if holes:
-        with pytest.raises(ValueError, match=f"^the model produced token id 300, but its tokenizer has {vocab_size:,} "):
+        with pytest.raises(ValueError,
+                           match=f"^the model produced token id 300, but its tokenizer has {vocab_size:,} "):
             TiktokenText(enc).decoder()(300)
     with pytest.raises(ValueError, match=r"^vocab_size must be in \[257, 50258\] for gpt2, got 50259"):
         get_tokenizer("gpt2", 50259, True, True)
@@ -267,8 +268,8 @@ def test_a_checkpoint_entry_without_reserve_zero_decodes_the_plain_ids():
 
 def test_a_cut_tokenizer_holds_no_uncut_encoding():
     """Issue 35: sample.py on a cut held tiktoken's cached uncut encoding too (~57 MiB for cl100k_base)."""
-    code = ("import tiktoken.registry; from bincode_gpt import tokenizer; tokenizer.get_tokenizer('gpt2', 4096, True, True); "
-            "print(sorted(tiktoken.registry.ENCODINGS))")
+    code = ("import tiktoken.registry; from bincode_gpt import tokenizer; "
+            "tokenizer.get_tokenizer('gpt2', 4096, True, True); print(sorted(tiktoken.registry.ENCODINGS))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stdout, r.stderr) == (0, "[]\n", "")
 

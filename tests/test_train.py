@@ -165,7 +165,8 @@ def test_ranks_and_micro_steps_read_disjoint_windows():
         positions = sorted(s + i for s in starts.values() for i in range(B))
         assert positions == list(range(p, p + B * A * W))  # the step's positions, each exactly once
         # one process with 2A micro-steps reads the same positions as W=2 processes with A each
-        assert sorted(train.micro_batch_start(p, 0, m, B, A * W) + i for m in range(A * W) for i in range(B)) == positions
+        assert sorted(train.micro_batch_start(p, 0, m, B, A * W) + i
+                      for m in range(A * W) for i in range(B)) == positions
     # windows: each epoch is a permutation of all n windows, another one per epoch, same for the same seed
     e0, e1 = train.training_order(0, n, n, seed=1), train.training_order(n, n, n, seed=1)
     assert sorted(e0) == sorted(e1) == list(range(n)) and not np.array_equal(e0, e1)
@@ -276,8 +277,8 @@ def test_bfloat16_on_a_cpu_trains_in_bfloat16(data_dir, tmp_path):
 
 def test_a_reader_that_leaves_does_not_stop_training(data_dir, tmp_path):
     """python train.py ... | head -n 2: the run goes on without its stdout, saves every checkpoint and ends."""
-    p = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *flags(data_dir, tmp_path, max_steps=40, save_interval=20,
-                                                                         eval_interval=20, log_interval=1)],
+    argv = flags(data_dir, tmp_path, max_steps=40, save_interval=20, eval_interval=20, log_interval=1)
+    p = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout.readline().startswith("2 layers x 32") and p.stdout.readline().startswith("step 0: val loss")
     p.stdout.close()  # head has read its two lines
@@ -285,7 +286,8 @@ def test_a_reader_that_leaves_does_not_stop_training(data_dir, tmp_path):
     assert p.wait(timeout=300) == 0
     assert err == "note: stdout was closed by its reader; the run goes on, its log and checkpoints are the record\n"
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 40
-    assert [e["step"] for e in train_log(tmp_path)] == list(range(1, 41)) and train_log(tmp_path, "end")[0]["steps"] == 40
+    assert [e["step"] for e in train_log(tmp_path)] == list(range(1, 41))
+    assert train_log(tmp_path, "end")[0]["steps"] == 40
 
 
 # ----------------------------------------------------------------------------- settings

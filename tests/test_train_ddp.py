@@ -27,7 +27,8 @@ from test_train import config, flags, one_thread, ROOT, train_log, weights  # no
 def test_two_gloo_processes_stopped_by_sigterm_equal_gradient_accumulation(data_dir, tmp_path):
     common = dict(batch_size=4, eval_interval=1, save_interval=0, warmup_steps=2, lr_decay_steps=6, log_interval=1)
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(ROOT / "train.py"), *flags(data_dir, tmp_path / "two", grad_accum=1, max_steps=1000, **common)],
+                             str(ROOT / "train.py"),
+                             *flags(data_dir, tmp_path / "two", grad_accum=1, max_steps=1000, **common)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if line.startswith("step 4/"):
@@ -109,13 +110,13 @@ def test_rank_without_torchrun(data_dir, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     run = subprocess.run([sys.executable, str(ROOT / "train.py"), *flags(data_dir, tmp_path / "a", max_steps=1)],
                          env={**env, "RANK": "3"}, capture_output=True, text=True, timeout=300)
-    assert (run.returncode, run.stderr) == (0, "note: the environment sets RANK=3 but not LOCAL_RANK, WORLD_SIZE: not a "
-                                               "torchrun launch, so this is one process\n")
+    assert (run.returncode, run.stderr) == (0, "note: the environment sets RANK=3 but not LOCAL_RANK, WORLD_SIZE: "
+                                               "not a torchrun launch, so this is one process\n")
     assert "1 process(es) on cpu" in run.stdout
     run = subprocess.run([sys.executable, str(ROOT / "train.py"), *flags(data_dir, tmp_path / "b", max_steps=1)],
                          env={**env, "RANK": "3", "WORLD_SIZE": "4"}, capture_output=True, text=True, timeout=300)
-    assert (run.returncode, run.stdout, run.stderr) == (1, "", "error: the environment sets WORLD_SIZE=4 but not LOCAL_RANK: "
-                                                               "start multi-process runs with torchrun\n")
+    assert (run.returncode, run.stdout, run.stderr) == (1, "", "error: the environment sets WORLD_SIZE=4 but not "
+                                                               "LOCAL_RANK: start multi-process runs with torchrun\n")
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="torchrun on Linux")
@@ -134,7 +135,8 @@ def test_two_nodes_of_one_process_equal_one_node_of_two(data_dir, tmp_path):
                                      *flags(data_dir, tmp_path / "nodes", **common)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     one = subprocess.run(run + ["--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
-                                *flags(data_dir, tmp_path / "one", **common)], capture_output=True, text=True, timeout=300)
+                                *flags(data_dir, tmp_path / "one", **common)],
+                         capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
     for node in nodes:
         assert node.wait(timeout=300) == 0, node.stderr.read()[-3000:]

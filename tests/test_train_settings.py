@@ -55,7 +55,8 @@ def test_bad_devices_are_one_error_line(data_dir, tmp_path, capsys):
     assert capsys.readouterr().err == "error: unknown device 'bogus': use auto, cpu, cuda, cuda:N or mps\n"
     if not torch.cuda.is_available():  # a CPU build
         assert run_main(train.main, flags(data_dir, tmp_path, device="cuda")) == 1
-        assert capsys.readouterr().err == "error: device 'cuda' asked for, but this PyTorch build sees no CUDA GPU: use --device cpu\n"
+        assert capsys.readouterr().err == ("error: device 'cuda' asked for, but this PyTorch build sees no CUDA GPU: "
+                                           "use --device cpu\n")
     assert not tmp_path.joinpath("ckpt.pt").exists()
 
 
@@ -80,14 +81,15 @@ def test_the_default_data_dir_says_how_to_make_it(tmp_path, monkeypatch, capsys)
     (["--lr=1e39"], "lr must be a finite number >= 0, got 1e+39"),  # past float32, which AdamW's update uses
     (["--beta2=1"], "beta2 must be in [0, 1), got 1.0"),
     (["--min_lr=1e-2"], "min_lr 0.01 is above lr 0.003: the cosine decays from lr down to min_lr"),
-    (["--resume", "--init_from=x.pt"], "--resume continues out_dir's ckpt.pt and --init_from starts afresh from another "
-                                       "checkpoint's weights: pass one of them"),
+    (["--resume", "--init_from=x.pt"], "--resume continues out_dir's ckpt.pt and --init_from starts afresh from "
+                                       "another checkpoint's weights: pass one of them"),
     (["--init_from="], "--init_from is '' (empty): name a file"),
-    (["--seed=-1"], "seed must be in [0, 2**63), got -1"),  # failed mid-run: numpy's order takes no negative seed
-    (["--rope_base=0"], "preset 'tiny' with vocab_size 512 (from {meta} unless --vocab_size): rope_base must be a number "
-                        "> 1 (the rotary base, 10000 in most models), got 0.0"),
-    (["--rope_base=-5"], "preset 'tiny' with vocab_size 512 (from {meta} unless --vocab_size): rope_base must be a number "
-                         "> 1 (the rotary base, 10000 in most models), got -5.0"),
+    # failed mid-run: numpy's order takes no negative seed
+    (["--seed=-1"], "seed must be in [0, 2**63), got -1"),
+    (["--rope_base=0"], "preset 'tiny' with vocab_size 512 (from {meta} unless --vocab_size): rope_base must be a "
+                        "number > 1 (the rotary base, 10000 in most models), got 0.0"),
+    (["--rope_base=-5"], "preset 'tiny' with vocab_size 512 (from {meta} unless --vocab_size): rope_base must be a "
+                         "number > 1 (the rotary base, 10000 in most models), got -5.0"),
 ])
 def test_settings_that_cannot_work_are_refused_not_turned_off(data_dir, tmp_path, capsys, argv, message):
     assert run_main(train.main, flags(data_dir, tmp_path / "out") + argv) == 1
@@ -152,7 +154,8 @@ def test_no_pad_row_on_a_token_the_data_can_produce(data_dir, tmp_path, monkeypa
     expect_error(config(data_dir, tmp_path, pad_token_id=5), "--pad_token_id 5 is a token of the data's tokenizer")
     monkeypatch.setitem(train.PRESETS, "tiny", {**train.PRESETS["tiny"], "pad_token_id": 5})
     train.train(config(data_dir, tmp_path, max_steps=1, eval_interval=1))
-    assert "preset tiny's pad_token_id 5 (the released tokenizer's <pad>) is a token of this data's tokenizer" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "preset tiny's pad_token_id 5 (the released tokenizer's <pad>) is a token of this data's tokenizer" in out
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert ckpt["model_config"]["pad_token_id"] is None
     assert torch.equal(ckpt["model"]["embed.weight"], canonical_code(512))
