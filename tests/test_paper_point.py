@@ -246,3 +246,24 @@ def test_the_seed_rule_asks_for_a_seed_while_the_interval_is_wider_than_two_poin
     assert pp.wide([0.01, 0.05, -0.02, 0.03, 0.0])
     assert not pp.wide([0.030, 0.031, 0.029, 0.030, 0.031])
     assert pp.wide([0.03])  # under two seeds there is no interval
+
+
+def test_the_depth_rule_waits_while_the_seed_rule_asks_for_seeds():
+    """8x32's interval wider than +-2 points with 5 of 10 seeds: 'not yet', its reading so far beside it."""
+    def sizes(deep):
+        records = [made_up_record("4x32", 257, {1.6e-2: BASE}, {3.2e-2: [x + 0.03 for x in BASE]},
+                                  {"learned": [1.6e-2], "binary": [3.2e-2]}),
+                   made_up_record("2x64", 257, {1.6e-2: BASE}, {8e-3: [x + 0.06 for x in BASE]},
+                                  {"learned": [1.6e-2], "binary": [8e-3]}),
+                   made_up_record("8x32", 513, {8e-3: BASE}, {8e-3: deep}, {"learned": [8e-3], "binary": [8e-3]})]
+        facts = {}
+        for r in records:
+            facts.update(pp.size_facts(r))
+        return facts
+    noisy = [x + g for x, g in zip(BASE, (0.05, -0.04, 0.06, -0.03, 0.02))]
+    said = pp.depth_text(sizes(noisy), seeds=5, max_seeds=10)
+    assert said.startswith("DEPTH_RULE at the tuned lrs: not yet: SEED_RULE asks 8x32 for more seeds")
+    assert "the reading so far: '" in said
+    assert pp.depth_text(sizes(noisy), seeds=5, max_seeds=5).startswith("DEPTH_RULE at the tuned lrs: '")
+    steady = [x + 0.01 + 0.0005 * i for i, x in enumerate(BASE)]
+    assert pp.depth_text(sizes(steady), seeds=5, max_seeds=10).startswith("DEPTH_RULE at the tuned lrs: 'depth'")

@@ -739,8 +739,9 @@ def robustness(facts, order, seeds):
     return out
 
 
-def depth_text(facts, seeds):
-    """DEPTH_RULE at the tuned lrs, in words, with each size's gap per byte and its interval."""
+def depth_text(facts, seeds, max_seeds):
+    """DEPTH_RULE at the tuned lrs, in words, with each size's gap per byte and its interval; "not yet" while a
+    size's tuned interval is wide and SEED_RULE still asks for seeds (the reading so far given beside it)."""
     if not all(z in facts for z in DEPTH_SIZES):
         return "DEPTH_RULE: not yet: " + ", ".join(z for z in DEPTH_SIZES if z not in facts) + " not tuned."
     tuned_lrs = choices(facts, DEPTH_SIZES)[0]
@@ -748,11 +749,16 @@ def depth_text(facts, seeds):
     if any(ci is None or ci["n"] < seeds for ci in cis.values()):
         return "DEPTH_RULE: not yet: each size needs its paired seeds."
     verdict, against = depth_decide(*cis.values())
+    waiting = [z for z in DEPTH_SIZES if cis[z]["n"] < max_seeds
+               and wide(pair_gaps(facts[z], tuned_lrs[z]))]
     found = "; ".join(f"{z} (V {facts[z]['vocab']}) {1000 * c['mean']:+.1f} ({1000 * c['lo']:+.1f} to "
                       f"{1000 * c['hi']:+.1f}) millibits/byte, {c['n']} seeds" for z, c in cis.items())
-    return (f"DEPTH_RULE at the tuned lrs: '{verdict}' (8x32 {against['vs 2x64']} 2x64, {against['vs 4x32']} "
-            f"4x32): {found}. 8x32 also differs in V and K (513 / 10 bits against 257 / 9), tokens per byte and "
-            "epochs.")
+    reading = (f"'{verdict}' (8x32 {against['vs 2x64']} 2x64, {against['vs 4x32']} 4x32): {found}. 8x32 also "
+               "differs in V and K (513 / 10 bits against 257 / 9), tokens per byte and epochs.")
+    if waiting:
+        return (f"DEPTH_RULE at the tuned lrs: not yet: SEED_RULE asks {', '.join(waiting)} for more seeds (an "
+                f"interval wider than +-2 points); the reading so far: {reading}")
+    return f"DEPTH_RULE at the tuned lrs: {reading}"
 
 
 # ----------------------------------------------------------------------------- the record
@@ -895,7 +901,7 @@ def build_record(args, meta, windows, known, reused):
         facts.update(size_facts(other))
         order += [z["size"] for z in sorted(other["sizes"], key=lambda z: z["binary_trainable"])]
     record["robustness"] = robustness(facts, order, args.seeds)
-    record["depth"] = depth_text(facts, args.seeds)
+    record["depth"] = depth_text(facts, args.seeds, args.max_seeds)
     return record
 
 
