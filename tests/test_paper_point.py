@@ -262,6 +262,9 @@ def test_the_depth_rule_waits_while_the_seed_rule_asks_for_seeds():
         return facts
     noisy = [x + g for x, g in zip(BASE, (0.05, -0.04, 0.06, -0.03, 0.02))]
     said = pp.depth_text(sizes(noisy), seeds=5, max_seeds=10)
+    verdicts = {v["verdict"]: v for v in pp.robustness(sizes(noisy), ["4x32", "2x64", "8x32"], 5, max_seeds=10)}
+    assert verdicts["DEPTH_RULE"]["outcome"] == verdicts["8x32: binary vs learned"]["outcome"] == "not yet"
+    assert verdicts["4x32: binary vs learned"]["robust"]  # its interval is narrow: the seed rule asks nothing
     assert said.startswith("DEPTH_RULE at the tuned lrs: not yet: SEED_RULE asks 8x32 for more seeds")
     assert "the reading so far: '" in said
     assert pp.depth_text(sizes(noisy), seeds=5, max_seeds=5).startswith("DEPTH_RULE at the tuned lrs: '")

@@ -715,27 +715,36 @@ def depth_verdict(facts, seeds):
     return verdict
 
 
-def robust(name, names, verdict, facts):
+def seeds_asked(facts, name, max_seeds):
+    """SEED_RULE at a size: whether its tuned pair's interval is still wide with under max_seeds seeds."""
+    gaps = pair_gaps(facts[name], choices(facts, [name])[0][name])
+    return max_seeds is not None and len(gaps) < max_seeds and wide(gaps)
+
+
+def robust(name, names, verdict, facts, max_seeds=None):
     """A verdict under every combination of the sizes' tied lrs: each combination's outcome; robust when all
-    agree (TIE_RULE). "outcome": the common verdict, "not yet" while any combination lacks its seeds, else
-    "not robust"."""
+    agree (TIE_RULE). "outcome": the common verdict, "not yet" while any combination lacks its seeds or
+    SEED_RULE still asks one of the sizes for seeds, else "not robust"."""
     combos = [{"lrs": combo, "verdict": verdict(combo)} for combo in choices(facts, names)]
     found = {c["verdict"] for c in combos}
-    outcome = "not yet" if "not yet" in found else found.pop() if len(found) == 1 else "not robust"
+    waiting = any(seeds_asked(facts, z, max_seeds) for z in names)
+    outcome = "not yet" if "not yet" in found or waiting else found.pop() if len(found) == 1 else "not robust"
     return {"verdict": name, "sizes": list(names), "at_tuned": combos[0]["verdict"], "outcome": outcome,
             "robust": outcome not in ("not yet", "not robust"), "combinations": combos}
 
 
-def robustness(facts, order, seeds):
+def robustness(facts, order, seeds, max_seeds=None):
     """Every verdict the study states, each under every combination of tied lrs: each size's sign, RULE on
-    consecutive sizes of one V (`order`: smallest first), and DEPTH_RULE when its three sizes are known."""
-    out = [robust(f"{z}: binary vs learned", [z], sign_verdict(facts, z, seeds), facts) for z in order if z in facts]
+    consecutive sizes of one V (`order`: smallest first), and DEPTH_RULE when its three sizes are known; each
+    "not yet" while SEED_RULE asks one of its sizes for seeds (up to max_seeds)."""
+    out = [robust(f"{z}: binary vs learned", [z], sign_verdict(facts, z, seeds), facts, max_seeds)
+           for z in order if z in facts]
     same_v = [z for z in order if z in facts]
     for a, b in zip(same_v, same_v[1:]):
         if facts[a]["vocab"] == facts[b]["vocab"]:
-            out.append(robust(f"RULE: {a} -> {b}", [a, b], size_verdict(facts, a, b, seeds), facts))
+            out.append(robust(f"RULE: {a} -> {b}", [a, b], size_verdict(facts, a, b, seeds), facts, max_seeds))
     if all(z in facts for z in DEPTH_SIZES):
-        out.append(robust("DEPTH_RULE", DEPTH_SIZES, depth_verdict(facts, seeds), facts))
+        out.append(robust("DEPTH_RULE", DEPTH_SIZES, depth_verdict(facts, seeds), facts, max_seeds))
     return out
 
 
@@ -900,7 +909,7 @@ def build_record(args, meta, windows, known, reused):
     for other in [*map(read_record, args.beside), record]:
         facts.update(size_facts(other))
         order += [z["size"] for z in sorted(other["sizes"], key=lambda z: z["binary_trainable"])]
-    record["robustness"] = robustness(facts, order, args.seeds)
+    record["robustness"] = robustness(facts, order, args.seeds, args.max_seeds)
     record["depth"] = depth_text(facts, args.seeds, args.max_seeds)
     return record
 
