@@ -323,7 +323,7 @@ def choose_kernel(layers, kernels=tuple(KERNELS), flush_bytes=FLUSH_BYTES, round
     """The quickest exact eager int8 product on this CPU among `kernels` (the rows among them), measured, and a
     line saying what was measured. The probe is one real layer, the smallest of the model's leading layers (a
     copy packed: oneDNN packs at 0.05-0.23 GB/s).
-    Timed first: a first call of each, untimed, builds it for the shape (oneDNN's kernel: 3 ms for onednn-u8
+    Timed first: a first call of each, untimed, builds it for the shape (oneDNN's kernel: 1-3 ms for onednn-u8
     on an AMD EPYC Zen 4); a kernel whose first call fails is left out. Then each call is timed cold, after a
     pass of the plain rows over the leading flush_bytes of layers, so that its weights come from memory as a
     decoded token reads them. A kernel 10x slower than the rows in the first round is left out of the rest
@@ -333,9 +333,10 @@ def choose_kernel(layers, kernels=tuple(KERNELS), flush_bytes=FLUSH_BYTES, round
     where its sums differ: on an AVX2-only CPU (no VNNI) oneDNN's uint8 x int8 products are the quickest and
     saturate 16-bit pair sums, off by up to 17% of the largest output. So the kernel returned is the
     quickest with exact sums; one slower than it needs no proof.
-    0.14-0.17 s on the paper preset, one thread, a quiet AMD EPYC Zen 4: ~80 ms the 13 cold-cache passes,
-    ~50 ms the reference kernel's two calls, ~14 ms packing the probe. float32's product on the same layer
-    (its rows times their scales) is timed alike, for scale: -> kernel, line, the kernel's time / float32's.
+    0.14-0.17 s on the paper preset, one thread, a quiet AMD EPYC Zen 4: 80-100 ms the 13 cold-cache
+    passes, 45-55 ms the reference kernel's two calls, 14 ms packing the probe. float32's product on the
+    same layer (its rows times their scales) is timed alike, for scale: -> kernel, line, the kernel's time /
+    float32's.
     The line gives the best times of those timed, then those left out after one call, those proven inexact
     (with their times), those that failed, and float32's; a kernel slower than the one chosen was not proven
     either way."""
