@@ -14,7 +14,7 @@ Design choices, up front:
 - Activations are quantized on the fly the same way, one scale per token (row), as int8. The int8 x int8
   products sum in int32, exactly, then both scales bring the result back to float32.
 - Kernel: chosen at load by what this CPU does (choose_kernel: a few cold calls of each on one of the
-  model's own layers, 0.3-0.45 s on a busy AMD EPYC), never assumed: torch's own oneDNN int8 linear on a packed weight
+  model's own layers, 0.14-0.17 s on a quiet AMD EPYC), never assumed: torch's own oneDNN int8 linear on a packed weight
   (torch.ops.onednn.qlinear_prepack / qlinear_pointwise, what torch.compile's x86 int8 lowering emits)
   with int8 activations ("onednn-s8") or uint8 ones around 128 ("onednn-u8"), torch._int_mm on the
   plain rows ("rows"), or the plain rows widened to float32 a block at a time ("widened": widened_sums).
@@ -23,7 +23,9 @@ Design choices, up front:
   order) is quick; an Intel Xeon with AMX took int8 x int8 1.6x past the rows; on an AVX2-only AMD EPYC
   (no VNNI) oneDNN's products saturate 16-bit pair sums (wrong by up to 17%) and the widened rows are
   the quickest, 2x torch._int_mm. Only a kernel whose sums equal the exact int32 ones on the probe layer
-  is chosen (gives_exact_sums), so every kernel in use computes the same float32 result bit for bit.
+  is chosen: the rows' are those sums by definition, and a kernel quicker than the rows is proven on it
+  (gives_exact_sums) before it can be chosen. So every kernel in use computes the same float32 result
+  bit for bit.
   Packing costs 2 (the Xeon) to 10 (the AMD EPYC Zen 4) CPU-seconds for the paper preset, so it runs on a
   thread of its own (start_packing) and a layer not yet packed multiplies its plain rows: the tokens never
   depend on the kernel or on how far packing has got. Where every int8 product is slower than float32's
@@ -318,17 +320,26 @@ def cpu_summary():
 
 
 def choose_kernel(layers, kernels=tuple(KERNELS), flush_bytes=FLUSH_BYTES, rounds=3):
-    """The quickest exact eager int8 product on this CPU among `kernels`, measured, and a line saying what was
-    measured. The probe is one real layer, the smallest of the model's leading layers (a copy packed: oneDNN packs at
-    0.05-0.23 GB/s). A kernel whose sums differ from the exact int32 ones (torch._int_mm's) on it is left out:
-    on an AVX2-only CPU (no VNNI) oneDNN's uint8 x int8 products saturate 16-bit pair sums, off by up to 17%
-    of the largest output. Each call is timed cold, after a pass of the plain rows over the leading
-    flush_bytes of layers, so that its weights come from memory as a decoded token reads them: 0.3-0.45 s on
-    the paper preset on a busy AMD EPYC, most of it two calls of the reference kernel below. A kernel whose
-    first call fails, or 10x slower than the quickest in the first round is left out of the rest (oneDNN's
-    reference kernel, ~700x the rows on some CPUs); the best of `rounds` rounds, interleaved, decides.
-    float32's product on the same layer (its rows times their scales) is timed alike, for scale:
-    -> kernel, line, the kernel's time / float32's."""
+    """The quickest exact eager int8 product on this CPU among `kernels` (the rows among them), measured, and a
+    line saying what was measured. The probe is one real layer, the smallest of the model's leading layers (a
+    copy packed: oneDNN packs at 0.05-0.23 GB/s).
+    Timed first: a first call of each, untimed, builds it for the shape (oneDNN's kernel: 1-3 ms for onednn-u8
+    on an AMD EPYC Zen 4); a kernel whose first call fails is left out. Then each call is timed cold, after a
+    pass of the plain rows over the leading flush_bytes of layers, so that its weights come from memory as a
+    decoded token reads them. A kernel 10x slower than the rows in the first round is left out of the rest
+    (oneDNN's reference kernel, ~700x the rows on some CPUs); the best of `rounds` rounds, interleaved, decides.
+    Then the sums: the rows' are the exact int32 ones by definition (torch._int_mm); a kernel quicker than
+    the rows is proven on the probe (gives_exact_sums), quickest first, until one is exact, and left out
+    where its sums differ: on an AVX2-only CPU (no VNNI) oneDNN's uint8 x int8 products are the quickest and
+    saturate 16-bit pair sums, off by up to 17% of the largest output. So the kernel returned is the
+    quickest with exact sums; one slower than it needs no proof.
+    0.14-0.17 s on the paper preset, one thread, a quiet AMD EPYC Zen 4: 80-100 ms the 13 cold-cache
+    passes, 45-55 ms the reference kernel's two calls, 14 ms packing the probe. float32's product on the
+    same layer (its rows times their scales) is timed alike, for scale: -> kernel, line, the kernel's time /
+    float32's.
+    The line gives the best times of those timed, then those left out after one call, those proven inexact
+    (with their times), those that failed, and float32's; a kernel slower than the one chosen was not proven
+    either way."""
     flush, size = [], 0
     for layer in layers:
         if size >= flush_bytes:
@@ -346,39 +357,52 @@ def choose_kernel(layers, kernels=tuple(KERNELS), flush_bytes=FLUSH_BYTES, round
     x = {k: torch.randint(-127, 128, (1, k)).float() for k in {m.in_features for m in flush}}
     dense = probe.weight.float().mul_(probe.scale[:, None])  # float32 rows, for scale
 
+    def call(kernel):
+        if kernel == "float32":
+            return nn.functional.linear(x[probe.in_features], dense)
+        w = probe.weight if KERNELS[kernel] is None else packed
+        return int8_product(kernel, x[probe.in_features], w, probe)
+
     def cold(kernel):
         for m in flush:
             int8_product("rows", x[m.in_features], m.weight, m)
         start = time.perf_counter()
-        if kernel == "float32":
-            nn.functional.linear(x[probe.in_features], dense)
-        else:
-            w = probe.weight if KERNELS[kernel] is None else packed
-            int8_product(kernel, x[probe.in_features], w, probe)
+        call(kernel)
         return time.perf_counter() - start
 
-    usable, wrong = [], []
-    for k in kernels:  # the first call builds oneDNN's kernel for the shape; one it cannot build is left out
+    working = []
+    for k in kernels:  # the first call builds the kernel for the shape; one it cannot build is left out
         try:
-            exact = gives_exact_sums(k, probe, packed)
+            call(k)
         except RuntimeError:
             failed.append(k)
             continue
-        (usable if exact else wrong).append(k)
-    best = {k: cold(k) for k in usable}
-    kept = [k for k in usable if best[k] <= 10 * min(best.values())]
+        working.append(k)
+    best = {k: cold(k) for k in working}
+    # against the rows, not the quickest: a quicker kernel may yet prove inexact
+    kept = [k for k in working if best[k] <= 10 * best["rows"]]
     f32 = cold("float32")
     for _ in range(rounds - 1):
         for k in kept:
             best[k] = min(best[k], cold(k))
         f32 = min(f32, cold("float32"))
-    kernel = min(kept, key=best.get)
+    wrong = []
+    for kernel in sorted(kept, key=best.get):  # quickest first, up to the rows or the first one proven exact
+        if kernel == "rows":
+            break
+        try:
+            if gives_exact_sums(kernel, probe, packed):
+                break
+        except RuntimeError:
+            failed.append(kernel)
+            continue
+        wrong.append(kernel)
     why = (f"measured at load, ms a call on a {probe.out_features} x {probe.in_features} layer, cold, best of "
-           f"{rounds}: " + ", ".join(f"{k} {1e3 * best[k]:.3f}" for k in kept))
-    if len(kept) < len(usable):
-        why += "; left out after one: " + ", ".join(f"{k} {1e3 * best[k]:.3f}" for k in usable if k not in kept)
+           f"{rounds}: " + ", ".join(f"{k} {1e3 * best[k]:.3f}" for k in kept if k not in wrong + failed))
+    if len(kept) < len(working):
+        why += "; left out after one: " + ", ".join(f"{k} {1e3 * best[k]:.3f}" for k in working if k not in kept)
     if wrong:
-        why += "; left out, inexact sums here: " + ", ".join(wrong)
+        why += "; left out, inexact sums here: " + ", ".join(f"{k} {1e3 * best[k]:.3f}" for k in wrong)
     if failed:
         why += "; failed: " + ", ".join(failed)
     why += f"; float32 {1e3 * f32:.3f}"

@@ -187,25 +187,79 @@ def test_the_measured_kernel_runs_past_the_cache_sizes(trained, monkeypatch, mea
     assert kernel_line(q).startswith(f"int8 kernel: {measured} (measured) on ")
 
 
-def test_choose_kernel_measures_each_kernel_on_a_real_layer(trained):
-    """choose_kernel times every kernel with exact sums on the model's own smallest leading layer and returns
-    the quickest of those it timed, naming each with its time, and those it left out as inexact here."""
-    model, _, _, _ = trained
-    layers = [m for m in quantize_int8(model, pack=False).modules() if isinstance(m, Int8Linear)]
-    kernel, why, ratio = choose_kernel(layers)
-    assert kernel in KERNELS
-    probe = min(layers, key=lambda m: m.weight.numel())  # the tiny model: every layer is a leading one
-    why, f32 = why.rsplit("; float32 ", 1)  # float32's product on the same layer, for scale
+def measured(why):
+    """choose_kernel's line as ({kernel: ms} of those it timed and did not find inexact, {kernel: ms} of those
+    it proved inexact, float32's ms); the line names no failures here."""
+    why, f32 = why.rsplit("; float32 ", 1)
     why, _, inexact = why.partition("; left out, inexact sums here: ")
     timed = why.split(": ", 1)[1].replace("; left out after one:", ",")
-    times = dict(part.rsplit(" ", 1) for part in timed.split(", "))
-    inexact = inexact.split(", ") if inexact else []
-    assert sorted([*times, *inexact]) == sorted(KERNELS) and float(times[kernel]) == min(map(float, times.values()))
-    assert all(gives_exact_sums(k, probe) == (k in times) for k in KERNELS)
-    t, f = float(times[kernel]), float(f32)  # printed to 3 decimals of a ms
+    return ({k: float(t) for k, t in (p.rsplit(" ", 1) for p in timed.split(", "))},
+            {k: float(t) for k, t in (p.rsplit(" ", 1) for p in inexact.split(", ") if p)}, float(f32))
+
+
+def proofs(monkeypatch):
+    """The kernels choose_kernel puts through gives_exact_sums, in order."""
+    from bincode_gpt import quantize
+
+    proven = []
+    prove = quantize.gives_exact_sums
+    monkeypatch.setattr(quantize, "gives_exact_sums", lambda k, *a: proven.append(k) or prove(k, *a))
+    return proven
+
+
+def test_choose_kernel_measures_each_kernel_on_a_real_layer(trained, monkeypatch):
+    """choose_kernel times every kernel on the model's own smallest leading layer, naming each with its time;
+    it proves the sums of those quicker than the rows, quickest first, up to the first exact one, names those
+    inexact, and returns the quickest kernel whose sums are exact."""
+    model, _, _, _ = trained
+    layers = [m for m in quantize_int8(model, pack=False).modules() if isinstance(m, Int8Linear)]
+    proven = proofs(monkeypatch)
+    kernel, why, ratio = choose_kernel(layers)
+    probe = min(layers, key=lambda m: m.weight.numel())  # the tiny model: every layer is a leading one
+    exact = {k: gives_exact_sums(k, probe) for k in KERNELS}
+    times, inexact, f32 = measured(why)
+    every = {**times, **inexact}
+    assert sorted(every) == sorted(KERNELS) and exact[kernel] and not any(exact[k] for k in inexact)
+    assert times[kernel] == min(t for k, t in every.items() if exact[k])
+    # proven: those quicker than the chosen one, every one inexact, quickest first, then the chosen one unless
+    # it is the rows, which need no proof
+    assert proven == sorted(inexact, key=inexact.get) + ([kernel] if kernel != "rows" else [])
+    assert all(every[k] <= every["rows"] for k in proven) and "rows" not in proven
+    assert all(k in inexact for k, t in every.items() if t < times[kernel])
+    t, f = times[kernel], f32  # printed to 3 decimals of a ms
     assert (t - 5e-4) / (f + 5e-4) <= ratio <= (t + 5e-4) / (f - 5e-4)
     assert why.startswith(f"measured at load, ms a call on a {probe.out_features} x {probe.in_features} layer, cold, "
                           "best of 3: ")
+
+
+def slowed(monkeypatch, ms):
+    """int8_product made slower by ms[kernel] milliseconds a call (the flush passes' rows too): a given
+    order of speeds, whatever this CPU's, with every kernel within 10x of the rows."""
+    from bincode_gpt import quantize
+
+    product = quantize.int8_product
+
+    def slow(kernel, xr, w, layer):
+        time.sleep(ms.get(kernel, 0) / 1e3)
+        return product(kernel, xr, w, layer)
+
+    monkeypatch.setattr(quantize, "int8_product", slow)
+    return product
+
+
+@pytest.mark.parametrize("quickest", ["rows", "widened"])
+def test_a_kernel_slower_than_the_rows_needs_no_proof(trained, monkeypatch, quickest):
+    """Only a kernel quicker than the rows is put through gives_exact_sums, and the rows never are (their sums
+    are the exact ones): the rows quickest, nothing is proven; the widened rows quickest, they alone are,
+    and chosen. Every kernel is still timed and named."""
+    model, _, _, _ = trained
+    layers = [m for m in quantize_int8(model, pack=False).modules() if isinstance(m, Int8Linear)]
+    slowed(monkeypatch, {k: 1 if k == quickest else 2 for k in KERNELS})
+    proven = proofs(monkeypatch)
+    kernel, why, _ = choose_kernel(layers)
+    times, inexact, _ = measured(why)
+    assert kernel == quickest and proven == ([] if quickest == "rows" else [quickest])
+    assert sorted(times) == sorted(KERNELS) and not inexact and times[quickest] == min(times.values())
 
 
 def test_int8_step_is_not_slower_than_float32_on_this_cpu():
@@ -268,24 +322,31 @@ def test_the_widened_rows_give_the_rows_numbers(trained):
 
 
 def test_a_kernel_with_inexact_sums_is_left_out(trained, monkeypatch):
-    """A kernel whose sums differ from the exact int32 ones on the probe layer (oneDNN's on an AVX2-only
-    CPU: saturated 16-bit pair sums) is never chosen, however quick, and the line names it."""
+    """A kernel quicker than the rows whose sums differ from the exact int32 ones on the probe layer (oneDNN's
+    on an AVX2-only CPU: saturated 16-bit pair sums) is proven so and never chosen, however quick; the line
+    names it with its time, and the choice is the quickest of the others whose sums are exact."""
     from bincode_gpt import quantize
 
     model, _, _, _ = trained
     layers = [m for m in quantize_int8(model, pack=False).modules() if isinstance(m, Int8Linear)]
-    product = quantize.int8_product
+    product = slowed(monkeypatch, {k: 2 for k in KERNELS if k != "onednn-u8"})
+    slow = quantize.int8_product
 
     def off_by_one(kernel, xr, w, layer):  # onednn-u8 made inexact, and the quickest by far
         if kernel == "onednn-u8":
             return torch.mul(torch._int_mm(xr.to(torch.int8), layer.weight.t()) + 1, layer.scale)
-        return product(kernel, xr, w, layer)
+        return slow(kernel, xr, w, layer)
 
     monkeypatch.setattr(quantize, "int8_product", off_by_one)
-    assert not gives_exact_sums("onednn-u8", layers[0]) and gives_exact_sums("rows", layers[0])
+    probe = min(layers, key=lambda m: m.weight.numel())
+    assert not gives_exact_sums("onednn-u8", probe) and gives_exact_sums("rows", probe)
+    proven = proofs(monkeypatch)
     kernel, why, _ = choose_kernel(layers)
-    assert kernel != "onednn-u8" and "; left out, inexact sums here: " in why
-    assert "onednn-u8" in why.split("; left out, inexact sums here: ")[1].split(";")[0].split(", ")
+    times, inexact, _ = measured(why)
+    assert proven[0] == "onednn-u8" and kernel != "onednn-u8" and list(inexact) == ["onednn-u8"]
+    assert inexact["onednn-u8"] < min(times.values()) and sorted([*times, *inexact]) == sorted(KERNELS)
+    monkeypatch.setattr(quantize, "int8_product", product)
+    assert kernel == min((k for k in times if gives_exact_sums(k, probe)), key=times.get)
 
 
 @pytest.mark.parametrize("ratio", [0.5, 1.4])
