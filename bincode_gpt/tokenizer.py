@@ -49,7 +49,8 @@ def get_tokenizer(encoding: str = "gpt2", vocab_size: int | None = None, reserve
     ones = all_ones_id(vocab_size)
     reserve_ones = reserve_ones and ones < vocab_size  # past the vocabulary: no token to move
     if vocab_size == n_vocab and not (reserve_zero or reserve_ones):
-        return tiktoken.get_encoding(encoding)  # the encoding itself, uncut
+        # the encoding itself, uncut, from the parts just read (tiktoken.get_encoding would read them again)
+        return tiktoken.Encoding(**base)
     # The cut keeps the 256 single bytes (so any text encodes) and adds no rank; its sizes are read from the
     # ranks, not counted: an encoding may have ids no token holds (cl100k_base: 100,256 and 100,261-100,275).
     smallest, largest = max(ranks[bytes([b])] for b in range(256)) + 2, max(ranks.values()) + 2

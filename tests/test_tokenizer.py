@@ -285,3 +285,26 @@ def test_a_cut_holds_its_ranks_once():
     assert all(reserved.decode_single_token_bytes(i) == b for b, i in ranks.items()) and ranks[b"\xff"] == 4095
     assert TiktokenText(reserved).token_ids() == set(range(4096))
     assert TiktokenText(get_tokenizer("gpt2")).token_ids() == set(range(50257))  # uncut: tiktoken's own, ranks kept
+
+
+@pytest.mark.parametrize("cut", [None, 4096], ids=["uncut", "cut"])
+def test_an_encoding_is_read_once(cut, monkeypatch):
+    """A sampling start pays for reading an encoding's ranks (~0.2 s for GPT-2's) once: the uncut encoding is built
+    from the parts get_tokenizer read, not read again by tiktoken.get_encoding; and it is tiktoken's own."""
+    tiktoken.list_encoding_names()  # the constructors found
+    constructor = tiktoken.registry.ENCODING_CONSTRUCTORS["gpt2"]
+    calls = []
+    monkeypatch.setitem(tiktoken.registry.ENCODING_CONSTRUCTORS, "gpt2", lambda: calls.append(1) or constructor())
+    get_tokenizer.cache_clear()
+    try:
+        enc = get_tokenizer("gpt2", cut)
+    finally:
+        get_tokenizer.cache_clear()
+    assert len(calls) == 1
+    plain = tiktoken.get_encoding("gpt2")
+    text = "Hello, world! \u00e9t\u00e9 <|endoftext|> 12345"
+    assert enc.n_vocab == (cut or plain.n_vocab) and enc.eot_token == (cut or plain.n_vocab) - 1
+    ids = enc.encode(text, allowed_special="all")
+    assert enc.decode(ids) == text
+    if cut is None:
+        assert enc.name == plain.name and ids == plain.encode(text, allowed_special="all")
