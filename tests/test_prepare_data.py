@@ -17,7 +17,7 @@ import prepare_data as P  # noqa: E402
 from bincode_gpt import inputs, shards
 from bincode_gpt.files import LOCK_NAME  # noqa: E402
 from bincode_gpt.exits import run_main
-from bincode_gpt.tokenizer import get_tokenizer  # noqa: E402
+from bincode_gpt.tokenizer import encoding_fields, get_tokenizer  # noqa: E402
 from conftest import prepared, snapshot, words  # noqa: F401 (re-exported for test_shards.py, test_inputs.py)
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
@@ -59,7 +59,9 @@ def test_cut_tokenizer(gpt2, shakespeare):
     assert max(ids) < 8191 and cut.decode(ids) == text
     assert len(ids) > len(gpt2.encode_ordinary(text))  # fewer merges -> more tokens
     assert cut.decode([8191]) == "<|endoftext|>"
-    assert get_tokenizer("gpt2", 50257) is gpt2  # the full size is the encoding itself
+    full = get_tokenizer("gpt2", 50257)  # the full size is the encoding itself, uncut: all its parts, no cut's name
+    assert full.name == gpt2.name and encoding_fields(full) == encoding_fields(gpt2)
+    assert full.encode(text, allowed_special="all") == gpt2.encode(text, allowed_special="all")
     smallest = get_tokenizer("gpt2", 257)
     ids = smallest.encode_ordinary("héllo")  # bytes only: one token per UTF-8 byte
     assert len(ids) == len("héllo".encode()) and max(ids) < 256 and smallest.decode(ids) == "héllo"
